@@ -1,0 +1,31 @@
+"""fastst: fast, strict, zero-copy safetensors for NumPy.
+
+A drop-in replacement for huggingface ``safetensors``: ``safe_open``, ``load_file``,
+``load``, ``save_file``, ``save`` and ``fastst.numpy`` take the same arguments and
+write byte-identical files.
+"""
+from ._api import SafeSlice, load, load_file, safe_open, save, save_file
+from ._core import (
+    DEFAULT_MAX_HEADER_SIZE,
+    DTYPE_CODES,
+    SafetensorError,
+    TensorNotFoundError,
+)
+from . import numpy  # noqa: E402  (the module, as `safetensors.numpy` is)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MAX_HEADER_SIZE",
+    "DTYPE_CODES",
+    "SafeSlice",
+    "SafetensorError",
+    "TensorNotFoundError",
+    "load",
+    "load_file",
+    "safe_open",
+    "save",
+    "save_file",
+    "numpy",
+    "__version__",
+]

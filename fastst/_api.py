@@ -1,0 +1,231 @@
+"""The public reading and writing API over the compiled core."""
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from typing import Any, Dict, Mapping, Optional, Union
+
+import numpy as np
+
+from . import _core
+from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
+
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+_NUMPY_FRAMEWORKS = ("np", "numpy")
+_ADAPTER_FRAMEWORKS = ("pt", "torch", "pytorch", "jax", "flax", "tf", "tensorflow",
+                       "mlx", "paddle")
+TEMP_SUFFIX = ".fastst-tmp"
+
+
+class safe_open(_core.Reader):
+    """Open a safetensors file lazily: validate its header, map it, and hand out
+    zero-copy NumPy views of its tensors.
+
+    Parameters
+    ----------
+    filename : str, bytes or os.PathLike
+    framework : {"np", "numpy"}
+    device : {"cpu"}
+    backend : {"mmap", "pread"}
+        ``"mmap"`` (default) maps the file privately: arrays are views, writable,
+        and writes never reach the file. ``"pread"`` reads each tensor into fresh
+        memory when asked, for files that may change while open.
+    max_header_size : int
+        Largest header accepted, in bytes (100,000,000 by default).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"w": np.eye(2, dtype=np.float32)}, path)
+    >>> with fastst.safe_open(path, framework="np") as f:
+    ...     f.keys(), f.get_tensor("w").sum()
+    (['w'], np.float32(2.0))
+    """
+
+    def __init__(self, filename: PathLike, framework: str = "np", device: Any = "cpu", *,
+                 backend: str = "mmap",
+                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
+        _check_framework(framework, device)
+        self._open(filename, backend, max_header_size=max_header_size)
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def get_slice(self, name: str) -> "SafeSlice":
+        """A lazy handle on tensor `name` that NumPy indexing reads from."""
+        dtype_code, shape, _ = self._entry(name)
+        return SafeSlice(self, name, dtype_code, shape)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self)} tensors"
+        return f"<fastst.safe_open {self.source!r} ({state})>"
+
+
+def _check_framework(framework: str, device: Any) -> None:
+    if framework in _ADAPTER_FRAMEWORKS:
+        raise SafetensorError(
+            f"framework {framework!r} needs an adapter this installation of fastst lacks; "
+            f"use framework='np'")
+    if framework not in _NUMPY_FRAMEWORKS:
+        raise SafetensorError(f"unknown framework {framework!r}; use 'np' or 'numpy'")
+    if device != "cpu":
+        raise SafetensorError(f"NumPy arrays live on the CPU; device must be 'cpu', "
+                              f"got {device!r}")
+
+
+class SafeSlice:
+    """One tensor of an open file, read through NumPy basic indexing.
+
+    ``f.get_slice(name)[index]`` returns exactly ``f.get_tensor(name)[index]``: with
+    the default mmap backend it is a view that touches only the pages the index
+    reaches.
+    """
+
+    def __init__(self, reader: safe_open, name: str, dtype_code: str, shape: list) -> None:
+        self._reader = reader
+        self._name = name
+        self._dtype_code = dtype_code
+        self._shape = shape
+
+    def get_shape(self) -> list:
+        """The tensor's shape as the header states it (a list of ints)."""
+        return list(self._shape)
+
+    def get_dtype(self) -> str:
+        """The tensor's header dtype code, e.g. ``"F32"``."""
+        return self._dtype_code
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self._shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _core.numpy_dtype(self._dtype_code)
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        array = self._reader.get_tensor(self._name)
+        if _core.dtype_bits(self._dtype_code) < 8:
+            _check_packed_index(self._name, self._dtype_code, self._shape, array, index)
+        return array[index]
+
+    def __repr__(self) -> str:
+        return f"<fastst.SafeSlice {self._name!r} {self._dtype_code} {self._shape}>"
+
+
+def _check_packed_index(name: str, code: str, shape: list, packed: np.ndarray,
+                        index: Any) -> None:
+    """Sub-byte tensors surface as packed bytes: indices may select along the
+    leading axes, but not inside the packed last axis."""
+    parts = index if isinstance(index, tuple) else (index,)
+    leading_only = packed.ndim == len(shape) and Ellipsis not in parts and len(parts) < len(shape)
+    full = all(isinstance(p, slice) and p == slice(None) or p is Ellipsis for p in parts)
+    if not (leading_only or full):
+        raise SafetensorError(
+            f"tensor {name!r} ({code}) is stored packed; index only its leading axes")
+
+
+def load_file(filename: PathLike, *, backend: str = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, np.ndarray]:
+    """Load every tensor of a file as zero-copy NumPy views, in buffer order."""
+    reader = safe_open(filename, backend=backend, max_header_size=max_header_size)
+    try:
+        return reader.get_tensors()
+    finally:
+        reader.close()
+
+
+def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, np.ndarray]:
+    """Load tensors from a buffer (bytes, bytearray, memoryview, mmap) without copying.
+
+    The arrays view `data` and keep it alive; they are read-only when `data` is.
+    """
+    reader = _core.Reader()
+    reader._open_buffer(data, max_header_size=max_header_size)
+    return reader.get_tensors()
+
+
+def save(tensors: Mapping[str, np.ndarray], metadata: Optional[Mapping[str, str]] = None) -> bytes:
+    """Serialize tensors into the bytes of a safetensors file.
+
+    The bytes are identical to huggingface safetensors' for the same input, and the
+    same whatever the insertion order of `tensors` and `metadata`.
+    """
+    prefix, arrays, total = _core.plan_write(_as_dict(tensors), metadata)
+    return _core.serialize(prefix, arrays, total)
+
+
+def save_file(tensors: Mapping[str, np.ndarray], filename: PathLike,
+              metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False) -> None:
+    """Write tensors to `filename` atomically.
+
+    The file is written beside the target under a temporary name
+    (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the old
+    file or the new one, never a mix, and a failed save leaves the old file as it
+    was. With ``fsync=True`` the file and its directory are flushed to disk before
+    returning, so the new file also survives a power loss.
+    """
+    prefix, arrays, total = _core.plan_write(_as_dict(tensors), metadata)
+    target = os.path.realpath(os.fspath(filename))
+    directory, base = os.path.split(target)
+    temp = os.path.join(directory, f".{os.fsdecode(base)}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            _preallocate(fd, total)
+            _core.write_fd(fd, prefix, arrays, os.fsdecode(target))
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, target)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+    if fsync:
+        _fsync_directory(directory)
+
+
+def _preallocate(fd: int, size: int) -> None:
+    # Reserves the blocks up front: a full disk fails here, before any data is written.
+    if size > 0:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _as_dict(tensors: Mapping[str, Any]) -> dict:
+    if isinstance(tensors, dict):
+        return tensors
+    if isinstance(tensors, Mapping):
+        return dict(tensors.items())
+    raise TypeError(f"tensors must be a dict of str to numpy.ndarray, got {type(tensors).__name__}")
+

@@ -1,0 +1,939 @@
+# cython: language_level=3
+"""The byte-level core of fastst: header decoding and validation, the memory map,
+zero-copy array views, and writes straight from array buffers.
+
+Everything here validates before it trusts: no view exists until the whole header has
+been checked against the file's size.
+"""
+import os
+import stat
+
+import ml_dtypes
+import numpy as np
+import orjson
+
+cimport numpy as cnp
+from cpython.buffer cimport (
+    PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_FillInfo, PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
+from libc.errno cimport EINTR, errno
+from libc.stdint cimport uint8_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
+from posix.types cimport off_t
+from posix.unistd cimport pread, write
+
+cnp.import_array()
+
+cdef extern from "numpy/arrayobject.h":
+    ctypedef struct Descr "PyArray_Descr":
+        pass
+    PyTypeObject PyArray_Type
+    # Both steal the reference to descr.
+    object PyArray_Empty(int nd, cnp.npy_intp* dims, Descr* descr, int fortran)
+    object PyArray_NewFromDescr(PyTypeObject* subtype, Descr* descr, int nd,
+                                cnp.npy_intp* dims, cnp.npy_intp* strides, void* data,
+                                int flags, PyObject* obj)
+
+cdef extern from *:
+    """
+    static inline int fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t *out) {
+        return __builtin_mul_overflow(a, b, out);
+    }
+    """
+    bint fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t* out) noexcept nogil
+
+
+DEFAULT_MAX_HEADER_SIZE = 100_000_000
+cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS
+cdef uint64_t INTP_MAX = <uint64_t>0x7FFFFFFFFFFFFFFF
+
+
+class SafetensorError(ValueError):
+    """A safetensors file or buffer breaks a rule of the format."""
+
+
+class TensorNotFoundError(SafetensorError, KeyError):
+    """The file holds no tensor of that name (also a KeyError, as for a mapping)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+# ---------------------------------------------------------------------------
+# Dtypes. Codes are numbered in the order of the reference's Dtype enum, which
+# is also the order its writer sorts by (descending), so the code doubles as the
+# sort rank.
+# ---------------------------------------------------------------------------
+
+DTYPE_CODES = (
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+    "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32",
+    "C64", "F64", "I64", "U64",
+)
+cdef int N_CODES = 22
+cdef int[22] BITS = [8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64]
+cdef int CODE_F4 = 1
+cdef int CODE_U8 = 4
+
+_NUMPY_DTYPES = (
+    np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.uint8), np.dtype(np.uint8),
+    np.dtype(np.uint8), np.dtype(np.int8), np.dtype(ml_dtypes.float8_e5m2),
+    np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e8m0fnu),
+    np.dtype(ml_dtypes.float8_e4m3fnuz), np.dtype(ml_dtypes.float8_e5m2fnuz),
+    np.dtype("<i2"), np.dtype("<u2"), np.dtype("<f2"), np.dtype(ml_dtypes.bfloat16),
+    np.dtype("<i4"), np.dtype("<u4"), np.dtype("<f4"), np.dtype("<c8"), np.dtype("<f8"),
+    np.dtype("<i8"), np.dtype("<u8"),
+)
+_CODE_OF_NAME = {name: i for i, name in enumerate(DTYPE_CODES)}
+# NumPy dtype name -> code, for writing. Sub-byte codes have no NumPy dtype of
+# their own (they surface as packed uint8), so they cannot be written from NumPy.
+_CODE_OF_NUMPY_NAME = {
+    dt.name: code for code, dt in enumerate(_NUMPY_DTYPES) if code not in (1, 2, 3)
+}
+
+
+def numpy_dtype(str code):
+    """The NumPy dtype that tensors of header dtype `code` surface as."""
+    try:
+        return _NUMPY_DTYPES[_CODE_OF_NAME[code]]
+    except KeyError:
+        raise SafetensorError(f"unknown dtype {code!r}") from None
+
+
+def dtype_bits(str code):
+    """Bits per element of header dtype `code`."""
+    try:
+        return BITS[_CODE_OF_NAME[code]]
+    except KeyError:
+        raise SafetensorError(f"unknown dtype {code!r}") from None
+
+
+# ---------------------------------------------------------------------------
+# Owners: objects that keep memory alive for as long as an array views it.
+# ---------------------------------------------------------------------------
+
+cdef class _Mapping:
+    """A private (copy-on-write) memory map of a whole file; unmapped when the last
+    array viewing it is gone."""
+    cdef void* addr
+    cdef size_t size
+
+    def __dealloc__(self):
+        if self.addr != NULL:
+            munmap(self.addr, self.size)
+            self.addr = NULL
+
+    def __len__(self):
+        return self.size
+
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        PyBuffer_FillInfo(buffer, self, self.addr, self.size, 0, flags)
+
+
+cdef class _BufferOwner:
+    """Holds a caller's buffer (bytes, bytearray, mmap...) for the arrays that view it."""
+    cdef Py_buffer view
+    cdef bint held
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
+            self.held = False
+
+
+cdef _Mapping _map_file(int fd, size_t size):
+    cdef _Mapping mapping = _Mapping.__new__(_Mapping)
+    cdef void* addr
+    with nogil:
+        addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)
+    if addr == MAP_FAILED:
+        raise OSError(errno, os.strerror(errno))
+    mapping.addr = addr
+    mapping.size = size
+    return mapping
+
+
+cdef _BufferOwner _hold_buffer(object data):
+    cdef _BufferOwner owner = _BufferOwner.__new__(_BufferOwner)
+    try:
+        PyObject_GetBuffer(data, &owner.view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    except (BufferError, TypeError):
+        try:
+            PyObject_GetBuffer(data, &owner.view, PyBUF_ANY_CONTIGUOUS)
+        except TypeError:
+            raise TypeError(
+                f"expected a bytes-like object (bytes, bytearray, memoryview, mmap), "
+                f"got {type(data).__name__}") from None
+    owner.held = True
+    return owner
+
+
+# ---------------------------------------------------------------------------
+# Header parsing and validation
+# ---------------------------------------------------------------------------
+
+cdef inline _fail(str source, str message):
+    raise SafetensorError(f"{source}: {message}")
+
+
+cdef Py_ssize_t _count_members(const uint8_t* p, Py_ssize_t n, bint* has_minus) noexcept nogil:
+    """Count the object members (colons outside strings) of a JSON text that is
+    already known to be valid, and note whether a minus sign appears outside strings."""
+    cdef Py_ssize_t i = 0
+    cdef Py_ssize_t colons = 0
+    cdef bint in_string = False
+    cdef uint8_t c
+    while i < n:
+        c = p[i]
+        if in_string:
+            if c == 92:        # backslash: skip the escaped character
+                i += 1
+            elif c == 34:      # closing quote
+                in_string = False
+        elif c == 34:
+            in_string = True
+        elif c == 58:          # ':'
+            colons += 1
+        elif c == 45:          # '-'
+            has_minus[0] = True
+        i += 1
+    return colons
+
+
+class _Pairs(list):
+    """A JSON object kept as its list of (key, value) pairs, duplicates included."""
+
+
+_NEGATIVE_ZERO = object()
+
+
+def _parse_int_marking_negative_zero(str text):
+    return _NEGATIVE_ZERO if text == "-0" else int(text)
+
+
+def _pairs_of(bytes header):
+    import json
+    try:
+        return json.loads(header, object_pairs_hook=_Pairs,
+                          parse_int=_parse_int_marking_negative_zero)
+    except (ValueError, RecursionError):
+        return None
+
+
+cdef str _describe_duplicate(bytes header):
+    """Name the duplicated key (slow path: only runs on a header known to be bad)."""
+    pairs = _pairs_of(header)
+    if pairs is None:
+        return "header has a duplicate key"
+    seen = set()
+    for name, info in pairs:
+        if name in seen:
+            what = "__metadata__ key" if name == "__metadata__" else "tensor name"
+            return f"duplicate {what} {name!r} (a reader could pick either value)"
+        seen.add(name)
+    for name, info in pairs:
+        if isinstance(info, _Pairs):
+            keys = [k for k, _ in info]
+            for key in keys:
+                if keys.count(key) > 1:
+                    where = "__metadata__" if name == "__metadata__" else f"tensor {name!r}"
+                    return f"{where}: duplicate key {key!r}"
+    return "header has a duplicate key"
+
+
+cdef str _describe_negative_zero(bytes header):
+    pairs = _pairs_of(header)
+    if pairs is not None:
+        for name, info in pairs:
+            if isinstance(info, _Pairs):
+                for field, value in info:
+                    if isinstance(value, list) and any(v is _NEGATIVE_ZERO for v in value):
+                        return f"tensor {name!r}: {field} holds -0, not an unsigned integer"
+    return "header holds -0 where an unsigned integer belongs"
+
+
+cdef str _type_name(object value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+cdef inline bint _is_u64(object value):
+    # bool is an int subclass; JSON true/false must not pass as 1/0
+    return type(value) is int and value >= 0
+
+
+cdef object _check_metadata(str source, object metadata):
+    if type(metadata) is not dict:
+        _fail(source, f"__metadata__ must be an object mapping strings to strings, "
+                      f"got {_type_name(metadata)}")
+    for key, value in (<dict>metadata).items():
+        if type(value) is not str:
+            _fail(source, f"__metadata__[{key!r}] must be a string, got {_type_name(value)}")
+    return metadata
+
+
+cdef class _Header:
+    """A validated header: tensor entries in buffer order, in compact C arrays."""
+    cdef readonly str source
+    cdef readonly list names          # buffer (offset) order
+    cdef readonly dict index          # name -> position in `names`
+    cdef readonly object metadata     # dict or None
+    cdef readonly list shapes         # logical shapes, as lists of ints
+    cdef readonly uint64_t data_len
+    cdef uint64_t* begin
+    cdef uint64_t* end
+    cdef uint8_t* codes
+    cdef int* ndims                   # -1: the shape cannot be a NumPy array
+    cdef cnp.npy_intp* dims           # MAX_DIMS entries per tensor
+    cdef Py_ssize_t n
+    cdef list _sorted_names
+
+    def __dealloc__(self):
+        free(self.begin)
+        free(self.end)
+        free(self.codes)
+        free(self.ndims)
+        free(self.dims)
+
+    cdef _allocate(self, Py_ssize_t n):
+        self.n = n
+        cdef size_t m = n if n > 0 else 1
+        self.begin = <uint64_t*>malloc(m * sizeof(uint64_t))
+        self.end = <uint64_t*>malloc(m * sizeof(uint64_t))
+        self.codes = <uint8_t*>malloc(m * sizeof(uint8_t))
+        self.ndims = <int*>malloc(m * sizeof(int))
+        if self.begin == NULL or self.end == NULL or self.codes == NULL or self.ndims == NULL:
+            raise MemoryError()
+
+    def dtype_code(self, Py_ssize_t i):
+        return DTYPE_CODES[self.codes[i]]
+
+    def offsets(self, Py_ssize_t i):
+        return (self.begin[i], self.end[i])
+
+    def sorted_names(self):
+        if self._sorted_names is None:
+            self._sorted_names = sorted(self.names)
+        return self._sorted_names
+
+    def __len__(self):
+        return self.n
+
+
+cdef int _dtype_code(str source, object name, object dtype) except -1:
+    if type(dtype) is not str:
+        _fail(source, f"tensor {name!r}: dtype must be a string, got {_type_name(dtype)}")
+    code = _CODE_OF_NAME.get(dtype)
+    if code is None:
+        _fail(source, f"tensor {name!r}: unknown dtype {dtype!r} "
+                      f"(known: {', '.join(DTYPE_CODES)})")
+    return code
+
+
+cdef uint64_t _element_count(str source, object name, object shape) except? 0:
+    cdef uint64_t count = 1
+    cdef uint64_t dim
+    if type(shape) is not list:
+        _fail(source, f"tensor {name!r}: shape must be an array of unsigned integers, "
+                      f"got {_type_name(shape)}")
+    for value in <list>shape:
+        if not _is_u64(value):
+            _fail(source, f"tensor {name!r}: shape must hold unsigned integers, "
+                          f"got {_type_name(value) if type(value) is not int else value}")
+        dim = value
+        if fastst_mul_overflow(count, dim, &count):
+            _fail(source, f"tensor {name!r}: element count of shape {shape} overflows 64 bits")
+    return count
+
+
+cdef _read_offsets(str source, object name, object offsets, uint64_t* begin, uint64_t* end):
+    if type(offsets) is not list or len(<list>offsets) != 2:
+        _fail(source, f"tensor {name!r}: data_offsets must be an array [begin, end], "
+                      f"got {offsets!r}"[:400])
+    b, e = offsets
+    if not _is_u64(b) or not _is_u64(e):
+        _fail(source, f"tensor {name!r}: data_offsets must hold unsigned integers, got {offsets!r}")
+    begin[0] = b
+    end[0] = e
+    if begin[0] > end[0]:
+        _fail(source, f"tensor {name!r}: data_offsets begin {b} is past end {e}")
+
+
+cdef _set_numpy_shape(_Header h, Py_ssize_t i, list shape, int code, uint64_t nbytes):
+    """Record the dims the NumPy view will have. Sub-byte dtypes surface as packed
+    uint8: the last axis holds the bytes when it packs evenly, else one flat axis."""
+    cdef Py_ssize_t ndim = len(shape)
+    cdef Py_ssize_t k
+    cdef cnp.npy_intp* dims = h.dims + i * MAX_DIMS
+    cdef uint64_t last_bits
+    if ndim > MAX_DIMS:
+        h.ndims[i] = -1
+        return
+    for k in range(ndim):
+        if <uint64_t>shape[k] > INTP_MAX:
+            h.ndims[i] = -1
+            return
+        dims[k] = shape[k]
+    h.ndims[i] = ndim
+    if BITS[code] < 8:
+        last_bits = 0
+        if ndim > 0 and not fastst_mul_overflow(<uint64_t>dims[ndim - 1], BITS[code], &last_bits) \
+                and last_bits % 8 == 0:
+            dims[ndim - 1] = last_bits // 8
+        else:
+            dims[0] = nbytes
+            h.ndims[i] = 1
+
+
+cdef _check_coverage(_Header h, str source, list names, uint64_t data_len):
+    """Offsets must tile the buffer exactly: sorted by (begin, end), each begins where
+    the previous ended, the first at 0, the last at the buffer's end."""
+    cdef Py_ssize_t n = h.n, i, j
+    cdef bint in_order = True
+    for i in range(1, n):
+        if h.begin[i] < h.begin[i - 1] or (h.begin[i] == h.begin[i - 1] and h.end[i] < h.end[i - 1]):
+            in_order = False
+            break
+    if not in_order:
+        keyed = sorted([(h.begin[k], h.end[k], k) for k in range(n)])
+        order = [entry[2] for entry in keyed]
+        _permute(h, order)
+        names[:] = [names[k] for k in order]
+        h.shapes[:] = [h.shapes[k] for k in order]
+    cdef uint64_t expected = 0
+    for i in range(n):
+        if h.begin[i] > expected:
+            _fail(source, f"tensor {names[i]!r}: data_offsets begin {h.begin[i]} leaves a gap "
+                          f"of {h.begin[i] - expected} bytes after the previous tensor")
+        if h.begin[i] < expected:
+            _fail(source, f"tensor {names[i]!r}: data_offsets [{h.begin[i]}, {h.end[i]}] overlap "
+                          f"tensor {names[i - 1]!r}")
+        expected = h.end[i]
+    if expected != data_len:
+        if expected < data_len:
+            _fail(source, f"{data_len - expected} trailing bytes after the last tensor: "
+                          f"the tensors cover {expected} of the buffer's {data_len} bytes")
+        _fail(source, f"tensors claim {expected} bytes but the buffer holds {data_len}")
+
+
+cdef _permute(_Header h, list order):
+    cdef Py_ssize_t n = h.n, i, k
+    cdef uint64_t* begin = <uint64_t*>malloc(n * sizeof(uint64_t))
+    cdef uint64_t* end = <uint64_t*>malloc(n * sizeof(uint64_t))
+    cdef uint8_t* codes = <uint8_t*>malloc(n * sizeof(uint8_t))
+    cdef int* ndims = <int*>malloc(n * sizeof(int))
+    cdef cnp.npy_intp* dims = <cnp.npy_intp*>malloc(n * MAX_DIMS * sizeof(cnp.npy_intp))
+    if begin == NULL or end == NULL or codes == NULL or ndims == NULL or dims == NULL:
+        free(begin); free(end); free(codes); free(ndims); free(dims)
+        raise MemoryError()
+    for i in range(n):
+        k = order[i]
+        begin[i] = h.begin[k]
+        end[i] = h.end[k]
+        codes[i] = h.codes[k]
+        ndims[i] = h.ndims[k]
+        memcpy(dims + i * MAX_DIMS, h.dims + k * MAX_DIMS, MAX_DIMS * sizeof(cnp.npy_intp))
+    free(h.begin); free(h.end); free(h.codes); free(h.ndims); free(h.dims)
+    h.begin, h.end, h.codes, h.ndims, h.dims = begin, end, codes, ndims, dims
+
+
+cdef object _decode_json(str source, bytes header):
+    try:
+        return orjson.loads(header)
+    except orjson.JSONDecodeError as error:
+        try:
+            header.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            _fail(source, f"header is not valid UTF-8 (byte {bad.start})")
+        _fail(source, f"header is not valid JSON: {error}")
+
+
+cpdef _Header parse_header(bytes header, str source, uint64_t data_len):
+    """Decode and validate a header against a buffer of `data_len` bytes."""
+    obj = _decode_json(source, header)
+    if type(obj) is not dict:
+        _fail(source, f"header must be a JSON object, got {_type_name(obj)}")
+    cdef dict top = <dict>obj
+    cdef bint has_minus = False
+    cdef Py_ssize_t members = _count_members(
+        <const uint8_t*>PyBytes_AS_STRING(header), len(header), &has_minus)
+
+    cdef _Header h = _Header.__new__(_Header)
+    h.source = source
+    h.data_len = data_len
+    h.metadata = None
+    cdef Py_ssize_t seen = len(top)
+    if "__metadata__" in top:
+        h.metadata = _check_metadata(source, top["__metadata__"])
+        seen += len(<dict>h.metadata)
+    cdef Py_ssize_t n = len(top) - (h.metadata is not None)
+    h._allocate(n)
+    h.dims = <cnp.npy_intp*>malloc((n if n > 0 else 1) * MAX_DIMS * sizeof(cnp.npy_intp))
+    if h.dims == NULL:
+        raise MemoryError()
+    cdef list names = []
+    cdef list shapes = []
+    h.shapes = shapes
+    cdef Py_ssize_t i = 0
+    cdef uint64_t count, bits, nbytes
+    cdef int code
+    for name, info in top.items():
+        if name == "__metadata__":
+            continue
+        if type(info) is not dict:
+            _fail(source, f"tensor {name!r}: entry must be an object with dtype, shape and "
+                          f"data_offsets, got {_type_name(info)}")
+        seen += len(<dict>info)
+        if len(<dict>info) != 3 or "dtype" not in info or "shape" not in info \
+                or "data_offsets" not in info:
+            missing = [f for f in ("dtype", "shape", "data_offsets") if f not in info]
+            extra = [f for f in info if f not in ("dtype", "shape", "data_offsets")]
+            problem = (f"missing field {missing[0]!r}" if missing
+                       else f"unexpected field {extra[0]!r}")
+            _fail(source, f"tensor {name!r}: {problem} (entries hold exactly dtype, shape "
+                          f"and data_offsets)")
+        code = _dtype_code(source, name, info["dtype"])
+        shape = info["shape"]
+        count = _element_count(source, name, shape)
+        _read_offsets(source, name, info["data_offsets"], &h.begin[i], &h.end[i])
+        if fastst_mul_overflow(count, BITS[code], &bits):
+            _fail(source, f"tensor {name!r}: byte size of shape {shape} x {DTYPE_CODES[code]} "
+                          f"overflows 64 bits")
+        if bits % 8 != 0:
+            _fail(source, f"tensor {name!r}: {count} elements of {DTYPE_CODES[code]} "
+                          f"({BITS[code]} bits each) do not fill whole bytes")
+        nbytes = bits // 8
+        if h.end[i] - h.begin[i] != nbytes:
+            _fail(source, f"tensor {name!r}: data_offsets [{h.begin[i]}, {h.end[i]}] hold "
+                          f"{h.end[i] - h.begin[i]} bytes but shape {shape} x "
+                          f"{DTYPE_CODES[code]} needs {nbytes}")
+        if h.end[i] > data_len:
+            _fail(source, f"tensor {name!r}: data_offsets end {h.end[i]} is past the end of "
+                          f"the {data_len}-byte buffer")
+        h.codes[i] = code
+        _set_numpy_shape(h, i, shape, code, nbytes)
+        names.append(name)
+        shapes.append(shape)
+        i += 1
+    if seen != members:
+        _fail(source, _describe_duplicate(header))
+    if has_minus:
+        _fail(source, _describe_negative_zero(header))
+    _check_coverage(h, source, names, data_len)
+    h.names = names
+    h.index = {name: k for k, name in enumerate(names)}
+    return h
+
+
+cdef tuple _split_prefix(str source, const uint8_t* p, uint64_t size, uint64_t max_header):
+    """Check the 8-byte length prefix; return (header length, data start)."""
+    cdef uint64_t n = 0
+    cdef int k
+    if size < 8:
+        _fail(source, f"file is {size} bytes, shorter than the 8-byte header length")
+    for k in range(8):
+        n |= (<uint64_t>p[k]) << (8 * k)
+    if n > max_header:
+        _fail(source, f"header length {n} exceeds the limit of {max_header} bytes "
+                      f"(raise max_header_size to read it)")
+    if n > size - 8:
+        _fail(source, f"header length {n} runs past the end of the {size}-byte file")
+    return n, 8 + n
+
+
+# ---------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------
+
+cdef int BACKEND_MMAP = 0
+cdef int BACKEND_PREAD = 1
+cdef int BACKEND_BUFFER = 2
+
+
+cdef class Reader:
+    """An open safetensors file or buffer whose header has been validated."""
+    cdef _Header header
+    cdef object owner            # _Mapping/_BufferOwner the arrays view; None for pread
+    cdef char* data              # start of the tensor buffer in `owner`
+    cdef bint writable
+    cdef int backend
+    cdef int fd                  # pread backend only
+    cdef int busy                # pread calls in flight, so close() cannot pull the fd away
+    cdef bint is_closed
+    cdef uint64_t data_start     # file offset of the tensor buffer
+    cdef readonly str source
+
+    def __cinit__(self):
+        self.fd = -1
+        self.is_closed = True
+
+    def _open(self, filename, str backend="mmap", *,
+              uint64_t max_header_size=DEFAULT_MAX_HEADER_SIZE):
+        if backend not in ("mmap", "pread"):
+            raise ValueError(f"backend must be 'mmap' or 'pread', got {backend!r}")
+        path = os.fspath(filename)
+        self.source = os.fsdecode(path)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            self._open_fd(fd, backend == "pread", max_header_size)
+        except BaseException:
+            if self.fd != fd:
+                os.close(fd)
+            raise
+        if self.fd != fd:
+            os.close(fd)
+        self.is_closed = False
+
+    cdef _open_fd(self, int fd, bint use_pread, uint64_t max_header_size):
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(21, "Is a directory", self.source)
+        if not stat.S_ISREG(info.st_mode):
+            _fail(self.source, "not a regular file")
+        cdef uint64_t size = info.st_size
+        cdef uint64_t n, start
+        prefix = _pread_exact(fd, 8 if size >= 8 else size, 0)
+        if <uint64_t>len(prefix) < (8 if size >= 8 else size):
+            _fail(self.source, "file was truncated while its header was read")
+        n, start = _split_prefix(self.source, <const uint8_t*>PyBytes_AS_STRING(prefix),
+                                 size, max_header_size)
+        header = _pread_exact(fd, n, 8)
+        if <uint64_t>len(header) != n:
+            _fail(self.source, "file was truncated while its header was read")
+        self.header = parse_header(header, self.source, size - start)
+        self.data_start = start
+        if use_pread:
+            os.set_blocking(fd, True)
+            self.backend = BACKEND_PREAD
+            self.fd = fd
+            return
+        cdef _Mapping mapping = _map_file(fd, size)
+        self.backend = BACKEND_MMAP
+        self.owner = mapping
+        self.data = <char*>mapping.addr + start
+        self.writable = True
+
+    def _open_buffer(self, data, *, uint64_t max_header_size=DEFAULT_MAX_HEADER_SIZE,
+                     str source="<buffer>"):
+        cdef _BufferOwner owner = _hold_buffer(data)
+        self.source = source
+        cdef const uint8_t* p = <const uint8_t*>owner.view.buf
+        cdef uint64_t size = owner.view.len
+        cdef uint64_t n, start
+        n, start = _split_prefix(source, p, size, max_header_size)
+        header = PyBytes_FromStringAndSize(<const char*>p + 8, n)
+        self.header = parse_header(header, source, size - start)
+        self.data_start = start
+        self.backend = BACKEND_BUFFER
+        self.owner = owner
+        self.data = <char*>owner.view.buf + start
+        self.writable = not owner.view.readonly
+        self.is_closed = False
+
+    cdef inline _check_open(self):
+        if self.is_closed:
+            raise SafetensorError(f"{self.source}: file is closed")
+
+    cdef Py_ssize_t _position(self, name) except -1:
+        self._check_open()
+        position = self.header.index.get(name)
+        if position is None:
+            raise TensorNotFoundError(f"{self.source}: no tensor named {name!r}")
+        return position
+
+    cdef object _array(self, Py_ssize_t i):
+        cdef _Header h = self.header
+        cdef int ndim = h.ndims[i]
+        if ndim < 0:
+            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
+                               f"array (over {MAX_DIMS} dims or a dim past 2**63-1)")
+        descr = _NUMPY_DTYPES[h.codes[i]]
+        if self.backend == BACKEND_PREAD:
+            return self._pread_array(i, descr)
+        Py_INCREF(descr)
+        try:
+            array = PyArray_NewFromDescr(
+                &PyArray_Type, <Descr*><PyObject*>descr, ndim, h.dims + i * MAX_DIMS, NULL,
+                self.data + h.begin[i], cnp.NPY_ARRAY_WRITEABLE if self.writable else 0, NULL)
+        except ValueError as error:
+            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
+                               f"array ({error})")
+        cnp.set_array_base(array, self.owner)
+        return array
+
+    cdef object _pread_array(self, Py_ssize_t i, object descr):
+        cdef _Header h = self.header
+        Py_INCREF(descr)
+        try:
+            array = PyArray_Empty(h.ndims[i], h.dims + i * MAX_DIMS, <Descr*><PyObject*>descr, 0)
+        except ValueError as error:
+            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
+                               f"array ({error})")
+        cdef uint64_t length = h.end[i] - h.begin[i]
+        cdef off_t offset = <off_t>(self.data_start + h.begin[i])
+        cdef char* out = <char*>cnp.PyArray_DATA(<cnp.ndarray>array)
+        cdef Py_ssize_t got
+        self.busy += 1
+        try:
+            with nogil:
+                got = _pread_all(self.fd, out, length, offset)
+        finally:
+            self.busy -= 1
+            self._release_fd_if_closed()
+        if got < 0:
+            raise OSError(-got, os.strerror(-got), self.source)
+        if <uint64_t>got != length:
+            _fail(self.source, f"tensor {h.names[i]!r}: file was truncated under the reader "
+                               f"({got} of {length} bytes read)")
+        return array
+
+    cdef _release_fd_if_closed(self):
+        if self.is_closed and self.busy == 0 and self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def get_tensor(self, name):
+        """The tensor `name`: a zero-copy view of the file's memory map."""
+        return self._array(self._position(name))
+
+    def __getitem__(self, name):
+        return self._array(self._position(name))
+
+    def get_tensors(self):
+        """Every tensor, in buffer order, as a dict of views."""
+        self._check_open()
+        cdef Py_ssize_t i
+        names = self.header.names
+        return {names[i]: self._array(i) for i in range(len(names))}
+
+    def keys(self):
+        """Tensor names, sorted."""
+        self._check_open()
+        return list(self.header.sorted_names())
+
+    def offset_keys(self):
+        """Tensor names in buffer order."""
+        self._check_open()
+        return list(self.header.names)
+
+    def metadata(self):
+        """The `__metadata__` str->str map, or None when the file has none."""
+        self._check_open()
+        metadata = self.header.metadata
+        return None if metadata is None else dict(metadata)
+
+    def _entry(self, name):
+        """(dtype code, shape list, (begin, end)) of tensor `name`."""
+        cdef Py_ssize_t i = self._position(name)
+        h = self.header
+        return DTYPE_CODES[h.codes[i]], list(h.shapes[i]), (h.begin[i], h.end[i])
+
+    def _data_start(self):
+        return self.data_start
+
+    def __len__(self):
+        self._check_open()
+        return len(self.header.names)
+
+    def __contains__(self, name):
+        self._check_open()
+        return name in self.header.index
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    @property
+    def closed(self):
+        return self.is_closed
+
+    def close(self):
+        """Drop the handle's reference to the data. Arrays already returned stay valid."""
+        self.is_closed = True
+        self.owner = None
+        self.data = NULL
+        self._release_fd_if_closed()
+
+    def __dealloc__(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+cdef bytes _pread_exact(int fd, uint64_t length, uint64_t offset):
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, length)
+    cdef char* buffer = PyBytes_AS_STRING(out)
+    cdef Py_ssize_t got
+    with nogil:
+        got = _pread_all(fd, buffer, length, offset)
+    if got < 0:
+        raise OSError(-got, os.strerror(-got))
+    return out if <uint64_t>got == length else out[:got]
+
+
+cdef Py_ssize_t _pread_all(int fd, char* out, uint64_t length, uint64_t offset) noexcept nogil:
+    """Read until `length` bytes or end of file; -errno on failure."""
+    cdef uint64_t done = 0
+    cdef Py_ssize_t got
+    cdef size_t chunk
+    while done < length:
+        chunk = length - done if length - done < (<size_t>1 << 30) else (<size_t>1 << 30)
+        got = pread(fd, out + done, chunk, <off_t>(offset + done))
+        if got < 0:
+            if errno == EINTR:
+                continue
+            return -errno
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+cdef int _code_for_array(str name, object array) except -1:
+    dtype = array.dtype
+    code = _CODE_OF_NUMPY_NAME.get(dtype.name)
+    if code is None or dtype.fields is not None:
+        if dtype.hasobject:
+            raise TypeError(f"tensor {name!r}: object arrays cannot be saved")
+        raise TypeError(
+            f"tensor {name!r}: dtype {dtype} has no safetensors code (supported: "
+            f"{', '.join(sorted(_CODE_OF_NUMPY_NAME))})")
+    return code
+
+
+def plan_write(dict tensors, object metadata):
+    """Order tensors as the format's writers do (dtype rank descending, then name),
+    validate them, and build the 8-byte prefix + padded header.
+
+    Returns (prefix_and_header, arrays in write order, total file size).
+    """
+    entries = []
+    for name, array in tensors.items():
+        if type(name) is not str:
+            raise TypeError(f"tensor names must be str, got {type(name).__name__} {name!r}")
+        if name == "__metadata__":
+            raise ValueError("'__metadata__' is reserved for the header's metadata and cannot "
+                             "name a tensor")
+        if isinstance(array, np.generic):
+            array = np.asarray(array)
+        elif not isinstance(array, np.ndarray):
+            raise TypeError(f"tensor {name!r}: expected a numpy.ndarray, got "
+                            f"{type(array).__module__}.{type(array).__qualname__}")
+        entries.append((-_code_for_array(name, array), name, array))
+    entries.sort(key=_rank_and_name)
+
+    header = {}
+    if metadata is not None:
+        header["__metadata__"] = _checked_metadata(metadata)
+    cdef uint64_t offset = 0
+    arrays = []
+    for rank, name, array in entries:
+        nbytes = array.nbytes
+        header[name] = {"dtype": DTYPE_CODES[-rank], "shape": array.shape,
+                        "data_offsets": (offset, offset + nbytes)}
+        offset += nbytes
+        arrays.append(array)
+    try:
+        text = orjson.dumps(header)
+    except TypeError as error:   # e.g. a name with a lone surrogate
+        raise ValueError(f"header cannot be written as UTF-8 JSON: {error}") from None
+    cdef Py_ssize_t padded = (len(text) + 7) // 8 * 8
+    if padded > DEFAULT_MAX_HEADER_SIZE:
+        raise ValueError(f"header of {padded} bytes exceeds the format's limit of "
+                         f"{DEFAULT_MAX_HEADER_SIZE}")
+    prefix = (<uint64_t>padded).to_bytes(8, "little") + text + b" " * (padded - len(text))
+    return prefix, arrays, 8 + padded + offset
+
+
+def _rank_and_name(entry):
+    return entry[0], entry[1]
+
+
+cdef dict _checked_metadata(object metadata):
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict of str to str, got {type(metadata).__name__}")
+    for key, value in metadata.items():
+        if type(key) is not str or type(value) is not str:
+            raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}"[:300])
+    return {key: metadata[key] for key in sorted(metadata)}
+
+
+cdef cnp.ndarray _little_endian_c_order(object array):
+    """The array itself when its bytes can be written as they are, else a C-ordered,
+    little-endian copy of this one tensor."""
+    dtype = array.dtype
+    if dtype.byteorder == ">":
+        array = array.astype(dtype.newbyteorder("<"), order="C")
+    elif not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return array
+
+
+def write_fd(int fd, bytes prefix, list arrays, str source="<file>"):
+    """Write the prefix and each array's bytes to `fd`, the GIL released per write."""
+    _write_all_or_raise(fd, PyBytes_AS_STRING(prefix), len(prefix), source)
+    cdef cnp.ndarray array
+    for item in arrays:
+        array = _little_endian_c_order(item)
+        _write_all_or_raise(fd, <char*>cnp.PyArray_DATA(array), cnp.PyArray_NBYTES(array), source)
+        array = None
+
+
+cdef _write_all_or_raise(int fd, const char* data, size_t length, str source):
+    cdef int error = 0
+    cdef ssize_t written
+    cdef size_t chunk
+    with nogil:
+        while length > 0:
+            chunk = length if length < (<size_t>1 << 30) else (<size_t>1 << 30)
+            written = write(fd, data, chunk)
+            if written < 0:
+                if errno == EINTR:
+                    continue
+                error = errno
+                break
+            data += written
+            length -= written
+    if error:
+        raise OSError(error, os.strerror(error), source)
+
+
+def serialize(bytes prefix, list arrays, uint64_t total):
+    """The whole file as one bytes object, filled with the GIL released per tensor."""
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef char* dest = PyBytes_AS_STRING(out)
+    memcpy(dest, PyBytes_AS_STRING(prefix), len(prefix))
+    dest += len(prefix)
+    cdef cnp.ndarray array
+    cdef size_t length
+    cdef const char* source
+    for item in arrays:
+        array = _little_endian_c_order(item)
+        length = cnp.PyArray_NBYTES(array)
+        source = <const char*>cnp.PyArray_DATA(array)
+        with nogil:
+            memcpy(dest, source, length)
+        dest += length
+        array = None
+    return out

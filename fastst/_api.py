@@ -4,9 +4,10 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _core
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
@@ -87,13 +88,13 @@ class SafeSlice:
     reaches.
     """
 
-    def __init__(self, reader: safe_open, name: str, dtype_code: str, shape: list) -> None:
+    def __init__(self, reader: safe_open, name: str, dtype_code: str, shape: List[int]) -> None:
         self._reader = reader
         self._name = name
         self._dtype_code = dtype_code
         self._shape = shape
 
-    def get_shape(self) -> list:
+    def get_shape(self) -> List[int]:
         """The tensor's shape as the header states it (a list of ints)."""
         return list(self._shape)
 
@@ -102,7 +103,7 @@ class SafeSlice:
         return self._dtype_code
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> Tuple[int, ...]:
         return tuple(self._shape)
 
     @property
@@ -116,32 +117,70 @@ class SafeSlice:
     def __len__(self) -> int:
         if not self._shape:
             raise TypeError("len() of a 0-d tensor")
-        return self._shape[0]
+        return int(self._shape[0])
 
-    def __getitem__(self, index: Any) -> np.ndarray:
-        array = self._reader.get_tensor(self._name)
+    def __getitem__(self, index: Any) -> npt.NDArray[Any]:
         if _core.dtype_bits(self._dtype_code) < 8:
-            _check_packed_index(self._name, self._dtype_code, self._shape, array, index)
-        return array[index]
+            _check_packed_index(self._name, self._dtype_code, self._shape, index)
+        if self._reader.backend == "pread":
+            rows = _rows_needed(index, self._shape)
+            if rows is not None:
+                first, last, local_index = rows
+                part: npt.NDArray[Any] = self._reader._read_rows(self._name, first, last)
+                return part[local_index]  # type: ignore[no-any-return]
+        result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
+        return result
 
     def __repr__(self) -> str:
         return f"<fastst.SafeSlice {self._name!r} {self._dtype_code} {self._shape}>"
 
 
-def _check_packed_index(name: str, code: str, shape: list, packed: np.ndarray,
-                        index: Any) -> None:
+def _check_packed_index(name: str, code: str, shape: List[int], index: Any) -> None:
     """Sub-byte tensors surface as packed bytes: indices may select along the
     leading axes, but not inside the packed last axis."""
     parts = index if isinstance(index, tuple) else (index,)
-    leading_only = packed.ndim == len(shape) and Ellipsis not in parts and len(parts) < len(shape)
-    full = all(isinstance(p, slice) and p == slice(None) or p is Ellipsis for p in parts)
-    if not (leading_only or full):
+    reaches_last_axis = len(parts) >= len(shape) or any(part is Ellipsis for part in parts)
+    if reaches_last_axis and not all(_selects_everything(part) for part in parts):
         raise SafetensorError(
             f"tensor {name!r} ({code}) is stored packed; index only its leading axes")
 
 
+def _selects_everything(part: Any) -> bool:
+    return part is Ellipsis or (isinstance(part, slice) and part == slice(None))
+
+
+def _rows_needed(index: Any, shape: List[int]) -> Optional[Tuple[int, int, Any]]:
+    """For an index whose first part selects along axis 0 (an int, a slice or an
+    integer array), the rows [first, last) it touches and the same index relative
+    to them; None when the whole tensor is needed (or NumPy must raise the error)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if not shape or not parts:
+        return None
+    head, rest, n = parts[0], parts[1:], shape[0]
+    if isinstance(head, slice):
+        rows = range(*head.indices(n))
+        if not rows:
+            return 0, 0, (slice(0, 0),) + rest
+        first, last = min(rows[0], rows[-1]), max(rows[0], rows[-1]) + 1
+        stop = rows.stop - first
+        return first, last, (slice(rows.start - first, stop if stop >= 0 else None,
+                                   rows.step),) + rest
+    if isinstance(head, (int, np.integer)) and not isinstance(head, (bool, np.bool_)):
+        row = int(head) + n if head < 0 else int(head)
+        if not 0 <= row < n:
+            return None
+        return row, row + 1, (0,) + rest
+    if isinstance(head, np.ndarray) and head.dtype.kind in "iu" and head.size:
+        rows_array = np.where(head < 0, head + n, head)
+        if rows_array.min() < 0 or rows_array.max() >= n:
+            return None
+        first, last = int(rows_array.min()), int(rows_array.max()) + 1
+        return first, last, (rows_array - first,) + rest
+    return None
+
+
 def load_file(filename: PathLike, *, backend: str = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, np.ndarray]:
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, npt.NDArray[Any]]:
     """Load every tensor of a file as zero-copy NumPy views, in buffer order."""
     reader = safe_open(filename, backend=backend, max_header_size=max_header_size)
     try:
@@ -150,7 +189,7 @@ def load_file(filename: PathLike, *, backend: str = "mmap",
         reader.close()
 
 
-def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, np.ndarray]:
+def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, npt.NDArray[Any]]:
     """Load tensors from a buffer (bytes, bytearray, memoryview, mmap) without copying.
 
     The arrays view `data` and keep it alive; they are read-only when `data` is.
@@ -160,7 +199,7 @@ def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[s
     return reader.get_tensors()
 
 
-def save(tensors: Mapping[str, np.ndarray], metadata: Optional[Mapping[str, str]] = None) -> bytes:
+def save(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str, str]] = None) -> bytes:
     """Serialize tensors into the bytes of a safetensors file.
 
     The bytes are identical to huggingface safetensors' for the same input, and the
@@ -170,7 +209,7 @@ def save(tensors: Mapping[str, np.ndarray], metadata: Optional[Mapping[str, str]
     return _core.serialize(prefix, arrays, total)
 
 
-def save_file(tensors: Mapping[str, np.ndarray], filename: PathLike,
+def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
               metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False) -> None:
     """Write tensors to `filename` atomically.
 
@@ -181,14 +220,14 @@ def save_file(tensors: Mapping[str, np.ndarray], filename: PathLike,
     returning, so the new file also survives a power loss.
     """
     prefix, arrays, total = _core.plan_write(_as_dict(tensors), metadata)
-    target = os.path.realpath(os.fspath(filename))
+    target = os.path.realpath(os.fsdecode(filename))  # through symlinks: replace their target
     directory, base = os.path.split(target)
-    temp = os.path.join(directory, f".{os.fsdecode(base)}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    temp = os.path.join(directory, f".{base}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         try:
             _preallocate(fd, total)
-            _core.write_fd(fd, prefix, arrays, os.fsdecode(target))
+            _core.write_fd(fd, prefix, arrays, target)
             if fsync:
                 os.fsync(fd)
         finally:
@@ -222,7 +261,7 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def _as_dict(tensors: Mapping[str, Any]) -> dict:
+def _as_dict(tensors: Mapping[str, Any]) -> Dict[str, Any]:
     if isinstance(tensors, dict):
         return tensors
     if isinstance(tensors, Mapping):

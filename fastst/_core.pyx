@@ -7,6 +7,7 @@ been checked against the file's size.
 """
 import os
 import stat
+from collections.abc import Mapping
 
 import ml_dtypes
 import numpy as np
@@ -45,8 +46,19 @@ cdef extern from *:
     static inline int fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t *out) {
         return __builtin_mul_overflow(a, b, out);
     }
+    /* Bytes of `count` elements of `bits` bits: 0 on success, -1 when they do not fill
+       whole bytes, 1 when the byte count overflows 64 bits. */
+    static inline int fastst_packed_bytes(uint64_t count, unsigned bits, uint64_t *out) {
+        unsigned __int128 total = (unsigned __int128)count * bits;
+        if (total % 8) return -1;
+        total /= 8;
+        if (total > UINT64_MAX) return 1;
+        *out = (uint64_t)total;
+        return 0;
+    }
     """
     bint fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t* out) noexcept nogil
+    int fastst_packed_bytes(uint64_t count, unsigned bits, uint64_t* out) noexcept nogil
 
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
@@ -291,6 +303,14 @@ cdef object _check_metadata(str source, object metadata):
     return metadata
 
 
+cdef struct Entry:
+    uint64_t begin               # byte offsets, relative to the tensor buffer
+    uint64_t end
+    Py_ssize_t dims_at           # where this tensor's NumPy dims start in _Header.dims
+    int ndim                     # NumPy ndim; -1 when the shape cannot be a NumPy array
+    uint8_t code
+
+
 cdef class _Header:
     """A validated header: tensor entries in buffer order, in compact C arrays."""
     cdef readonly str source
@@ -299,36 +319,14 @@ cdef class _Header:
     cdef readonly object metadata     # dict or None
     cdef readonly list shapes         # logical shapes, as lists of ints
     cdef readonly uint64_t data_len
-    cdef uint64_t* begin
-    cdef uint64_t* end
-    cdef uint8_t* codes
-    cdef int* ndims                   # -1: the shape cannot be a NumPy array
-    cdef cnp.npy_intp* dims           # MAX_DIMS entries per tensor
+    cdef Entry* entries
+    cdef cnp.npy_intp* dims           # every tensor's NumPy dims, back to back
     cdef Py_ssize_t n
     cdef list _sorted_names
 
     def __dealloc__(self):
-        free(self.begin)
-        free(self.end)
-        free(self.codes)
-        free(self.ndims)
+        free(self.entries)
         free(self.dims)
-
-    cdef _allocate(self, Py_ssize_t n):
-        self.n = n
-        cdef size_t m = n if n > 0 else 1
-        self.begin = <uint64_t*>malloc(m * sizeof(uint64_t))
-        self.end = <uint64_t*>malloc(m * sizeof(uint64_t))
-        self.codes = <uint8_t*>malloc(m * sizeof(uint8_t))
-        self.ndims = <int*>malloc(m * sizeof(int))
-        if self.begin == NULL or self.end == NULL or self.codes == NULL or self.ndims == NULL:
-            raise MemoryError()
-
-    def dtype_code(self, Py_ssize_t i):
-        return DTYPE_CODES[self.codes[i]]
-
-    def offsets(self, Py_ssize_t i):
-        return (self.begin[i], self.end[i])
 
     def sorted_names(self):
         if self._sorted_names is None:
@@ -378,56 +376,77 @@ cdef _read_offsets(str source, object name, object offsets, uint64_t* begin, uin
         _fail(source, f"tensor {name!r}: data_offsets begin {b} is past end {e}")
 
 
-cdef _set_numpy_shape(_Header h, Py_ssize_t i, list shape, int code, uint64_t nbytes):
-    """Record the dims the NumPy view will have. Sub-byte dtypes surface as packed
+cdef uint64_t _byte_size(str source, object name, list shape, uint64_t count, int code) except? 0:
+    cdef uint64_t size = 0
+    cdef int status = fastst_packed_bytes(count, BITS[code], &size)
+    if status > 0:
+        _fail(source, f"tensor {name!r}: byte size of shape {shape} x {DTYPE_CODES[code]} "
+                      f"overflows 64 bits")
+    if status < 0:
+        _fail(source, f"tensor {name!r}: {count} elements of {DTYPE_CODES[code]} "
+                      f"({BITS[code]} bits each) do not fill whole bytes")
+    return size
+
+
+cdef void* _malloc_array(size_t count, size_t size) except NULL:
+    cdef void* p = malloc((count if count > 0 else 1) * size)
+    if p == NULL:
+        raise MemoryError()
+    return p
+
+
+cdef _set_numpy_dims(_Header h):
+    """Record the dims each NumPy view will have. Sub-byte dtypes surface as packed
     uint8: the last axis holds the bytes when it packs evenly, else one flat axis."""
-    cdef Py_ssize_t ndim = len(shape)
-    cdef Py_ssize_t k
-    cdef cnp.npy_intp* dims = h.dims + i * MAX_DIMS
-    cdef uint64_t last_bits
-    if ndim > MAX_DIMS:
-        h.ndims[i] = -1
-        return
-    for k in range(ndim):
-        if <uint64_t>shape[k] > INTP_MAX:
-            h.ndims[i] = -1
-            return
-        dims[k] = shape[k]
-    h.ndims[i] = ndim
-    if BITS[code] < 8:
-        last_bits = 0
-        if ndim > 0 and not fastst_mul_overflow(<uint64_t>dims[ndim - 1], BITS[code], &last_bits) \
-                and last_bits % 8 == 0:
-            dims[ndim - 1] = last_bits // 8
-        else:
-            dims[0] = nbytes
-            h.ndims[i] = 1
+    cdef Py_ssize_t i, k, ndim, total = 0
+    for shape in h.shapes:
+        total += len(<list>shape)
+    h.dims = <cnp.npy_intp*>_malloc_array(total, sizeof(cnp.npy_intp))
+    cdef Entry* entry
+    cdef cnp.npy_intp* dims = h.dims
+    cdef uint64_t last_bytes, dim
+    for i in range(h.n):
+        entry = &h.entries[i]
+        shape = <list>h.shapes[i]
+        ndim = len(shape)
+        entry.dims_at = dims - h.dims
+        entry.ndim = ndim
+        for k in range(ndim):
+            dim = <uint64_t>shape[k]
+            if dim > INTP_MAX:
+                entry.ndim = -1
+                dim = 0
+            dims[k] = <cnp.npy_intp>dim
+        if ndim > MAX_DIMS:
+            entry.ndim = -1
+        if entry.ndim > 0 and BITS[entry.code] < 8:
+            if fastst_packed_bytes(dims[ndim - 1], BITS[entry.code], &last_bytes) == 0:
+                dims[ndim - 1] = <cnp.npy_intp>last_bytes
+            else:
+                dims[0] = entry.end - entry.begin
+                entry.ndim = 1
+        dims += ndim
 
 
 cdef _check_coverage(_Header h, str source, list names, uint64_t data_len):
     """Offsets must tile the buffer exactly: sorted by (begin, end), each begins where
     the previous ended, the first at 0, the last at the buffer's end."""
-    cdef Py_ssize_t n = h.n, i, j
-    cdef bint in_order = True
+    cdef Py_ssize_t n = h.n, i
+    cdef Entry* e = h.entries
     for i in range(1, n):
-        if h.begin[i] < h.begin[i - 1] or (h.begin[i] == h.begin[i - 1] and h.end[i] < h.end[i - 1]):
-            in_order = False
+        if e[i].begin < e[i - 1].begin or (e[i].begin == e[i - 1].begin and e[i].end < e[i - 1].end):
+            _sort_by_offsets(h, names)
+            e = h.entries
             break
-    if not in_order:
-        keyed = sorted([(h.begin[k], h.end[k], k) for k in range(n)])
-        order = [entry[2] for entry in keyed]
-        _permute(h, order)
-        names[:] = [names[k] for k in order]
-        h.shapes[:] = [h.shapes[k] for k in order]
     cdef uint64_t expected = 0
     for i in range(n):
-        if h.begin[i] > expected:
-            _fail(source, f"tensor {names[i]!r}: data_offsets begin {h.begin[i]} leaves a gap "
-                          f"of {h.begin[i] - expected} bytes after the previous tensor")
-        if h.begin[i] < expected:
-            _fail(source, f"tensor {names[i]!r}: data_offsets [{h.begin[i]}, {h.end[i]}] overlap "
+        if e[i].begin > expected:
+            _fail(source, f"tensor {names[i]!r}: data_offsets begin {e[i].begin} leaves a gap "
+                          f"of {e[i].begin - expected} bytes after the previous tensor")
+        if e[i].begin < expected:
+            _fail(source, f"tensor {names[i]!r}: data_offsets [{e[i].begin}, {e[i].end}] overlap "
                           f"tensor {names[i - 1]!r}")
-        expected = h.end[i]
+        expected = e[i].end
     if expected != data_len:
         if expected < data_len:
             _fail(source, f"{data_len - expected} trailing bytes after the last tensor: "
@@ -435,25 +454,16 @@ cdef _check_coverage(_Header h, str source, list names, uint64_t data_len):
         _fail(source, f"tensors claim {expected} bytes but the buffer holds {data_len}")
 
 
-cdef _permute(_Header h, list order):
-    cdef Py_ssize_t n = h.n, i, k
-    cdef uint64_t* begin = <uint64_t*>malloc(n * sizeof(uint64_t))
-    cdef uint64_t* end = <uint64_t*>malloc(n * sizeof(uint64_t))
-    cdef uint8_t* codes = <uint8_t*>malloc(n * sizeof(uint8_t))
-    cdef int* ndims = <int*>malloc(n * sizeof(int))
-    cdef cnp.npy_intp* dims = <cnp.npy_intp*>malloc(n * MAX_DIMS * sizeof(cnp.npy_intp))
-    if begin == NULL or end == NULL or codes == NULL or ndims == NULL or dims == NULL:
-        free(begin); free(end); free(codes); free(ndims); free(dims)
-        raise MemoryError()
+cdef _sort_by_offsets(_Header h, list names):
+    cdef Py_ssize_t n = h.n, i
+    keyed = sorted([(h.entries[i].begin, h.entries[i].end, i) for i in range(n)])
+    cdef Entry* entries = <Entry*>_malloc_array(n, sizeof(Entry))
     for i in range(n):
-        k = order[i]
-        begin[i] = h.begin[k]
-        end[i] = h.end[k]
-        codes[i] = h.codes[k]
-        ndims[i] = h.ndims[k]
-        memcpy(dims + i * MAX_DIMS, h.dims + k * MAX_DIMS, MAX_DIMS * sizeof(cnp.npy_intp))
-    free(h.begin); free(h.end); free(h.codes); free(h.ndims); free(h.dims)
-    h.begin, h.end, h.codes, h.ndims, h.dims = begin, end, codes, ndims, dims
+        entries[i] = h.entries[<Py_ssize_t>keyed[i][2]]
+    free(h.entries)
+    h.entries = entries
+    names[:] = [names[item[2]] for item in keyed]
+    h.shapes[:] = [h.shapes[item[2]] for item in keyed]
 
 
 cdef object _decode_json(str source, bytes header):
@@ -486,15 +496,13 @@ cpdef _Header parse_header(bytes header, str source, uint64_t data_len):
         h.metadata = _check_metadata(source, top["__metadata__"])
         seen += len(<dict>h.metadata)
     cdef Py_ssize_t n = len(top) - (h.metadata is not None)
-    h._allocate(n)
-    h.dims = <cnp.npy_intp*>malloc((n if n > 0 else 1) * MAX_DIMS * sizeof(cnp.npy_intp))
-    if h.dims == NULL:
-        raise MemoryError()
+    h.n = n
+    h.entries = <Entry*>_malloc_array(n, sizeof(Entry))
     cdef list names = []
     cdef list shapes = []
     h.shapes = shapes
-    cdef Py_ssize_t i = 0
-    cdef uint64_t count, bits, nbytes
+    cdef Entry* entry = h.entries
+    cdef uint64_t count, nbytes
     cdef int code
     for name, info in top.items():
         if name == "__metadata__":
@@ -514,31 +522,25 @@ cpdef _Header parse_header(bytes header, str source, uint64_t data_len):
         code = _dtype_code(source, name, info["dtype"])
         shape = info["shape"]
         count = _element_count(source, name, shape)
-        _read_offsets(source, name, info["data_offsets"], &h.begin[i], &h.end[i])
-        if fastst_mul_overflow(count, BITS[code], &bits):
-            _fail(source, f"tensor {name!r}: byte size of shape {shape} x {DTYPE_CODES[code]} "
-                          f"overflows 64 bits")
-        if bits % 8 != 0:
-            _fail(source, f"tensor {name!r}: {count} elements of {DTYPE_CODES[code]} "
-                          f"({BITS[code]} bits each) do not fill whole bytes")
-        nbytes = bits // 8
-        if h.end[i] - h.begin[i] != nbytes:
-            _fail(source, f"tensor {name!r}: data_offsets [{h.begin[i]}, {h.end[i]}] hold "
-                          f"{h.end[i] - h.begin[i]} bytes but shape {shape} x "
+        _read_offsets(source, name, info["data_offsets"], &entry.begin, &entry.end)
+        nbytes = _byte_size(source, name, shape, count, code)
+        if entry.end - entry.begin != nbytes:
+            _fail(source, f"tensor {name!r}: data_offsets [{entry.begin}, {entry.end}] hold "
+                          f"{entry.end - entry.begin} bytes but shape {shape} x "
                           f"{DTYPE_CODES[code]} needs {nbytes}")
-        if h.end[i] > data_len:
-            _fail(source, f"tensor {name!r}: data_offsets end {h.end[i]} is past the end of "
+        if entry.end > data_len:
+            _fail(source, f"tensor {name!r}: data_offsets end {entry.end} is past the end of "
                           f"the {data_len}-byte buffer")
-        h.codes[i] = code
-        _set_numpy_shape(h, i, shape, code, nbytes)
+        entry.code = code
         names.append(name)
         shapes.append(shape)
-        i += 1
+        entry += 1
     if seen != members:
         _fail(source, _describe_duplicate(header))
     if has_minus:
         _fail(source, _describe_negative_zero(header))
     _check_coverage(h, source, names, data_len)
+    _set_numpy_dims(h)
     h.names = names
     h.index = {name: k for k, name in enumerate(names)}
     return h
@@ -575,7 +577,7 @@ cdef class Reader:
     cdef object owner            # _Mapping/_BufferOwner the arrays view; None for pread
     cdef char* data              # start of the tensor buffer in `owner`
     cdef bint writable
-    cdef int backend
+    cdef int kind                # BACKEND_*
     cdef int fd                  # pread backend only
     cdef int busy                # pread calls in flight, so close() cannot pull the fd away
     cdef bint is_closed
@@ -623,11 +625,11 @@ cdef class Reader:
         self.data_start = start
         if use_pread:
             os.set_blocking(fd, True)
-            self.backend = BACKEND_PREAD
+            self.kind = BACKEND_PREAD
             self.fd = fd
             return
         cdef _Mapping mapping = _map_file(fd, size)
-        self.backend = BACKEND_MMAP
+        self.kind = BACKEND_MMAP
         self.owner = mapping
         self.data = <char*>mapping.addr + start
         self.writable = True
@@ -643,7 +645,7 @@ cdef class Reader:
         header = PyBytes_FromStringAndSize(<const char*>p + 8, n)
         self.header = parse_header(header, source, size - start)
         self.data_start = start
-        self.backend = BACKEND_BUFFER
+        self.kind = BACKEND_BUFFER
         self.owner = owner
         self.data = <char*>owner.view.buf + start
         self.writable = not owner.view.readonly
@@ -662,38 +664,56 @@ cdef class Reader:
 
     cdef object _array(self, Py_ssize_t i):
         cdef _Header h = self.header
-        cdef int ndim = h.ndims[i]
+        cdef Entry* entry = &h.entries[i]
+        cdef int ndim = entry.ndim
         if ndim < 0:
             _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
                                f"array (over {MAX_DIMS} dims or a dim past 2**63-1)")
-        descr = _NUMPY_DTYPES[h.codes[i]]
-        if self.backend == BACKEND_PREAD:
+        descr = _NUMPY_DTYPES[entry.code]
+        if self.kind == BACKEND_PREAD:
             return self._pread_array(i, descr)
+        # A local reference: another thread's close() cannot unmap the memory under us.
+        owner = self.owner
+        if owner is None:
+            self._check_open()
         Py_INCREF(descr)
         try:
             array = PyArray_NewFromDescr(
-                &PyArray_Type, <Descr*><PyObject*>descr, ndim, h.dims + i * MAX_DIMS, NULL,
-                self.data + h.begin[i], cnp.NPY_ARRAY_WRITEABLE if self.writable else 0, NULL)
+                &PyArray_Type, <Descr*><PyObject*>descr, ndim, h.dims + entry.dims_at, NULL,
+                self.data + entry.begin, cnp.NPY_ARRAY_WRITEABLE if self.writable else 0, NULL)
         except ValueError as error:
             _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
                                f"array ({error})")
-        cnp.set_array_base(array, self.owner)
+        cnp.set_array_base(array, owner)
         return array
 
-    cdef object _pread_array(self, Py_ssize_t i, object descr):
+    cdef object _pread_array(self, Py_ssize_t i, object descr, Py_ssize_t first=0,
+                             Py_ssize_t last=-1):
+        """Read tensor i into fresh memory: all of it, or rows [first, last) of its
+        first axis when `last` is given."""
         cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        cdef cnp.npy_intp[64] dims
+        memcpy(dims, h.dims + entry.dims_at, entry.ndim * sizeof(cnp.npy_intp))
+        cdef uint64_t length = entry.end - entry.begin
+        cdef uint64_t skip = 0
+        if last >= 0:
+            if dims[0] > 0:
+                skip = first * (length // dims[0])
+                length = (last - first) * (length // dims[0])
+            dims[0] = last - first
         Py_INCREF(descr)
         try:
-            array = PyArray_Empty(h.ndims[i], h.dims + i * MAX_DIMS, <Descr*><PyObject*>descr, 0)
+            array = PyArray_Empty(entry.ndim, dims, <Descr*><PyObject*>descr, 0)
         except ValueError as error:
             _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
                                f"array ({error})")
-        cdef uint64_t length = h.end[i] - h.begin[i]
-        cdef off_t offset = <off_t>(self.data_start + h.begin[i])
+        cdef off_t offset = <off_t>(self.data_start + entry.begin + skip)
         cdef char* out = <char*>cnp.PyArray_DATA(<cnp.ndarray>array)
         cdef Py_ssize_t got
         self.busy += 1
         try:
+            self._check_open()   # close() may have run while the array was allocated
             with nogil:
                 got = _pread_all(self.fd, out, length, offset)
         finally:
@@ -705,6 +725,22 @@ cdef class Reader:
             _fail(self.source, f"tensor {h.names[i]!r}: file was truncated under the reader "
                                f"({got} of {length} bytes read)")
         return array
+
+    def _read_rows(self, name, Py_ssize_t first, Py_ssize_t last):
+        """Rows [first, last) of tensor `name`'s first axis, read into fresh memory
+        (pread backend), or a view of them (mmap and buffers)."""
+        cdef Py_ssize_t i = self._position(name)
+        cdef Entry* entry = &self.header.entries[i]
+        if entry.ndim < 1 or not 0 <= first <= last <= self.header.dims[entry.dims_at]:
+            raise IndexError(f"rows [{first}, {last}) out of range for tensor {name!r}")
+        if self.kind == BACKEND_PREAD:
+            return self._pread_array(i, _NUMPY_DTYPES[entry.code], first, last)
+        return self._array(i)[first:last]
+
+    @property
+    def backend(self):
+        """How tensors are served: "mmap", "pread", or "buffer" (from load())."""
+        return ("mmap", "pread", "buffer")[self.kind]
 
     cdef _release_fd_if_closed(self):
         if self.is_closed and self.busy == 0 and self.fd >= 0:
@@ -744,8 +780,9 @@ cdef class Reader:
     def _entry(self, name):
         """(dtype code, shape list, (begin, end)) of tensor `name`."""
         cdef Py_ssize_t i = self._position(name)
-        h = self.header
-        return DTYPE_CODES[h.codes[i]], list(h.shapes[i]), (h.begin[i], h.end[i])
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        return DTYPE_CODES[entry.code], list(h.shapes[i]), (entry.begin, entry.end)
 
     def _data_start(self):
         return self.data_start
@@ -768,8 +805,7 @@ cdef class Reader:
     def close(self):
         """Drop the handle's reference to the data. Arrays already returned stay valid."""
         self.is_closed = True
-        self.owner = None
-        self.data = NULL
+        self.owner = None     # `data` stays set: in-flight reads hold the owner themselves
         self._release_fd_if_closed()
 
     def __dealloc__(self):
@@ -871,7 +907,7 @@ def _rank_and_name(entry):
 
 
 cdef dict _checked_metadata(object metadata):
-    if not isinstance(metadata, dict):
+    if not isinstance(metadata, Mapping):
         raise TypeError(f"metadata must be a dict of str to str, got {type(metadata).__name__}")
     for key, value in metadata.items():
         if type(key) is not str or type(value) is not str:

@@ -1,0 +1,46 @@
+import ml_dtypes
+import numpy as np
+import pytest
+
+# Every NumPy dtype that has a safetensors code, with that code.
+WRITABLE_DTYPES = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "I16": np.dtype(np.int16),
+    "U16": np.dtype(np.uint16),
+    "I32": np.dtype(np.int32),
+    "U32": np.dtype(np.uint32),
+    "I64": np.dtype(np.int64),
+    "U64": np.dtype(np.uint64),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+    "C64": np.dtype(np.complex64),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
+}
+
+
+def random_array(rng: np.random.Generator, dtype: np.dtype, shape) -> np.ndarray:
+    """An array of `dtype` filled with random bit patterns (NaNs and all)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = rng.integers(0, 256, size=nbytes, dtype=np.uint8)
+    if dtype == np.bool_:
+        raw &= 1
+    return raw.view(dtype).reshape(shape)
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal dtype, shape and bit patterns (NaN-safe)."""
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)

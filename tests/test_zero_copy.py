@@ -1,0 +1,107 @@
+"""Arrays are views of the file's private mapping or of the caller's buffer."""
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import fastst
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    path = tmp_path / "zc.safetensors"
+    fastst.save_file({"w": np.arange(12, dtype=np.float32).reshape(3, 4),
+                      "b": np.arange(4, dtype=np.int64)}, path)
+    return path
+
+
+def mapped(path) -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip().endswith(os.fspath(path)) for line in maps)
+
+
+def test_get_tensor_is_a_view_of_one_mapping(checkpoint):
+    with fastst.safe_open(checkpoint) as f:
+        first, second, bias = f.get_tensor("w"), f.get_tensor("w"), f.get_tensor("b")
+    assert np.shares_memory(first, second)
+    assert not first.flags.owndata and not bias.flags.owndata
+    assert first.base is second.base is bias.base
+
+
+def test_views_are_writable_but_writes_never_reach_the_file(checkpoint):
+    before = checkpoint.read_bytes()
+    with fastst.safe_open(checkpoint) as f:
+        w = f.get_tensor("w")
+        w[:] = -1.0
+        assert (f.get_tensor("w") == -1.0).all()
+    assert checkpoint.read_bytes() == before
+    assert fastst.load_file(checkpoint)["w"][2, 3] == 11.0
+
+
+def test_arrays_outlive_the_handle(checkpoint):
+    f = fastst.safe_open(checkpoint)
+    w = f.get_tensor("w")
+    f.close()
+    del f
+    gc.collect()
+    assert w.sum() == 66.0
+    with pytest.raises(fastst.SafetensorError, match="closed"):
+        closed = fastst.safe_open(checkpoint)
+        closed.close()
+        closed.get_tensor("w")
+
+
+def test_mapping_lives_exactly_as_long_as_its_arrays(checkpoint):
+    tensors = fastst.load_file(checkpoint)
+    assert mapped(checkpoint)
+    w = tensors["w"][1:]
+    del tensors
+    gc.collect()
+    assert mapped(checkpoint) and w[0, 0] == 4.0
+    del w
+    gc.collect()
+    assert not mapped(checkpoint)
+
+
+def test_load_views_the_callers_buffer():
+    data = fastst.save({"x": np.arange(8, dtype=np.uint16)})
+    x = fastst.load(data)["x"]
+    assert np.shares_memory(x, np.frombuffer(data, dtype=np.uint8))
+    assert not x.flags.writeable, "bytes are immutable, so are views of them"
+
+    buffer = bytearray(data)
+    y = fastst.load(buffer)["x"]
+    assert y.flags.writeable
+    y[0] = 77
+    assert fastst.load(bytes(buffer))["x"][0] == 77
+
+    view = fastst.load(memoryview(data))["x"]
+    assert np.shares_memory(view, np.frombuffer(data, dtype=np.uint8))
+
+
+def test_load_keeps_the_buffer_alive():
+    x = fastst.load(bytearray(fastst.save({"x": np.arange(5, dtype=np.int8)})))["x"]
+    gc.collect()
+    assert x.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_load_rejects_non_buffers():
+    with pytest.raises(TypeError, match="bytes-like"):
+        fastst.load("not bytes")
+
+
+def test_get_tensor_is_constant_time_in_the_tensor_size(tmp_path):
+    path = tmp_path / "big.safetensors"
+    fastst.save_file({"big": np.zeros(64 << 20, dtype=np.uint8)}, path)
+    with fastst.safe_open(path) as f:
+        big = f.get_tensor("big")
+    # a view touches no page: nothing was read or copied to create it
+    assert big.base is not None and big.nbytes == 64 << 20 and not big.flags.owndata
+
+
+def test_pread_backend_gives_private_arrays(checkpoint):
+    with fastst.safe_open(checkpoint, backend="pread") as f:
+        w = f.get_tensor("w")
+    assert w.flags.owndata and w.flags.writeable
+    assert w.tolist() == fastst.load_file(checkpoint)["w"].tolist()

@@ -60,8 +60,8 @@ class safe_open(_core.Reader):
 
     def get_slice(self, name: str) -> "SafeSlice":
         """A lazy handle on tensor `name` that NumPy indexing reads from."""
-        dtype_code, shape, _ = self._entry(name)
-        return SafeSlice(self, name, dtype_code, shape)
+        dtype_code, shape, _, array_shape = self._entry(name)
+        return SafeSlice(self, name, dtype_code, shape, array_shape)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self)} tensors"
@@ -88,11 +88,13 @@ class SafeSlice:
     reaches.
     """
 
-    def __init__(self, reader: safe_open, name: str, dtype_code: str, shape: List[int]) -> None:
+    def __init__(self, reader: safe_open, name: str, dtype_code: str, shape: List[int],
+                 array_shape: Optional[Tuple[int, ...]]) -> None:
         self._reader = reader
         self._name = name
         self._dtype_code = dtype_code
         self._shape = shape
+        self._array_shape = array_shape   # differs from `shape` for packed sub-byte dtypes
 
     def get_shape(self) -> List[int]:
         """The tensor's shape as the header states it (a list of ints)."""
@@ -120,10 +122,14 @@ class SafeSlice:
         return int(self._shape[0])
 
     def __getitem__(self, index: Any) -> npt.NDArray[Any]:
+        if self._array_shape is None:   # get_tensor says why
+            return self._reader.get_tensor(self._name)
         if _core.dtype_bits(self._dtype_code) < 8:
-            _check_packed_index(self._name, self._dtype_code, self._shape, index)
+            if _check_packed_index(self._name, self._dtype_code, self._shape,
+                                   self._array_shape, index):
+                index = Ellipsis   # the whole tensor, however many axes the index named
         if self._reader.backend == "pread":
-            rows = _rows_needed(index, self._shape)
+            rows = _rows_needed(index, self._array_shape)
             if rows is not None:
                 first, last, local_index = rows
                 part: npt.NDArray[Any] = self._reader._read_rows(self._name, first, last)
@@ -135,21 +141,26 @@ class SafeSlice:
         return f"<fastst.SafeSlice {self._name!r} {self._dtype_code} {self._shape}>"
 
 
-def _check_packed_index(name: str, code: str, shape: List[int], index: Any) -> None:
+def _check_packed_index(name: str, code: str, shape: List[int], array_shape: Tuple[int, ...],
+                        index: Any) -> bool:
     """Sub-byte tensors surface as packed bytes: indices may select along the
-    leading axes, but not inside the packed last axis."""
+    leading axes, but not inside the packed last axis (nor inside a tensor packed
+    flat, whose axes do not survive packing). True when the index selects everything."""
     parts = index if isinstance(index, tuple) else (index,)
-    reaches_last_axis = len(parts) >= len(shape) or any(part is Ellipsis for part in parts)
-    if reaches_last_axis and not all(_selects_everything(part) for part in parts):
+    if all(_selects_everything(part) for part in parts):
+        return True
+    if (len(array_shape) != len(shape) or len(parts) >= len(shape)
+            or any(part is Ellipsis for part in parts)):
         raise SafetensorError(
             f"tensor {name!r} ({code}) is stored packed; index only its leading axes")
+    return False
 
 
 def _selects_everything(part: Any) -> bool:
     return part is Ellipsis or (isinstance(part, slice) and part == slice(None))
 
 
-def _rows_needed(index: Any, shape: List[int]) -> Optional[Tuple[int, int, Any]]:
+def _rows_needed(index: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, Any]]:
     """For an index whose first part selects along axis 0 (an int, a slice or an
     integer array), the rows [first, last) it touches and the same index relative
     to them; None when the whole tensor is needed (or NumPy must raise the error)."""

@@ -22,14 +22,19 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from libc.errno cimport EINTR, errno
-from libc.stdint cimport uint8_t, uint64_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport UINT64_MAX, uint8_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcmp, memcpy
 from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
 from posix.types cimport off_t
 from posix.unistd cimport pread, write
 
 cnp.import_array()
+
+cdef extern from "Python.h":
+    # Returns a borrowed reference: the value now stored under key.
+    PyObject* PyDict_SetDefault(object mapping, object key, object default) except NULL
 
 cdef extern from "numpy/arrayobject.h":
     ctypedef struct Descr "PyArray_Descr":
@@ -56,9 +61,27 @@ cdef extern from *:
         *out = (uint64_t)total;
         return 0;
     }
+    /* The header dtype codes, numbered in the order of the reference's Dtype enum:
+       its writer sorts by that order (descending), so the number doubles as rank. */
+    static const char *const fastst_codes[22] = {
+        "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+        "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32",
+        "C64", "F64", "I64", "U64"};
+    static const unsigned char fastst_code_lengths[22] = {
+        4, 2, 7, 7, 2, 2, 7, 7, 7, 11, 11, 3, 3, 3, 4, 3, 3, 3, 3, 3, 3, 3};
+    static inline int fastst_code_of(const char *text, Py_ssize_t length) {
+        for (int code = 21; code >= 0; code--) {   /* wide dtypes are the common ones */
+            if (fastst_code_lengths[code] == length && text[0] == fastst_codes[code][0]
+                    && memcmp(fastst_codes[code], text, length) == 0)
+                return code;
+        }
+        return -1;
+    }
     """
     bint fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t* out) noexcept nogil
     int fastst_packed_bytes(uint64_t count, unsigned bits, uint64_t* out) noexcept nogil
+    const char* const* fastst_codes
+    int fastst_code_of(const char* text, Py_ssize_t length) noexcept nogil
 
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
@@ -83,15 +106,8 @@ class TensorNotFoundError(SafetensorError, KeyError):
 # sort rank.
 # ---------------------------------------------------------------------------
 
-DTYPE_CODES = (
-    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
-    "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32",
-    "C64", "F64", "I64", "U64",
-)
-cdef int N_CODES = 22
+DTYPE_CODES = tuple(fastst_codes[code].decode() for code in range(22))
 cdef int[22] BITS = [8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64]
-cdef int CODE_F4 = 1
-cdef int CODE_U8 = 4
 
 _NUMPY_DTYPES = (
     np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.uint8), np.dtype(np.uint8),
@@ -186,380 +202,7 @@ cdef _BufferOwner _hold_buffer(object data):
     return owner
 
 
-# ---------------------------------------------------------------------------
-# Header parsing and validation
-# ---------------------------------------------------------------------------
-
-cdef inline _fail(str source, str message):
-    raise SafetensorError(f"{source}: {message}")
-
-
-cdef Py_ssize_t _count_members(const uint8_t* p, Py_ssize_t n, bint* has_minus) noexcept nogil:
-    """Count the object members (colons outside strings) of a JSON text that is
-    already known to be valid, and note whether a minus sign appears outside strings."""
-    cdef Py_ssize_t i = 0
-    cdef Py_ssize_t colons = 0
-    cdef bint in_string = False
-    cdef uint8_t c
-    while i < n:
-        c = p[i]
-        if in_string:
-            if c == 92:        # backslash: skip the escaped character
-                i += 1
-            elif c == 34:      # closing quote
-                in_string = False
-        elif c == 34:
-            in_string = True
-        elif c == 58:          # ':'
-            colons += 1
-        elif c == 45:          # '-'
-            has_minus[0] = True
-        i += 1
-    return colons
-
-
-class _Pairs(list):
-    """A JSON object kept as its list of (key, value) pairs, duplicates included."""
-
-
-_NEGATIVE_ZERO = object()
-
-
-def _parse_int_marking_negative_zero(str text):
-    return _NEGATIVE_ZERO if text == "-0" else int(text)
-
-
-def _pairs_of(bytes header):
-    import json
-    try:
-        return json.loads(header, object_pairs_hook=_Pairs,
-                          parse_int=_parse_int_marking_negative_zero)
-    except (ValueError, RecursionError):
-        return None
-
-
-cdef str _describe_duplicate(bytes header):
-    """Name the duplicated key (slow path: only runs on a header known to be bad)."""
-    pairs = _pairs_of(header)
-    if pairs is None:
-        return "header has a duplicate key"
-    seen = set()
-    for name, info in pairs:
-        if name in seen:
-            what = "__metadata__ key" if name == "__metadata__" else "tensor name"
-            return f"duplicate {what} {name!r} (a reader could pick either value)"
-        seen.add(name)
-    for name, info in pairs:
-        if isinstance(info, _Pairs):
-            keys = [k for k, _ in info]
-            for key in keys:
-                if keys.count(key) > 1:
-                    where = "__metadata__" if name == "__metadata__" else f"tensor {name!r}"
-                    return f"{where}: duplicate key {key!r}"
-    return "header has a duplicate key"
-
-
-cdef str _describe_negative_zero(bytes header):
-    pairs = _pairs_of(header)
-    if pairs is not None:
-        for name, info in pairs:
-            if isinstance(info, _Pairs):
-                for field, value in info:
-                    if isinstance(value, list) and any(v is _NEGATIVE_ZERO for v in value):
-                        return f"tensor {name!r}: {field} holds -0, not an unsigned integer"
-    return "header holds -0 where an unsigned integer belongs"
-
-
-cdef str _type_name(object value):
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-cdef inline bint _is_u64(object value):
-    # bool is an int subclass; JSON true/false must not pass as 1/0
-    return type(value) is int and value >= 0
-
-
-cdef object _check_metadata(str source, object metadata):
-    if type(metadata) is not dict:
-        _fail(source, f"__metadata__ must be an object mapping strings to strings, "
-                      f"got {_type_name(metadata)}")
-    for key, value in (<dict>metadata).items():
-        if type(value) is not str:
-            _fail(source, f"__metadata__[{key!r}] must be a string, got {_type_name(value)}")
-    return metadata
-
-
-cdef struct Entry:
-    uint64_t begin               # byte offsets, relative to the tensor buffer
-    uint64_t end
-    Py_ssize_t dims_at           # where this tensor's NumPy dims start in _Header.dims
-    int ndim                     # NumPy ndim; -1 when the shape cannot be a NumPy array
-    uint8_t code
-
-
-cdef class _Header:
-    """A validated header: tensor entries in buffer order, in compact C arrays."""
-    cdef readonly str source
-    cdef readonly list names          # buffer (offset) order
-    cdef readonly dict index          # name -> position in `names`
-    cdef readonly object metadata     # dict or None
-    cdef readonly list shapes         # logical shapes, as lists of ints
-    cdef readonly uint64_t data_len
-    cdef Entry* entries
-    cdef cnp.npy_intp* dims           # every tensor's NumPy dims, back to back
-    cdef Py_ssize_t n
-    cdef list _sorted_names
-
-    def __dealloc__(self):
-        free(self.entries)
-        free(self.dims)
-
-    def sorted_names(self):
-        if self._sorted_names is None:
-            self._sorted_names = sorted(self.names)
-        return self._sorted_names
-
-    def __len__(self):
-        return self.n
-
-
-cdef int _dtype_code(str source, object name, object dtype) except -1:
-    if type(dtype) is not str:
-        _fail(source, f"tensor {name!r}: dtype must be a string, got {_type_name(dtype)}")
-    code = _CODE_OF_NAME.get(dtype)
-    if code is None:
-        _fail(source, f"tensor {name!r}: unknown dtype {dtype!r} "
-                      f"(known: {', '.join(DTYPE_CODES)})")
-    return code
-
-
-cdef uint64_t _element_count(str source, object name, object shape) except? 0:
-    cdef uint64_t count = 1
-    cdef uint64_t dim
-    if type(shape) is not list:
-        _fail(source, f"tensor {name!r}: shape must be an array of unsigned integers, "
-                      f"got {_type_name(shape)}")
-    for value in <list>shape:
-        if not _is_u64(value):
-            _fail(source, f"tensor {name!r}: shape must hold unsigned integers, "
-                          f"got {_type_name(value) if type(value) is not int else value}")
-        dim = value
-        if fastst_mul_overflow(count, dim, &count):
-            _fail(source, f"tensor {name!r}: element count of shape {shape} overflows 64 bits")
-    return count
-
-
-cdef _read_offsets(str source, object name, object offsets, uint64_t* begin, uint64_t* end):
-    if type(offsets) is not list or len(<list>offsets) != 2:
-        _fail(source, f"tensor {name!r}: data_offsets must be an array [begin, end], "
-                      f"got {offsets!r}"[:400])
-    b, e = offsets
-    if not _is_u64(b) or not _is_u64(e):
-        _fail(source, f"tensor {name!r}: data_offsets must hold unsigned integers, got {offsets!r}")
-    begin[0] = b
-    end[0] = e
-    if begin[0] > end[0]:
-        _fail(source, f"tensor {name!r}: data_offsets begin {b} is past end {e}")
-
-
-cdef uint64_t _byte_size(str source, object name, list shape, uint64_t count, int code) except? 0:
-    cdef uint64_t size = 0
-    cdef int status = fastst_packed_bytes(count, BITS[code], &size)
-    if status > 0:
-        _fail(source, f"tensor {name!r}: byte size of shape {shape} x {DTYPE_CODES[code]} "
-                      f"overflows 64 bits")
-    if status < 0:
-        _fail(source, f"tensor {name!r}: {count} elements of {DTYPE_CODES[code]} "
-                      f"({BITS[code]} bits each) do not fill whole bytes")
-    return size
-
-
-cdef void* _malloc_array(size_t count, size_t size) except NULL:
-    cdef void* p = malloc((count if count > 0 else 1) * size)
-    if p == NULL:
-        raise MemoryError()
-    return p
-
-
-cdef _set_numpy_dims(_Header h):
-    """Record the dims each NumPy view will have. Sub-byte dtypes surface as packed
-    uint8: the last axis holds the bytes when it packs evenly, else one flat axis."""
-    cdef Py_ssize_t i, k, ndim, total = 0
-    for shape in h.shapes:
-        total += len(<list>shape)
-    h.dims = <cnp.npy_intp*>_malloc_array(total, sizeof(cnp.npy_intp))
-    cdef Entry* entry
-    cdef cnp.npy_intp* dims = h.dims
-    cdef uint64_t last_bytes, dim
-    for i in range(h.n):
-        entry = &h.entries[i]
-        shape = <list>h.shapes[i]
-        ndim = len(shape)
-        entry.dims_at = dims - h.dims
-        entry.ndim = ndim
-        for k in range(ndim):
-            dim = <uint64_t>shape[k]
-            if dim > INTP_MAX:
-                entry.ndim = -1
-                dim = 0
-            dims[k] = <cnp.npy_intp>dim
-        if ndim > MAX_DIMS:
-            entry.ndim = -1
-        if entry.ndim > 0 and BITS[entry.code] < 8:
-            if fastst_packed_bytes(dims[ndim - 1], BITS[entry.code], &last_bytes) == 0:
-                dims[ndim - 1] = <cnp.npy_intp>last_bytes
-            else:
-                dims[0] = entry.end - entry.begin
-                entry.ndim = 1
-        dims += ndim
-
-
-cdef _check_coverage(_Header h, str source, list names, uint64_t data_len):
-    """Offsets must tile the buffer exactly: sorted by (begin, end), each begins where
-    the previous ended, the first at 0, the last at the buffer's end."""
-    cdef Py_ssize_t n = h.n, i
-    cdef Entry* e = h.entries
-    for i in range(1, n):
-        if e[i].begin < e[i - 1].begin or (e[i].begin == e[i - 1].begin and e[i].end < e[i - 1].end):
-            _sort_by_offsets(h, names)
-            e = h.entries
-            break
-    cdef uint64_t expected = 0
-    for i in range(n):
-        if e[i].begin > expected:
-            _fail(source, f"tensor {names[i]!r}: data_offsets begin {e[i].begin} leaves a gap "
-                          f"of {e[i].begin - expected} bytes after the previous tensor")
-        if e[i].begin < expected:
-            _fail(source, f"tensor {names[i]!r}: data_offsets [{e[i].begin}, {e[i].end}] overlap "
-                          f"tensor {names[i - 1]!r}")
-        expected = e[i].end
-    if expected != data_len:
-        if expected < data_len:
-            _fail(source, f"{data_len - expected} trailing bytes after the last tensor: "
-                          f"the tensors cover {expected} of the buffer's {data_len} bytes")
-        _fail(source, f"tensors claim {expected} bytes but the buffer holds {data_len}")
-
-
-cdef _sort_by_offsets(_Header h, list names):
-    cdef Py_ssize_t n = h.n, i
-    keyed = sorted([(h.entries[i].begin, h.entries[i].end, i) for i in range(n)])
-    cdef Entry* entries = <Entry*>_malloc_array(n, sizeof(Entry))
-    for i in range(n):
-        entries[i] = h.entries[<Py_ssize_t>keyed[i][2]]
-    free(h.entries)
-    h.entries = entries
-    names[:] = [names[item[2]] for item in keyed]
-    h.shapes[:] = [h.shapes[item[2]] for item in keyed]
-
-
-cdef object _decode_json(str source, bytes header):
-    try:
-        return orjson.loads(header)
-    except orjson.JSONDecodeError as error:
-        try:
-            header.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            _fail(source, f"header is not valid UTF-8 (byte {bad.start})")
-        _fail(source, f"header is not valid JSON: {error}")
-
-
-cpdef _Header parse_header(bytes header, str source, uint64_t data_len):
-    """Decode and validate a header against a buffer of `data_len` bytes."""
-    obj = _decode_json(source, header)
-    if type(obj) is not dict:
-        _fail(source, f"header must be a JSON object, got {_type_name(obj)}")
-    cdef dict top = <dict>obj
-    cdef bint has_minus = False
-    cdef Py_ssize_t members = _count_members(
-        <const uint8_t*>PyBytes_AS_STRING(header), len(header), &has_minus)
-
-    cdef _Header h = _Header.__new__(_Header)
-    h.source = source
-    h.data_len = data_len
-    h.metadata = None
-    cdef Py_ssize_t seen = len(top)
-    if "__metadata__" in top:
-        h.metadata = _check_metadata(source, top["__metadata__"])
-        seen += len(<dict>h.metadata)
-    cdef Py_ssize_t n = len(top) - (h.metadata is not None)
-    h.n = n
-    h.entries = <Entry*>_malloc_array(n, sizeof(Entry))
-    cdef list names = []
-    cdef list shapes = []
-    h.shapes = shapes
-    cdef Entry* entry = h.entries
-    cdef uint64_t count, nbytes
-    cdef int code
-    for name, info in top.items():
-        if name == "__metadata__":
-            continue
-        if type(info) is not dict:
-            _fail(source, f"tensor {name!r}: entry must be an object with dtype, shape and "
-                          f"data_offsets, got {_type_name(info)}")
-        seen += len(<dict>info)
-        if len(<dict>info) != 3 or "dtype" not in info or "shape" not in info \
-                or "data_offsets" not in info:
-            missing = [f for f in ("dtype", "shape", "data_offsets") if f not in info]
-            extra = [f for f in info if f not in ("dtype", "shape", "data_offsets")]
-            problem = (f"missing field {missing[0]!r}" if missing
-                       else f"unexpected field {extra[0]!r}")
-            _fail(source, f"tensor {name!r}: {problem} (entries hold exactly dtype, shape "
-                          f"and data_offsets)")
-        code = _dtype_code(source, name, info["dtype"])
-        shape = info["shape"]
-        count = _element_count(source, name, shape)
-        _read_offsets(source, name, info["data_offsets"], &entry.begin, &entry.end)
-        nbytes = _byte_size(source, name, shape, count, code)
-        if entry.end - entry.begin != nbytes:
-            _fail(source, f"tensor {name!r}: data_offsets [{entry.begin}, {entry.end}] hold "
-                          f"{entry.end - entry.begin} bytes but shape {shape} x "
-                          f"{DTYPE_CODES[code]} needs {nbytes}")
-        if entry.end > data_len:
-            _fail(source, f"tensor {name!r}: data_offsets end {entry.end} is past the end of "
-                          f"the {data_len}-byte buffer")
-        entry.code = code
-        names.append(name)
-        shapes.append(shape)
-        entry += 1
-    if seen != members:
-        _fail(source, _describe_duplicate(header))
-    if has_minus:
-        _fail(source, _describe_negative_zero(header))
-    _check_coverage(h, source, names, data_len)
-    _set_numpy_dims(h)
-    h.names = names
-    h.index = {name: k for k, name in enumerate(names)}
-    return h
-
-
-cdef tuple _split_prefix(str source, const uint8_t* p, uint64_t size, uint64_t max_header):
-    """Check the 8-byte length prefix; return (header length, data start)."""
-    cdef uint64_t n = 0
-    cdef int k
-    if size < 8:
-        _fail(source, f"file is {size} bytes, shorter than the 8-byte header length")
-    for k in range(8):
-        n |= (<uint64_t>p[k]) << (8 * k)
-    if n > max_header:
-        _fail(source, f"header length {n} exceeds the limit of {max_header} bytes "
-                      f"(raise max_header_size to read it)")
-    if n > size - 8:
-        _fail(source, f"header length {n} runs past the end of the {size}-byte file")
-    return n, 8 + n
+include "_header.pxi"
 
 
 # ---------------------------------------------------------------------------
@@ -665,9 +308,9 @@ cdef class Reader:
     cdef object _array(self, Py_ssize_t i):
         cdef _Header h = self.header
         cdef Entry* entry = &h.entries[i]
-        cdef int ndim = entry.ndim
+        cdef int ndim = entry.np_ndim
         if ndim < 0:
-            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
+            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
                                f"array (over {MAX_DIMS} dims or a dim past 2**63-1)")
         descr = _NUMPY_DTYPES[entry.code]
         if self.kind == BACKEND_PREAD:
@@ -679,10 +322,10 @@ cdef class Reader:
         Py_INCREF(descr)
         try:
             array = PyArray_NewFromDescr(
-                &PyArray_Type, <Descr*><PyObject*>descr, ndim, h.dims + entry.dims_at, NULL,
+                &PyArray_Type, <Descr*><PyObject*>descr, ndim, h.numpy_dims(entry), NULL,
                 self.data + entry.begin, cnp.NPY_ARRAY_WRITEABLE if self.writable else 0, NULL)
         except ValueError as error:
-            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
+            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
                                f"array ({error})")
         cnp.set_array_base(array, owner)
         return array
@@ -694,7 +337,7 @@ cdef class Reader:
         cdef _Header h = self.header
         cdef Entry* entry = &h.entries[i]
         cdef cnp.npy_intp[64] dims
-        memcpy(dims, h.dims + entry.dims_at, entry.ndim * sizeof(cnp.npy_intp))
+        memcpy(dims, h.numpy_dims(entry), entry.np_ndim * sizeof(cnp.npy_intp))
         cdef uint64_t length = entry.end - entry.begin
         cdef uint64_t skip = 0
         if last >= 0:
@@ -704,9 +347,9 @@ cdef class Reader:
             dims[0] = last - first
         Py_INCREF(descr)
         try:
-            array = PyArray_Empty(entry.ndim, dims, <Descr*><PyObject*>descr, 0)
+            array = PyArray_Empty(entry.np_ndim, dims, <Descr*><PyObject*>descr, 0)
         except ValueError as error:
-            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shapes[i]} cannot be a NumPy "
+            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
                                f"array ({error})")
         cdef off_t offset = <off_t>(self.data_start + entry.begin + skip)
         cdef char* out = <char*>cnp.PyArray_DATA(<cnp.ndarray>array)
@@ -731,7 +374,7 @@ cdef class Reader:
         (pread backend), or a view of them (mmap and buffers)."""
         cdef Py_ssize_t i = self._position(name)
         cdef Entry* entry = &self.header.entries[i]
-        if entry.ndim < 1 or not 0 <= first <= last <= self.header.dims[entry.dims_at]:
+        if entry.np_ndim < 1 or not 0 <= first <= last <= self.header.numpy_dims(entry)[0]:
             raise IndexError(f"rows [{first}, {last}) out of range for tensor {name!r}")
         if self.kind == BACKEND_PREAD:
             return self._pread_array(i, _NUMPY_DTYPES[entry.code], first, last)
@@ -778,11 +421,14 @@ cdef class Reader:
         return None if metadata is None else dict(metadata)
 
     def _entry(self, name):
-        """(dtype code, shape list, (begin, end)) of tensor `name`."""
+        """(dtype code, header shape, (begin, end), NumPy shape or None when the
+        shape cannot be a NumPy array) of tensor `name`."""
         cdef Py_ssize_t i = self._position(name)
         cdef _Header h = self.header
         cdef Entry* entry = &h.entries[i]
-        return DTYPE_CODES[entry.code], list(h.shapes[i]), (entry.begin, entry.end)
+        cdef cnp.npy_intp* dims = h.numpy_dims(entry)
+        array_shape = tuple([dims[k] for k in range(entry.np_ndim)]) if entry.np_ndim >= 0 else None
+        return DTYPE_CODES[entry.code], h.shape(i), (entry.begin, entry.end), array_shape
 
     def _data_start(self):
         return self.data_start

@@ -132,3 +132,25 @@ def test_pread_reads_only_the_rows_it_needs(tmp_path, monkeypatch):
         np.testing.assert_array_equal(f.get_slice("m")[np.array([500, 7, 9])], full[[500, 7, 9]])
         np.testing.assert_array_equal(f.get_slice("m")[30:5:-4], full[30:5:-4])
     assert requested == [(10, 20), (999, 1000), (7, 501), (6, 31)]
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("code, shape, nbytes, packed", [
+    ("F4", [2, 3], 3, (3,)),          # rows of 12 bits: packed flat
+    ("F6_E2M3", [4], 3, (3,)),
+    ("F4", [4], 2, (2,)),
+])
+def test_packed_tensors_without_leading_axes_only_come_whole(tmp_path, backend, code, shape,
+                                                              nbytes, packed):
+    from test_validation_helpers import raw_file
+    path = tmp_path / "p.safetensors"
+    path.write_bytes(raw_file({"q": {"dtype": code, "shape": shape,
+                                     "data_offsets": [0, nbytes]}}, bytes(range(1, nbytes + 1))))
+    with fastst.safe_open(path, backend=backend) as f:
+        q = f.get_slice("q")
+        for whole in [slice(None), Ellipsis, (), (slice(None),) * len(shape)]:
+            got = q[whole]
+            assert got.shape == packed and got.tolist() == list(range(1, nbytes + 1))
+        for part in [0, slice(1), (0, 0), (slice(None), 1)]:
+            with pytest.raises(fastst.SafetensorError, match="packed"):
+                q[part]

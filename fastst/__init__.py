@@ -4,7 +4,7 @@ A drop-in replacement for huggingface ``safetensors``: ``safe_open``, ``load_fil
 ``load``, ``save_file``, ``save`` and ``fastst.numpy`` take the same arguments and
 write byte-identical files.
 """
-from ._api import SafeSlice, load, load_file, safe_open, save, save_file
+from ._api import SafeSlice, load, load_file, load_into, safe_open, save, save_file
 from ._core import (
     DEFAULT_MAX_HEADER_SIZE,
     DTYPE_CODES,
@@ -23,6 +23,7 @@ __all__ = [
     "TensorNotFoundError",
     "load",
     "load_file",
+    "load_into",
     "safe_open",
     "save",
     "save_file",

@@ -190,14 +190,28 @@ def _rows_needed(index: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int,
     return None
 
 
-def load_file(filename: PathLike, *, backend: str = "mmap",
+def load_file(filename: PathLike, *, backend: str = "mmap", copy: bool = False,
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, npt.NDArray[Any]]:
-    """Load every tensor of a file as zero-copy NumPy views, in buffer order."""
+    """Load every tensor of a file, in buffer order.
+
+    By default the arrays are zero-copy views of the file's private map. With
+    ``copy=True`` each tensor is read into fresh memory of its own (threads read
+    large files in parallel, the GIL released), and no array depends on the file.
+    """
     reader = safe_open(filename, backend=backend, max_header_size=max_header_size)
     try:
-        return reader.get_tensors()
+        return reader.copy_tensors() if copy else reader.get_tensors()
     finally:
         reader.close()
+
+
+def load_into(filename: PathLike, arrays: Mapping[str, npt.NDArray[Any]], *,
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
+    """Read the named tensors of a file into caller-supplied arrays, allocating
+    nothing. Each array must be C-contiguous, writable, and of its tensor's dtype
+    and shape."""
+    with safe_open(filename, max_header_size=max_header_size) as reader:
+        reader._read_into(dict(arrays))
 
 
 def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, npt.NDArray[Any]]:

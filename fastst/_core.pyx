@@ -266,16 +266,16 @@ cdef class Reader:
             _fail(self.source, "file was truncated while its header was read")
         self.header = parse_header(header, self.source, size - start)
         self.data_start = start
-        if use_pread:
-            os.set_blocking(fd, True)
-            self.kind = BACKEND_PREAD
-            self.fd = fd
-            return
-        cdef _Mapping mapping = _map_file(fd, size)
-        self.kind = BACKEND_MMAP
-        self.owner = mapping
-        self.data = <char*>mapping.addr + start
-        self.writable = True
+        os.set_blocking(fd, True)
+        if not use_pread:
+            mapping = _map_file(fd, size)
+            self.owner = mapping
+            self.data = <char*>(<_Mapping>mapping).addr + start
+            self.writable = True
+        self.kind = BACKEND_PREAD if use_pread else BACKEND_MMAP
+        # Kept open for copies, which read with pread: a file that shrank then gives a
+        # short read and an error, where copying from the map would fault.
+        self.fd = fd
 
     def _open_buffer(self, data, *, uint64_t max_header_size=DEFAULT_MAX_HEADER_SIZE,
                      str source="<buffer>"):
@@ -390,9 +390,73 @@ cdef class Reader:
             os.close(self.fd)
             self.fd = -1
 
-    def get_tensor(self, name):
-        """The tensor `name`: a zero-copy view of the file's memory map."""
-        return self._array(self._position(name))
+    def get_tensor(self, name, *, out=None):
+        """The tensor `name`: a zero-copy view of the file's memory map, or, with
+        `out`, its bytes read into that C-contiguous array of its dtype and shape."""
+        if out is None:
+            return self._array(self._position(name))
+        self._fill([(self._position(name), out)])
+        return out
+
+    def copy_tensors(self):
+        """Every tensor, in buffer order, read into fresh memory of its own."""
+        self._check_open()
+        cdef Py_ssize_t i
+        names = self.header.names
+        arrays = [self._empty(i) for i in range(len(names))]
+        self._fill(list(enumerate(arrays)))
+        return dict(zip(names, arrays))
+
+    def _read_into(self, dict arrays):
+        """Read each named tensor into the array given for it."""
+        self._fill([(self._position(name), out) for name, out in arrays.items()])
+
+    cdef object _empty(self, Py_ssize_t i):
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        if entry.np_ndim < 0:
+            self._array(i)   # raises the error that says why
+        descr = _NUMPY_DTYPES[entry.code]
+        Py_INCREF(descr)
+        try:
+            return PyArray_Empty(entry.np_ndim, h.numpy_dims(entry), <Descr*><PyObject*>descr, 0)
+        except ValueError as error:
+            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
+                               f"array ({error})")
+
+    cdef _fill(self, list targets):
+        """Copy tensors into (position, array) targets, with the GIL released: pread
+        from the file in chunks shared by threads, or memcpy from a caller's buffer."""
+        self._check_open()
+        cdef _Header h = self.header
+        cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
+        cdef Entry* entry
+        cdef cnp.ndarray out
+        for i, target in targets:
+            entry = &h.entries[<Py_ssize_t>i]
+            out = _checked_out(self.source, h.names[i], target, self._empty_like(i))
+            plan.add(<char*>cnp.PyArray_DATA(out), entry.end - entry.begin,
+                     self.data_start + entry.begin)
+        if self.kind == BACKEND_BUFFER:
+            plan.copy_from(self.data - self.data_start)
+            return
+        self.busy += 1
+        try:
+            self._check_open()
+            plan.fd = self.fd
+            plan.run_threaded()
+        finally:
+            self.busy -= 1
+            self._release_fd_if_closed()
+        plan.raise_if_failed(self.source)
+
+    cdef object _empty_like(self, Py_ssize_t i):
+        """What an `out` array for tensor i must match: (shape, dtype)."""
+        cdef Entry* entry = &self.header.entries[i]
+        if entry.np_ndim < 0:
+            self._array(i)
+        cdef cnp.npy_intp* dims = self.header.numpy_dims(entry)
+        return tuple([dims[k] for k in range(entry.np_ndim)]), _NUMPY_DTYPES[entry.code]
 
     def __getitem__(self, name):
         return self._array(self._position(name))
@@ -457,6 +521,111 @@ cdef class Reader:
     def __dealloc__(self):
         if self.fd >= 0:
             os.close(self.fd)
+
+
+cdef cnp.ndarray _checked_out(str source, object name, object out, tuple expected):
+    shape, dtype = expected
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out for tensor {name!r} must be a numpy.ndarray, got "
+                        f"{type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"out for tensor {name!r} must have shape {shape} and dtype {dtype}, "
+                         f"got {out.shape} {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out for tensor {name!r} must be C-contiguous and writable")
+    return out
+
+
+cdef struct ReadJob:
+    char* dest
+    uint64_t length
+    uint64_t offset             # in the file (or buffer)
+
+
+cdef uint64_t CHUNK = 16 << 20
+cdef uint64_t THREADED_BELOW = 64 << 20   # total bytes under which one thread reads
+
+
+cdef class _ReadPlan:
+    """Byte ranges to copy into arrays, cut into chunks that threads share."""
+    cdef ReadJob* jobs
+    cdef Py_ssize_t n
+    cdef Py_ssize_t capacity
+    cdef uint64_t total
+    cdef int fd
+    cdef int error              # first errno a read met
+    cdef uint64_t short_by      # bytes a short read (a file that shrank) left unread
+
+    def __dealloc__(self):
+        free(self.jobs)
+
+    cdef add(self, char* dest, uint64_t length, uint64_t offset):
+        cdef uint64_t part
+        self.total += length
+        while True:
+            part = length if length < CHUNK else CHUNK
+            if self.n == self.capacity:
+                self.capacity = _grow(<void**>&self.jobs, self.capacity, sizeof(ReadJob))
+            self.jobs[self.n].dest = dest
+            self.jobs[self.n].length = part
+            self.jobs[self.n].offset = offset
+            self.n += 1
+            dest += part
+            offset += part
+            length -= part
+            if length == 0:
+                return
+
+    cdef copy_from(self, const char* base):
+        cdef Py_ssize_t k
+        with nogil:
+            for k in range(self.n):
+                memcpy(self.jobs[k].dest, base + self.jobs[k].offset, self.jobs[k].length)
+
+    def run(self, Py_ssize_t first, Py_ssize_t step):
+        """pread jobs first, first + step, ... (one thread's share)."""
+        cdef Py_ssize_t k
+        cdef Py_ssize_t got
+        cdef int error = 0
+        cdef uint64_t short_by = 0
+        with nogil:
+            k = first
+            while k < self.n:
+                got = _pread_all(self.fd, self.jobs[k].dest, self.jobs[k].length,
+                                 self.jobs[k].offset)
+                if got < 0:
+                    error = -got
+                elif <uint64_t>got < self.jobs[k].length:
+                    short_by += self.jobs[k].length - got
+                k += step
+        # back under the GIL: threads report one at a time
+        self.error = self.error or error
+        self.short_by += short_by
+
+    cdef run_threaded(self):
+        cdef Py_ssize_t threads = 1
+        if self.total >= THREADED_BELOW:
+            threads = min(len(os.sched_getaffinity(0)), 8, self.n)
+        if threads <= 1:
+            self.run(0, 1)
+            return
+        import threading
+        helpers = [threading.Thread(target=self.run, args=(k, threads))
+                   for k in range(1, threads)]
+        for helper in helpers:
+            helper.start()
+        try:
+            self.run(0, threads)
+        finally:
+            for helper in helpers:
+                helper.join()
+
+    cdef raise_if_failed(self, str source):
+        if self.error:
+            raise OSError(self.error, os.strerror(self.error), source)
+        if self.short_by:
+            _fail(source, f"file was truncated under the reader ({self.short_by} bytes "
+                          f"missing)")
 
 
 cdef bytes _pread_exact(int fd, uint64_t length, uint64_t offset):

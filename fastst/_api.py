@@ -4,7 +4,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -15,8 +15,8 @@ from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 _NUMPY_FRAMEWORKS = ("np", "numpy")
-_ADAPTER_FRAMEWORKS = ("pt", "torch", "pytorch", "jax", "flax", "tf", "tensorflow",
-                       "mlx", "paddle")
+# framework name -> the fastst module that adapts NumPy views to it (imported on use)
+_ADAPTERS = {"pt": "torch", "torch": "torch", "pytorch": "torch", "jax": "jax", "flax": "jax"}
 TEMP_SUFFIX = ".fastst-tmp"
 
 
@@ -46,10 +46,16 @@ class safe_open(_core.Reader):
     (['w'], np.float32(2.0))
     """
 
+    def __new__(cls, filename: PathLike, framework: str = "np", *args: Any,
+                **kwargs: Any) -> "safe_open":
+        if cls is safe_open and framework not in _NUMPY_FRAMEWORKS:
+            cls = _FrameworkHandle
+        return super().__new__(cls)
+
     def __init__(self, filename: PathLike, framework: str = "np", device: Any = "cpu", *,
                  backend: str = "mmap",
                  max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
-        _check_framework(framework, device)
+        _check_numpy_device(device)
         self._open(filename, backend, max_header_size=max_header_size)
 
     def __enter__(self) -> "safe_open":
@@ -68,13 +74,44 @@ class safe_open(_core.Reader):
         return f"<fastst.safe_open {self.source!r} ({state})>"
 
 
-def _check_framework(framework: str, device: Any) -> None:
-    if framework in _ADAPTER_FRAMEWORKS:
+class _FrameworkHandle(safe_open):
+    """A safe_open whose tensors come out as another framework's (torch, jax): the
+    NumPy views pass through that framework's adapter module."""
+
+    def __init__(self, filename: PathLike, framework: str = "np", device: Any = "cpu", *,
+                 backend: str = "mmap",
+                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
+        adapter = _adapter(framework)
+        self._convert = adapter.converter(device)
+        self._open(filename, backend, max_header_size=max_header_size)
+
+    def get_tensor(self, name: str, *, out: Any = None) -> Any:
+        if out is not None:
+            raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
+        return self._convert(super().get_tensor(name), name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_tensor(name)
+
+    def get_tensors(self) -> Dict[str, Any]:
+        return {name: self._convert(array, name) for name, array in super().get_tensors().items()}
+
+    def get_slice(self, name: str) -> "SafeSlice":
+        slice_ = super().get_slice(name)
+        slice_._convert = self._convert
+        return slice_
+
+
+def _adapter(framework: str) -> Any:
+    module = _ADAPTERS.get(framework)
+    if module is None:
         raise SafetensorError(
-            f"framework {framework!r} needs an adapter this installation of fastst lacks; "
-            f"use framework='np'")
-    if framework not in _NUMPY_FRAMEWORKS:
-        raise SafetensorError(f"unknown framework {framework!r}; use 'np' or 'numpy'")
+            f"unknown framework {framework!r}; use 'np', 'pt' (torch) or 'jax'/'flax'")
+    import importlib
+    return importlib.import_module(f"fastst.{module}")
+
+
+def _check_numpy_device(device: Any) -> None:
     if device != "cpu":
         raise SafetensorError(f"NumPy arrays live on the CPU; device must be 'cpu', "
                               f"got {device!r}")
@@ -95,6 +132,7 @@ class SafeSlice:
         self._dtype_code = dtype_code
         self._shape = shape
         self._array_shape = array_shape   # differs from `shape` for packed sub-byte dtypes
+        self._convert: Optional[Callable[[npt.NDArray[Any], str], Any]] = None
 
     def get_shape(self) -> List[int]:
         """The tensor's shape as the header states it (a list of ints)."""
@@ -121,9 +159,13 @@ class SafeSlice:
             raise TypeError("len() of a 0-d tensor")
         return int(self._shape[0])
 
-    def __getitem__(self, index: Any) -> npt.NDArray[Any]:
+    def __getitem__(self, index: Any) -> Any:
+        array = self._select(index)
+        return array if self._convert is None else self._convert(array, self._name)
+
+    def _select(self, index: Any) -> npt.NDArray[Any]:
         if self._array_shape is None:   # get_tensor says why
-            return self._reader.get_tensor(self._name)
+            return _core.Reader.get_tensor(self._reader, self._name)
         if _core.dtype_bits(self._dtype_code) < 8:
             if _check_packed_index(self._name, self._dtype_code, self._shape,
                                    self._array_shape, index):
@@ -134,7 +176,7 @@ class SafeSlice:
                 first, last, local_index = rows
                 part: npt.NDArray[Any] = self._reader._read_rows(self._name, first, last)
                 return part[local_index]  # type: ignore[no-any-return]
-        result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
+        result: npt.NDArray[Any] = _core.Reader.get_tensor(self._reader, self._name)[index]
         return result
 
     def __repr__(self) -> str:

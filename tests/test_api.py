@@ -61,15 +61,13 @@ def test_closed_handle_refuses_every_read(path):
             call()
 
 
-@pytest.mark.parametrize("framework", ["pt", "torch", "jax", "flax", "tf"])
+@pytest.mark.parametrize("framework", ["tf", "tensorflow", "mlx", "paddle", "nope"])
 def test_frameworks_without_an_adapter_are_refused(path, framework):
-    with pytest.raises(fastst.SafetensorError, match=f"framework '{framework}'"):
+    with pytest.raises(fastst.SafetensorError, match=f"unknown framework '{framework}'"):
         fastst.safe_open(path, framework=framework)
 
 
 def test_unknown_framework_device_and_backend(path):
-    with pytest.raises(fastst.SafetensorError, match="unknown framework"):
-        fastst.safe_open(path, framework="nope")
     with pytest.raises(fastst.SafetensorError, match="device must be 'cpu'"):
         fastst.safe_open(path, device="cuda:0")
     with pytest.raises(ValueError, match="backend"):

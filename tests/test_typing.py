@@ -14,7 +14,7 @@ EXPECTED = [
     "list[str]",
     "dict[str, str] | None",
     "list[int]",
-    ARRAY,
+    "Any",            # a NumPy array, or a torch/jax tensor under those frameworks
     f"dict[str, {ARRAY}]",
     "bytes",
     f"dict[str, {ARRAY}]",

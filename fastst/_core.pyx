@@ -33,8 +33,8 @@ from posix.unistd cimport pread, write
 cnp.import_array()
 
 cdef extern from "Python.h":
-    # Returns a borrowed reference: the value now stored under key.
-    PyObject* PyDict_SetDefault(object mapping, object key, object default) except NULL
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void* PyUnicode_DATA(object text)
 
 cdef extern from "numpy/arrayobject.h":
     ctypedef struct Descr "PyArray_Descr":
@@ -77,8 +77,29 @@ cdef extern from *:
         }
         return -1;
     }
+    /* End (index of the closing quote) of a JSON string whose text starts at `pos`;
+       -1 when it is unterminated or holds an escape or a control character.
+       `*ascii` tells whether every byte was ASCII. The scan has no early exit, so
+       the compiler vectorizes it. */
+    static inline Py_ssize_t fastst_string_end(const unsigned char *p, Py_ssize_t pos,
+                                               Py_ssize_t n, int *ascii) {
+        const unsigned char *quote = memchr(p + pos, '"', (size_t)(n - pos));
+        if (quote == NULL) return -1;
+        Py_ssize_t end = quote - p;
+        unsigned char bad = 0, high = 0;
+        for (Py_ssize_t i = pos; i < end; i++) {
+            unsigned char ch = p[i];
+            bad |= (unsigned char)((ch == 92) | (ch < 32));
+            high |= ch;
+        }
+        if (bad) return -1;
+        *ascii = high < 128;
+        return end;
+    }
     """
     bint fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t* out) noexcept nogil
+    Py_ssize_t fastst_string_end(const uint8_t* p, Py_ssize_t pos, Py_ssize_t n,
+                                 int* ascii) noexcept nogil
     int fastst_packed_bytes(uint64_t count, unsigned bits, uint64_t* out) noexcept nogil
     const char* const* fastst_codes
     int fastst_code_of(const char* text, Py_ssize_t length) noexcept nogil
@@ -300,7 +321,7 @@ cdef class Reader:
 
     cdef Py_ssize_t _position(self, name) except -1:
         self._check_open()
-        position = self.header.index.get(name)
+        position = self.header.index().get(name)
         if position is None:
             raise TensorNotFoundError(f"{self.source}: no tensor named {name!r}")
         return position
@@ -503,7 +524,7 @@ cdef class Reader:
 
     def __contains__(self, name):
         self._check_open()
-        return name in self.header.index
+        return name in self.header.index()
 
     def __iter__(self):
         return iter(self.keys())

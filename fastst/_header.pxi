@@ -25,7 +25,7 @@ cdef class _Header:
     Python objects only for names and metadata."""
     cdef readonly str source
     cdef readonly list names          # buffer (offset) order
-    cdef readonly dict index          # name -> position in `names`
+    cdef dict _index                  # name -> position in `names`, built on first use
     cdef readonly object metadata     # dict or None
     cdef readonly uint64_t data_len
     cdef Entry* entries
@@ -38,7 +38,6 @@ cdef class _Header:
 
     def __cinit__(self):
         self.names = []
-        self.index = {}
 
     def __dealloc__(self):
         free(self.entries)
@@ -69,6 +68,11 @@ cdef class _Header:
         if self._sorted_names is None:
             self._sorted_names = sorted(self.names)
         return self._sorted_names
+
+    cdef dict index(self):
+        if self._index is None:
+            self._index = {name: k for k, name in enumerate(self.names)}
+        return self._index
 
     def __len__(self):
         return self.n
@@ -101,6 +105,7 @@ cdef struct Cursor:
     const uint8_t* p
     Py_ssize_t pos
     Py_ssize_t n
+    bint ascii                  # the last string read was pure ASCII
 
 
 cdef inline void _skip_space(Cursor* c) noexcept nogil:
@@ -124,22 +129,18 @@ cdef inline bint _take(Cursor* c, uint8_t token) noexcept nogil:
 
 cdef inline Py_ssize_t _plain_string(Cursor* c, Py_ssize_t* start) noexcept nogil:
     """Length of the string at the cursor, -1 when there is none or it holds escapes
-    or control characters (those go to the strict parser)."""
+    or control characters (those go to the strict parser). Notes in `c.ascii`
+    whether every byte was ASCII."""
     if not _take(c, 34):
         return -1
-    cdef const uint8_t* p = c.p
-    cdef Py_ssize_t pos = c.pos, n = c.n
-    cdef uint8_t ch
-    start[0] = pos
-    while pos < n:
-        ch = p[pos]
-        if ch == 34:
-            c.pos = pos + 1
-            return pos - start[0]
-        if ch == 92 or ch < 32:
-            return -1
-        pos += 1
-    return -1
+    cdef int ascii = 0
+    cdef Py_ssize_t end = fastst_string_end(c.p, c.pos, c.n, &ascii)
+    if end < 0:
+        return -1
+    start[0] = c.pos
+    c.pos = end + 1
+    c.ascii = ascii
+    return end - start[0]
 
 
 cdef uint64_t U64_MAX_TENTH = UINT64_MAX // 10
@@ -173,6 +174,11 @@ cdef inline bint _is(Cursor* c, Py_ssize_t start, Py_ssize_t length, const char*
 
 cdef object _utf8(Cursor* c, Py_ssize_t start, Py_ssize_t length):
     """The string's text, or None when it is not valid UTF-8."""
+    cdef object text
+    if c.ascii:      # the common case, without the decoder's general machinery
+        text = PyUnicode_New(length, 127)
+        memcpy(PyUnicode_DATA(text), c.p + start, length)
+        return text
     try:
         return PyUnicode_DecodeUTF8(<const char*>c.p + start, length, NULL)
     except UnicodeDecodeError:
@@ -270,8 +276,6 @@ cdef bint _scan_header(_Header h, const uint8_t* p, Py_ssize_t n) except -1:
     cdef Py_ssize_t start, length
     cdef Entry* entry
     cdef list names = h.names
-    cdef object position
-    cdef dict index = h.index
     if not _take(&c, 123):
         return False
     if not _take(&c, 125):
@@ -289,9 +293,6 @@ cdef bint _scan_header(_Header h, const uint8_t* p, Py_ssize_t n) except -1:
                 name = _utf8(&c, start, length)
                 if name is None:
                     return False
-                position = <object>len(names)
-                if PyDict_SetDefault(index, name, position) != <PyObject*>position:
-                    return False    # a duplicate name
                 entry = h.add_entry()
                 if not _scan_entry(h, &c, entry) or not _entry_is_valid(h, entry):
                     return False
@@ -302,7 +303,19 @@ cdef bint _scan_header(_Header h, const uint8_t* p, Py_ssize_t n) except -1:
                 break
             return False
     _skip_space(&c)
-    return c.pos == n
+    return c.pos == n and _names_are_unique(h)
+
+
+cdef bint _names_are_unique(_Header h) except -1:
+    """Sort the names (keys() needs them sorted; headers usually list them in order,
+    which the sort finds in one pass), then look for equal neighbours."""
+    cdef list ordered = sorted(h.names)
+    cdef Py_ssize_t k
+    for k in range(1, len(ordered)):
+        if ordered[k] == ordered[k - 1]:
+            return False
+    h._sorted_names = ordered
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -530,7 +543,6 @@ cdef _parse_strict(_Header h, bytes header):
         _fail(source, _describe_duplicate(header))
     if has_minus:
         _fail(source, _describe_negative_zero(header))
-    h.index = {name: k for k, name in enumerate(h.names)}
 
 
 # ---------------------------------------------------------------------------
@@ -578,7 +590,6 @@ cdef _sort_by_offsets(_Header h):
     h.capacity = n
     names = h.names
     h.names = [names[item[2]] for item in keyed]
-    h.index = {name: k for k, name in enumerate(h.names)}
 
 
 cdef _set_numpy_dims(_Header h):

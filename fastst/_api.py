@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
-import numpy.typing as npt
 
 from . import _core
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
+
+if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
+    import numpy.typing as npt
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
@@ -76,7 +77,12 @@ class safe_open(_core.Reader):
 
 class _FrameworkHandle(safe_open):
     """A safe_open whose tensors come out as another framework's (torch, jax): the
-    NumPy views pass through that framework's adapter module."""
+    NumPy views pass through that framework's adapter module.
+
+    The adapter's ``converter(device)`` returns ``convert(array, name, entry)``:
+    `entry` is the handle's ``_entry`` lookup (name -> header dtype code, shape,
+    offsets, NumPy shape), for the dtypes a NumPy array cannot tell apart (packed
+    sub-byte tensors are uint8)."""
 
     def __init__(self, filename: PathLike, framework: str = "np", device: Any = "cpu", *,
                  backend: str = "mmap",
@@ -88,13 +94,14 @@ class _FrameworkHandle(safe_open):
     def get_tensor(self, name: str, *, out: Any = None) -> Any:
         if out is not None:
             raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
-        return self._convert(super().get_tensor(name), name)
+        return self._convert(super().get_tensor(name), name, self._entry)
 
     def __getitem__(self, name: str) -> Any:
         return self.get_tensor(name)
 
     def get_tensors(self) -> Dict[str, Any]:
-        return {name: self._convert(array, name) for name, array in super().get_tensors().items()}
+        convert, entry = self._convert, self._entry
+        return {name: convert(array, name, entry) for name, array in super().get_tensors().items()}
 
     def get_slice(self, name: str) -> "SafeSlice":
         slice_ = super().get_slice(name)
@@ -132,7 +139,7 @@ class SafeSlice:
         self._dtype_code = dtype_code
         self._shape = shape
         self._array_shape = array_shape   # differs from `shape` for packed sub-byte dtypes
-        self._convert: Optional[Callable[[npt.NDArray[Any], str], Any]] = None
+        self._convert: Optional[Callable[[npt.NDArray[Any], str, Callable[[str], Any]], Any]] = None
 
     def get_shape(self) -> List[int]:
         """The tensor's shape as the header states it (a list of ints)."""
@@ -161,7 +168,9 @@ class SafeSlice:
 
     def __getitem__(self, index: Any) -> Any:
         array = self._select(index)
-        return array if self._convert is None else self._convert(array, self._name)
+        if self._convert is None:
+            return array
+        return self._convert(array, self._name, self._reader._entry)
 
     def _select(self, index: Any) -> npt.NDArray[Any]:
         if self._array_shape is None:   # get_tensor says why
@@ -224,7 +233,8 @@ def _rows_needed(index: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int,
             return None
         return row, row + 1, (0,) + rest
     if isinstance(head, np.ndarray) and head.dtype.kind in "iu" and head.size:
-        rows_array = np.where(head < 0, head + n, head)
+        as_intp = head.astype(np.intp)   # head + n must not wrap in a narrow dtype
+        rows_array = np.where(as_intp < 0, as_intp + n, as_intp)
         if rows_array.min() < 0 or rows_array.max() >= n:
             return None
         first, last = int(rows_array.min()), int(rows_array.max()) + 1
@@ -272,8 +282,7 @@ def save(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str
     The bytes are identical to huggingface safetensors' for the same input, and the
     same whatever the insertion order of `tensors` and `metadata`.
     """
-    prefix, arrays, total = _core.plan_write(_as_dict(tensors), metadata)
-    return _core.serialize(prefix, arrays, total)
+    return _core.serialize(*_core.plan_write(_as_dict(tensors), metadata))
 
 
 def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
@@ -286,10 +295,15 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
     was. With ``fsync=True`` the file and its directory are flushed to disk before
     returning, so the new file also survives a power loss.
     """
-    prefix, arrays, total = _core.plan_write(_as_dict(tensors), metadata)
+    _write_planned(_core.plan_write(_as_dict(tensors), metadata), filename, fsync)
+
+
+def _write_planned(plan: Tuple[bytes, List[Any], int], filename: PathLike, fsync: bool) -> None:
+    """Write a plan_write result to `filename` atomically (see save_file)."""
+    prefix, arrays, total = plan
     target = os.path.realpath(os.fsdecode(filename))  # through symlinks: replace their target
     directory, base = os.path.split(target)
-    temp = os.path.join(directory, f".{base}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    temp = os.path.join(directory, f".{base}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         try:

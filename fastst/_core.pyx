@@ -9,9 +9,7 @@ import os
 import stat
 from collections.abc import Mapping
 
-import ml_dtypes
 import numpy as np
-import orjson
 
 cimport numpy as cnp
 from cpython.buffer cimport (
@@ -130,27 +128,42 @@ class TensorNotFoundError(SafetensorError, KeyError):
 DTYPE_CODES = tuple(fastst_codes[code].decode() for code in range(22))
 cdef int[22] BITS = [8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64]
 
-_NUMPY_DTYPES = (
-    np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.uint8), np.dtype(np.uint8),
-    np.dtype(np.uint8), np.dtype(np.int8), np.dtype(ml_dtypes.float8_e5m2),
-    np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e8m0fnu),
-    np.dtype(ml_dtypes.float8_e4m3fnuz), np.dtype(ml_dtypes.float8_e5m2fnuz),
-    np.dtype("<i2"), np.dtype("<u2"), np.dtype("<f2"), np.dtype(ml_dtypes.bfloat16),
-    np.dtype("<i4"), np.dtype("<u4"), np.dtype("<f4"), np.dtype("<c8"), np.dtype("<f8"),
-    np.dtype("<i8"), np.dtype("<u8"),
-)
 _CODE_OF_NAME = {name: i for i, name in enumerate(DTYPE_CODES)}
-# NumPy dtype name -> code, for writing. Sub-byte codes have no NumPy dtype of
-# their own (they surface as packed uint8), so they cannot be written from NumPy.
-_CODE_OF_NUMPY_NAME = {
-    dt.name: code for code, dt in enumerate(_NUMPY_DTYPES) if code not in (1, 2, 3)
-}
+
+# Filled on first use, so that `import fastst` does not pay for importing ml_dtypes.
+cdef tuple _NUMPY_DTYPES = None      # code -> the NumPy dtype its tensors surface as
+cdef dict _CODE_OF_NUMPY_NAME = None  # NumPy dtype name -> code, for writing
+
+
+cdef inline tuple _numpy_dtypes():
+    if _NUMPY_DTYPES is None:
+        _load_dtype_tables()
+    return _NUMPY_DTYPES
+
+
+cdef _load_dtype_tables():
+    global _NUMPY_DTYPES, _CODE_OF_NUMPY_NAME
+    import ml_dtypes
+    dtypes = (
+        np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.uint8), np.dtype(np.uint8),
+        np.dtype(np.uint8), np.dtype(np.int8), np.dtype(ml_dtypes.float8_e5m2),
+        np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e8m0fnu),
+        np.dtype(ml_dtypes.float8_e4m3fnuz), np.dtype(ml_dtypes.float8_e5m2fnuz),
+        np.dtype("<i2"), np.dtype("<u2"), np.dtype("<f2"), np.dtype(ml_dtypes.bfloat16),
+        np.dtype("<i4"), np.dtype("<u4"), np.dtype("<f4"), np.dtype("<c8"), np.dtype("<f8"),
+        np.dtype("<i8"), np.dtype("<u8"),
+    )
+    # Sub-byte codes have no NumPy dtype of their own (they surface as packed uint8),
+    # so they cannot be written from NumPy.
+    _CODE_OF_NUMPY_NAME = {
+        dt.name: code for code, dt in enumerate(dtypes) if BITS[code] >= 8}
+    _NUMPY_DTYPES = dtypes
 
 
 def numpy_dtype(str code):
     """The NumPy dtype that tensors of header dtype `code` surface as."""
     try:
-        return _NUMPY_DTYPES[_CODE_OF_NAME[code]]
+        return _numpy_dtypes()[_CODE_OF_NAME[code]]
     except KeyError:
         raise SafetensorError(f"unknown dtype {code!r}") from None
 
@@ -332,8 +345,9 @@ cdef class Reader:
         cdef int ndim = entry.np_ndim
         if ndim < 0:
             _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
-                               f"array (over {MAX_DIMS} dims or a dim past 2**63-1)")
-        descr = _NUMPY_DTYPES[entry.code]
+                               f"array (NumPy allows {MAX_DIMS} dims, each below 2**63, whose "
+                               f"nonzero product in bytes stays below 2**63)")
+        descr = _numpy_dtypes()[entry.code]
         if self.kind == BACKEND_PREAD:
             return self._pread_array(i, descr)
         # A local reference: another thread's close() cannot unmap the memory under us.
@@ -398,7 +412,7 @@ cdef class Reader:
         if entry.np_ndim < 1 or not 0 <= first <= last <= self.header.numpy_dims(entry)[0]:
             raise IndexError(f"rows [{first}, {last}) out of range for tensor {name!r}")
         if self.kind == BACKEND_PREAD:
-            return self._pread_array(i, _NUMPY_DTYPES[entry.code], first, last)
+            return self._pread_array(i, _numpy_dtypes()[entry.code], first, last)
         return self._array(i)[first:last]
 
     @property
@@ -437,7 +451,7 @@ cdef class Reader:
         cdef Entry* entry = &h.entries[i]
         if entry.np_ndim < 0:
             self._array(i)   # raises the error that says why
-        descr = _NUMPY_DTYPES[entry.code]
+        descr = _numpy_dtypes()[entry.code]
         Py_INCREF(descr)
         try:
             return PyArray_Empty(entry.np_ndim, h.numpy_dims(entry), <Descr*><PyObject*>descr, 0)
@@ -477,7 +491,7 @@ cdef class Reader:
         if entry.np_ndim < 0:
             self._array(i)
         cdef cnp.npy_intp* dims = self.header.numpy_dims(entry)
-        return tuple([dims[k] for k in range(entry.np_ndim)]), _NUMPY_DTYPES[entry.code]
+        return tuple([dims[k] for k in range(entry.np_ndim)]), _numpy_dtypes()[entry.code]
 
     def __getitem__(self, name):
         return self._array(self._position(name))
@@ -684,6 +698,7 @@ cdef Py_ssize_t _pread_all(int fd, char* out, uint64_t length, uint64_t offset) 
 
 cdef int _code_for_array(str name, object array) except -1:
     dtype = array.dtype
+    _numpy_dtypes()
     code = _CODE_OF_NUMPY_NAME.get(dtype.name)
     if code is None or dtype.fields is not None:
         if dtype.hasobject:
@@ -726,6 +741,7 @@ def plan_write(dict tensors, object metadata):
                         "data_offsets": (offset, offset + nbytes)}
         offset += nbytes
         arrays.append(array)
+    import orjson
     try:
         text = orjson.dumps(header)
     except TypeError as error:   # e.g. a name with a lone surrogate

@@ -504,6 +504,7 @@ cdef _check_size(_Header h, str source, object name, Entry* entry):
 
 
 cdef object _decode_json(str source, bytes header):
+    import orjson    # only headers the fast scanner passes on get here
     try:
         return orjson.loads(header)
     except orjson.JSONDecodeError as error:
@@ -615,6 +616,21 @@ cdef _set_numpy_dims(_Header h):
             else:
                 h.add_dim(entry.end - entry.begin)
                 entry.np_ndim = 1
+        if entry.np_ndim >= 0 and not _numpy_can_hold(h, entry):
+            entry.np_ndim = -1
+
+
+cdef bint _numpy_can_hold(_Header h, Entry* entry) noexcept:
+    """NumPy's own rule: the product of the nonzero dims times the item size must
+    fit in a signed 64-bit size, even when another dim makes the array empty."""
+    cdef uint64_t size = BITS[entry.code] // 8 if BITS[entry.code] >= 8 else 1
+    cdef uint64_t dim
+    cdef Py_ssize_t k
+    for k in range(entry.np_ndim):
+        dim = h.dims[entry.np_dims_at + k]
+        if dim and fastst_mul_overflow(size, dim, &size):
+            return False
+    return size <= INTP_MAX
 
 
 cpdef _Header parse_header(bytes header, str source, uint64_t data_len):

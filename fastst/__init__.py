@@ -2,7 +2,9 @@
 
 A drop-in replacement for huggingface ``safetensors``: ``safe_open``, ``load_file``,
 ``load``, ``save_file``, ``save`` and ``fastst.numpy`` take the same arguments and
-write byte-identical files.
+write byte-identical files. ``fastst.torch`` and ``fastst.flax`` do the same for
+``safetensors.torch`` and ``safetensors.flax``; they import their framework only when
+imported themselves.
 """
 from ._api import SafeSlice, load, load_file, load_into, safe_open, save, save_file
 from ._core import (

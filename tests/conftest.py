@@ -1,3 +1,7 @@
+import os
+import threading
+import time
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -44,3 +48,42 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+def mapping_ranges(path) -> list:
+    """[start, end) address ranges where `path` is mapped in this process."""
+    target = os.path.realpath(path)
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].rstrip("\n") == target:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+    return ranges
+
+
+def time_with_longest_pause(work) -> tuple:
+    """Run `work()` while another thread ticks; return (seconds `work` took, the
+    longest the ticking thread was kept waiting). A call that holds the GIL
+    throughout shows a pause as long as itself."""
+    done, longest = threading.Event(), [0.0]
+
+    def ticker():
+        last = time.perf_counter()
+        while not done.is_set():
+            now = time.perf_counter()
+            longest[0] = max(longest[0], now - last)
+            last = now
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    time.sleep(0.05)
+    start = time.perf_counter()
+    try:
+        work()
+    finally:
+        elapsed = time.perf_counter() - start
+        done.set()
+        thread.join()
+    return elapsed, longest[0]

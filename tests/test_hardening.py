@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
-from conftest import WRITABLE_DTYPES, random_array, same_bytes
+from conftest import WRITABLE_DTYPES, random_array, same_bytes, time_with_longest_pause
 
 # ---------------------------------------------------------------------------
 # Paths that are not regular files
@@ -206,27 +206,14 @@ def test_parallel_saves_to_different_files(tmp_path, rng):
 def test_save_releases_the_gil_while_writing(tmp_path):
     """Another thread keeps running while a large tensor is written."""
     big = {"big": np.ones(384 << 20, dtype=np.uint8)}
-    done = threading.Event()
-    longest_pause = [0.0]
 
-    def ticker():
-        last = time.perf_counter()
-        while not done.is_set():
-            now = time.perf_counter()
-            longest_pause[0] = max(longest_pause[0], now - last)
-            last = now
+    def save_twice():
+        fastst.save_file(big, tmp_path / "big.safetensors")
+        fastst.save(big)
 
-    thread = threading.Thread(target=ticker)
-    thread.start()
-    time.sleep(0.05)
-    start = time.perf_counter()
-    fastst.save_file(big, tmp_path / "big.safetensors")
-    fastst.save(big)
-    elapsed = time.perf_counter() - start
-    done.set()
-    thread.join()
+    elapsed, longest_pause = time_with_longest_pause(save_twice)
     assert elapsed > 0.1
-    assert longest_pause[0] < elapsed / 2, (longest_pause[0], elapsed)
+    assert longest_pause < elapsed / 2, (longest_pause, elapsed)
 
 
 # ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import fastst  # noqa: E402
+from conftest import mapping_ranges  # noqa: E402
 import fastst.flax as ff  # noqa: E402
 
 # Dtypes jax holds as they are (64-bit ones become 32-bit without jax_enable_x64).
@@ -45,18 +46,6 @@ def assert_same(got, want):
     got, want = np.asarray(got), np.asarray(want)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert got.tobytes() == want.tobytes()
-
-
-def mapping_ranges(path) -> list:
-    target = os.path.realpath(path)
-    ranges = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].rstrip("\n") == target:
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                ranges.append((start, end))
-    return ranges
 
 
 @pytest.fixture

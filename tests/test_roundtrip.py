@@ -117,3 +117,29 @@ def test_numpy_module_is_a_drop_in(tmp_path):
     fnp.save_file(tensors, tmp_path / "a.safetensors", metadata={"m": "1"})
     assert fnp.load(fnp.save(tensors))["a"].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert fnp.load_file(tmp_path / "a.safetensors")["a"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("code", sorted(WRITABLE_DTYPES))
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (17, 33), (16, 16), (1, 40), (40, 1), (0, 4),
+                                   (300, 7)], ids=str)
+def test_fortran_ordered_matrices_of_every_dtype(code, shape, rng, tmp_path):
+    """Fortran-ordered matrices are transposed block by block as they are written."""
+    array = np.asfortranarray(random_array(rng, WRITABLE_DTYPES[code], shape))
+    expected = np.ascontiguousarray(array)
+    assert same_bytes(fastst.load(fastst.save({"m": array}))["m"], expected)
+    fastst.save_file({"m": array}, tmp_path / "m.safetensors")
+    assert (tmp_path / "m.safetensors").read_bytes() == fastst.save({"m": expected})
+
+
+def test_unaligned_fortran_matrix(rng):
+    raw = np.zeros(1 + 6 * 4 * 8, np.uint8)
+    unaligned = np.frombuffer(raw.data, dtype=np.float64, count=24, offset=1)
+    matrix = unaligned.reshape((6, 4), order="F")
+    matrix[...] = rng.standard_normal((6, 4))
+    assert not matrix.flags.aligned and matrix.flags.f_contiguous
+    np.testing.assert_array_equal(fastst.load(fastst.save({"m": matrix}))["m"], matrix)
+
+
+def test_large_fortran_matrix_spanning_many_blocks(rng):
+    matrix = np.asfortranarray(rng.standard_normal((4099, 700), dtype=np.float32))
+    np.testing.assert_array_equal(fastst.load(fastst.save({"m": matrix}))["m"], matrix)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import fastst  # noqa: E402
+from conftest import mapping_ranges  # noqa: E402
 import fastst.torch as ft  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None,
@@ -65,19 +66,6 @@ def assert_same(got: torch.Tensor, want: torch.Tensor):
     assert got.dtype == want.dtype
     assert tuple(got.shape) == tuple(want.shape)
     assert bits(got) == bits(want)
-
-
-def mapping_ranges(path) -> list:
-    """[start, end) address ranges where `path` is mapped in this process."""
-    target = os.path.realpath(path)
-    ranges = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].rstrip("\n") == target:
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                ranges.append((start, end))
-    return ranges
 
 
 def inside(pointer: int, ranges) -> bool:

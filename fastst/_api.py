@@ -180,6 +180,9 @@ class SafeSlice:
                                    self._array_shape, index):
                 index = Ellipsis   # the whole tensor, however many axes the index named
         if self._reader.backend == "pread":
+            gathered = _gather_rows(self._reader, self._name, index, self._array_shape)
+            if gathered is not None:
+                return gathered
             rows = _rows_needed(index, self._array_shape)
             if rows is not None:
                 first, last, local_index = rows
@@ -209,6 +212,23 @@ def _check_packed_index(name: str, code: str, shape: List[int], array_shape: Tup
 
 def _selects_everything(part: Any) -> bool:
     return part is Ellipsis or (isinstance(part, slice) and part == slice(None))
+
+
+def _gather_rows(reader: safe_open, name: str, index: Any,
+                 shape: Tuple[int, ...]) -> Optional[npt.NDArray[Any]]:
+    """An index led by a 1-d integer array, followed by basic indices only: read
+    just the rows it names (a data-loader gather). None when it is not one."""
+    parts = index if isinstance(index, tuple) else (index,)
+    head, rest = parts[0] if parts else None, parts[1:]
+    if not (isinstance(head, np.ndarray) and head.ndim == 1 and head.dtype.kind in "iu"
+            and shape and not any(isinstance(part, (np.ndarray, list)) for part in rest)):
+        return None
+    rows = head.astype(np.intp)
+    rows = np.where(rows < 0, rows + shape[0], rows)
+    if rows.size and (rows.min() < 0 or rows.max() >= shape[0]):
+        return None     # NumPy raises the IndexError
+    gathered: npt.NDArray[Any] = reader._read_row_list(name, rows)
+    return gathered[(slice(None),) + rest] if rest else gathered
 
 
 def _rows_needed(index: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, Any]]:

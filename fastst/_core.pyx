@@ -483,10 +483,16 @@ cdef class Reader:
         cdef Entry* entry = &h.entries[i]
         if entry.np_ndim < 0:
             self._array(i)   # raises the error that says why
+        return self._empty_with(i, h.numpy_dims(entry))
+
+    cdef object _empty_with(self, Py_ssize_t i, cnp.npy_intp* dims):
+        """A fresh array of tensor i's dtype and ndim, with the given dims."""
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
         descr = _numpy_dtypes()[entry.code]
         Py_INCREF(descr)
         try:
-            return PyArray_Empty(entry.np_ndim, h.numpy_dims(entry), <Descr*><PyObject*>descr, 0)
+            return PyArray_Empty(entry.np_ndim, dims, <Descr*><PyObject*>descr, 0)
         except ValueError as error:
             _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
                                f"array ({error})")
@@ -504,6 +510,36 @@ cdef class Reader:
             out = _checked_out(self.source, h.names[i], target, self._empty_like(i))
             plan.add(<char*>cnp.PyArray_DATA(out), entry.end - entry.begin,
                      self.data_start + entry.begin)
+        self._run(plan)
+
+    def _read_row_list(self, name, cnp.ndarray[cnp.npy_intp, ndim=1] rows not None):
+        """Rows `rows` (in range, any order, repeats allowed) of tensor `name`'s first
+        axis, each read into its place in a fresh array: a gather that reads only
+        the rows it returns."""
+        cdef Py_ssize_t i = self._position(name), k
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        if entry.np_ndim < 1:
+            raise IndexError(f"tensor {name!r} has no axis to gather rows from")
+        cdef cnp.npy_intp[64] dims
+        memcpy(dims, h.numpy_dims(entry), entry.np_ndim * sizeof(cnp.npy_intp))
+        cdef cnp.npy_intp count = dims[0]
+        cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
+        for k in range(rows.shape[0]):
+            if not 0 <= rows[k] < count:
+                raise IndexError(f"row {rows[k]} out of range for tensor {name!r}")
+        dims[0] = rows.shape[0]
+        cdef cnp.ndarray out = self._empty_with(i, dims)
+        cdef char* dest = <char*>cnp.PyArray_DATA(out)
+        cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
+        for k in range(rows.shape[0]):
+            plan.add(dest + k * row_bytes, row_bytes,
+                     self.data_start + entry.begin + rows[k] * row_bytes)
+        self._run(plan)
+        return out
+
+    cdef _run(self, _ReadPlan plan):
+        """Carry out a read plan: pread from the file, or memcpy from a buffer."""
         if self.kind == BACKEND_BUFFER:
             plan.copy_from(self.data - self.data_start)
             return
@@ -628,7 +664,14 @@ cdef class _ReadPlan:
 
     cdef add(self, char* dest, uint64_t length, uint64_t offset):
         cdef uint64_t part
+        cdef ReadJob* last
         self.total += length
+        if self.n:     # continues the previous range in memory and in the file: extend it
+            last = &self.jobs[self.n - 1]
+            if (last.dest + last.length == dest and last.offset + last.length == offset
+                    and last.length + length <= CHUNK):
+                last.length += length
+                return
         while True:
             part = length if length < CHUNK else CHUNK
             if self.n == self.capacity:

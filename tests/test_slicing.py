@@ -121,39 +121,25 @@ def test_packed_index_rules_hold_for_both_backends(tmp_path, backend):
 def test_pread_reads_only_the_rows_it_needs(tmp_path, monkeypatch):
     path = tmp_path / "rows.safetensors"
     fastst.save_file({"m": np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16)}, path)
+    full = np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16)
     with fastst.safe_open(path, backend="pread") as f:
-        requested = []
-        read_rows = type(f)._read_rows
-        monkeypatch.setattr(type(f), "_read_rows",
-                            lambda self, name, a, b: requested.append((a, b)) or read_rows(self, name, a, b))
-        full = np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16)
-        np.testing.assert_array_equal(f.get_slice("m")[10:20:3, 2], full[10:20:3, 2])
-        np.testing.assert_array_equal(f.get_slice("m")[-1], full[-1])
-        np.testing.assert_array_equal(f.get_slice("m")[np.array([500, 7, 9])], full[[500, 7, 9]])
-        np.testing.assert_array_equal(f.get_slice("m")[30:5:-4], full[30:5:-4])
-    assert requested == [(10, 20), (999, 1000), (7, 501), (6, 31)]
-
-
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
-@pytest.mark.parametrize("code, shape, nbytes, packed", [
-    ("F4", [2, 3], 3, (3,)),          # rows of 12 bits: packed flat
-    ("F6_E2M3", [4], 3, (3,)),
-    ("F4", [4], 2, (2,)),
-])
-def test_packed_tensors_without_leading_axes_only_come_whole(tmp_path, backend, code, shape,
-                                                              nbytes, packed):
-    from test_validation_helpers import raw_file
-    path = tmp_path / "p.safetensors"
-    path.write_bytes(raw_file({"q": {"dtype": code, "shape": shape,
-                                     "data_offsets": [0, nbytes]}}, bytes(range(1, nbytes + 1))))
-    with fastst.safe_open(path, backend=backend) as f:
-        q = f.get_slice("q")
-        for whole in [slice(None), Ellipsis, (), (slice(None),) * len(shape)]:
-            got = q[whole]
-            assert got.shape == packed and got.tolist() == list(range(1, nbytes + 1))
-        for part in [0, slice(1), (0, 0), (slice(None), 1)]:
-            with pytest.raises(fastst.SafetensorError, match="packed"):
-                q[part]
+        ranges, gathers = [], []
+        read_rows, read_row_list = type(f)._read_rows, type(f)._read_row_list
+        monkeypatch.setattr(type(f), "_read_rows", lambda self, name, a, b:
+                            ranges.append((a, b)) or read_rows(self, name, a, b))
+        monkeypatch.setattr(type(f), "_read_row_list", lambda self, name, rows:
+                            gathers.append(rows.tolist()) or read_row_list(self, name, rows))
+        m = f.get_slice("m")
+        np.testing.assert_array_equal(m[10:20:3, 2], full[10:20:3, 2])
+        np.testing.assert_array_equal(m[-1], full[-1])
+        np.testing.assert_array_equal(m[30:5:-4], full[30:5:-4])
+        np.testing.assert_array_equal(m[np.array([500, 7, -1, 7])], full[[500, 7, -1, 7]])
+        np.testing.assert_array_equal(m[np.array([3, 1], np.uint8), 1:3], full[[3, 1], 1:3])
+        np.testing.assert_array_equal(m[np.array([], np.int64)], full[[]])
+        with pytest.raises(IndexError):
+            m[np.array([1000])]
+    assert ranges == [(10, 20), (999, 1000), (6, 31)]
+    assert gathers == [[500, 7, 999, 7], [3, 1], []]
 
 
 def test_gathering_rows_releases_the_gil(tmp_path):

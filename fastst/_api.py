@@ -299,8 +299,9 @@ def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[s
 def save(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str, str]] = None) -> bytes:
     """Serialize tensors into the bytes of a safetensors file.
 
-    The bytes are identical to huggingface safetensors' for the same input, and the
-    same whatever the insertion order of `tensors` and `metadata`.
+    The bytes are those huggingface safetensors writes for the same input (which
+    orders several metadata keys at random; fastst sorts them), and the same
+    whatever the insertion order of `tensors` and `metadata`.
     """
     return _core.serialize(*_core.plan_write(_as_dict(tensors), metadata))
 

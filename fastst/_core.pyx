@@ -19,8 +19,8 @@ from cpython.buffer cimport (
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
-from libc.errno cimport EINTR, errno
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.errno cimport EINTR, errno
 from libc.stdint cimport UINT64_MAX, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy

@@ -105,3 +105,11 @@ def test_pread_backend_gives_private_arrays(checkpoint):
         w = f.get_tensor("w")
     assert w.flags.owndata and w.flags.writeable
     assert w.tolist() == fastst.load_file(checkpoint)["w"].tolist()
+
+
+def test_the_mapping_exports_the_whole_file_as_a_buffer(checkpoint):
+    w = fastst.load_file(checkpoint)["w"]
+    whole = memoryview(w.base)
+    assert whole.nbytes == os.path.getsize(checkpoint) and not whole.readonly
+    assert bytes(whole) == checkpoint.read_bytes()
+    assert np.shares_memory(np.frombuffer(whole, np.uint8), w)

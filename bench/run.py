@@ -357,21 +357,26 @@ class Bench:
         private = Table("1b", f"Open + get every tensor into private memory ({size})",
                         "Every peer ends holding its own copy of all the data (lazy peers: "
                         f"views + .copy()/.clone()). Median of {runs(a.repeats)} as in 1a.")
-        jobs = []
-        for group, tag in ((peers.READ_LAZY, "read_lazy"), (peers.READ_PRIVATE, "read_private")):
-            for peer in self.usable(group):
-                jobs.append((f"{tag}/{peer.key}", "measure_read", (tag, peer.key, data, warm)))
-        progress(f"[1] read {a.size_mib} MiB: {len(jobs)} peers x {a.repeats} ")
-        results = interleaved(jobs, a.repeats, a.timeout)
-        for table, group, tag in ((lazy, peers.READ_LAZY, "read_lazy"),
-                                  (private, peers.READ_PRIVATE, "read_private")):
-            table.repeats = a.repeats
-            self.fill(table, group, {k.split("/", 1)[1]: v for k, v in results.items()
-                                     if k.startswith(tag + "/")})
+        self.measure_reads(f"[1] read {a.size_mib} MiB",
+                           ((lazy, peers.READ_LAZY, "read_lazy"),
+                            (private, peers.READ_PRIVATE, "read_private")), data, warm)
         private.notes.append(".npy folder: one np.save file per tensor; .npz: np.savez "
                              "(uncompressed), read member by member.")
         self.emit(lazy)
         self.emit(private)
+
+    def measure_reads(self, label: str, groups: Any, data: Any, warm: Any) -> None:
+        """Time every usable peer of each (table, peers, tag) group, all groups'
+        measurements interleaved in one run, and fill the tables."""
+        a = self.args
+        jobs = [(f"{tag}/{peer.key}", "measure_read", (tag, peer.key, data, warm))
+                for _, group, tag in groups for peer in self.usable(group)]
+        progress(f"{label}: {len(jobs)} peers x {a.repeats} ")
+        results = interleaved(jobs, a.repeats, a.timeout)
+        for table, group, tag in groups:
+            table.repeats = a.repeats
+            self.fill(table, group, {k.split("/", 1)[1]: v for k, v in results.items()
+                                     if k.startswith(tag + "/")})
 
     # (2) save_file of the big dict -------------------------------------------
     def w2_save(self) -> None:
@@ -412,17 +417,9 @@ class Bench:
                 f"fresh process after a warm-up on a small file. Page cache hot.")
         keys = Table("3a", f"Open + keys() of a file of {a.tiny_count:,} tiny tensors", what)
         load = Table("3b", f"load_file of a file of {a.tiny_count:,} tiny tensors", what)
-        jobs = []
-        for group, tag in ((peers.TINY_KEYS, "tiny_keys"), (peers.TINY_LOAD, "tiny_load")):
-            for peer in self.usable(group):
-                jobs.append((f"{tag}/{peer.key}", "measure_read", (tag, peer.key, data, warm)))
-        progress(f"[3] {a.tiny_count:,} tiny tensors: {len(jobs)} peers x {a.repeats} ")
-        results = interleaved(jobs, a.repeats, a.timeout)
-        for table, group, tag in ((keys, peers.TINY_KEYS, "tiny_keys"),
-                                  (load, peers.TINY_LOAD, "tiny_load")):
-            table.repeats = a.repeats
-            self.fill(table, group, {k.split("/", 1)[1]: v for k, v in results.items()
-                                     if k.startswith(tag + "/")})
+        self.measure_reads(f"[3] {a.tiny_count:,} tiny tensors",
+                           ((keys, peers.TINY_KEYS, "tiny_keys"),
+                            (load, peers.TINY_LOAD, "tiny_load")), data, warm)
         keys.notes.append("torch.load and pickle cannot list names without loading "
                           "everything: see 3b.")
         load.notes.append(".npz: np.savez (uncompressed); a folder of 100k .npy files "

@@ -93,3 +93,13 @@ def test_missing_file_is_file_not_found(tmp_path):
         fastst.safe_open(tmp_path / "nope.safetensors")
     with pytest.raises(FileNotFoundError):
         fastst.load_file(tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize("framework, module", [("torch", "fastst.torch"), ("jax", "fastst.jax"),
+                                               ("jax", "fastst.flax")])
+def test_an_adapter_without_its_framework_names_the_install_command(framework, module):
+    code = (f"import sys; sys.modules[{framework!r}] = None\n"
+            f"try:\n    import {module}\nexcept ImportError as error:\n    print(error)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert f"pip install {framework}" in out.stdout

@@ -8,8 +8,6 @@ from __future__ import annotations
 import gc
 import os
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -414,14 +412,6 @@ def test_shared_tensor_grouping_matches_the_reference(reference, make):
             ft._remove_duplicate_names(tensors)
     else:
         assert ft._remove_duplicate_names(tensors) == dict(want)
-
-
-def test_missing_torch_names_the_install_command():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "try:\n    import fastst.torch\nexcept ImportError as e:\n    print(e)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert "pip install torch" in out.stdout
 
 
 # ---------------------------------------------------------------------------

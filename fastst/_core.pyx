@@ -379,9 +379,9 @@ cdef class Reader:
             _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
                                f"array (NumPy allows {MAX_DIMS} dims, each below 2**63, whose "
                                f"nonzero product in bytes stays below 2**63)")
-        descr = _numpy_dtypes()[entry.code]
         if self.kind == BACKEND_PREAD:
-            return self._pread_array(i, descr)
+            return self._pread_array(i)
+        descr = _numpy_dtypes()[entry.code]
         # A local reference: another thread's close() cannot unmap the memory under us.
         owner = self.owner
         if owner is None:
@@ -397,8 +397,7 @@ cdef class Reader:
         cnp.set_array_base(array, owner)
         return array
 
-    cdef object _pread_array(self, Py_ssize_t i, object descr, Py_ssize_t first=0,
-                             Py_ssize_t last=-1):
+    cdef object _pread_array(self, Py_ssize_t i, Py_ssize_t first=0, Py_ssize_t last=-1):
         """Read tensor i into fresh memory: all of it, or rows [first, last) of its
         first axis when `last` is given."""
         cdef _Header h = self.header
@@ -412,28 +411,10 @@ cdef class Reader:
                 skip = first * (length // dims[0])
                 length = (last - first) * (length // dims[0])
             dims[0] = last - first
-        Py_INCREF(descr)
-        try:
-            array = PyArray_Empty(entry.np_ndim, dims, <Descr*><PyObject*>descr, 0)
-        except ValueError as error:
-            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
-                               f"array ({error})")
-        cdef off_t offset = <off_t>(self.data_start + entry.begin + skip)
-        cdef char* out = <char*>cnp.PyArray_DATA(<cnp.ndarray>array)
-        cdef Py_ssize_t got
-        self.busy += 1
-        try:
-            self._check_open()   # close() may have run while the array was allocated
-            with nogil:
-                got = _pread_all(self.fd, out, length, offset)
-        finally:
-            self.busy -= 1
-            self._release_fd_if_closed()
-        if got < 0:
-            raise OSError(-got, os.strerror(-got), self.source)
-        if <uint64_t>got != length:
-            _fail(self.source, f"tensor {h.names[i]!r}: file was truncated under the reader "
-                               f"({got} of {length} bytes read)")
+        cdef cnp.ndarray array = self._empty_with(i, dims)
+        cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
+        plan.add(<char*>cnp.PyArray_DATA(array), length, self.data_start + entry.begin + skip)
+        self._run(plan, h.names[i])
         return array
 
     def _read_rows(self, name, Py_ssize_t first, Py_ssize_t last):
@@ -444,7 +425,7 @@ cdef class Reader:
         if entry.np_ndim < 1 or not 0 <= first <= last <= self.header.numpy_dims(entry)[0]:
             raise IndexError(f"rows [{first}, {last}) out of range for tensor {name!r}")
         if self.kind == BACKEND_PREAD:
-            return self._pread_array(i, _numpy_dtypes()[entry.code], first, last)
+            return self._pread_array(i, first, last)
         return self._array(i)[first:last]
 
     @property
@@ -510,7 +491,7 @@ cdef class Reader:
             out = _checked_out(self.source, h.names[i], target, self._empty_like(i))
             plan.add(<char*>cnp.PyArray_DATA(out), entry.end - entry.begin,
                      self.data_start + entry.begin)
-        self._run(plan)
+        self._run(plan, h.names[targets[0][0]] if len(targets) == 1 else len(targets))
 
     def _read_row_list(self, name, cnp.ndarray[cnp.npy_intp, ndim=1] rows not None):
         """Rows `rows` (in range, any order, repeats allowed) of tensor `name`'s first
@@ -535,11 +516,12 @@ cdef class Reader:
         for k in range(rows.shape[0]):
             plan.add(dest + k * row_bytes, row_bytes,
                      self.data_start + entry.begin + rows[k] * row_bytes)
-        self._run(plan)
+        self._run(plan, name)
         return out
 
-    cdef _run(self, _ReadPlan plan):
-        """Carry out a read plan: pread from the file, or memcpy from a buffer."""
+    cdef _run(self, _ReadPlan plan, object what):
+        """Carry out a read plan: pread from the file, or memcpy from a buffer.
+        `what`, for errors: the tensor's name, or how many tensors the plan reads."""
         if self.kind == BACKEND_BUFFER:
             plan.copy_from(self.data - self.data_start)
             return
@@ -551,7 +533,7 @@ cdef class Reader:
         finally:
             self.busy -= 1
             self._release_fd_if_closed()
-        plan.raise_if_failed(self.source)
+        plan.raise_if_failed(self.source, what)
 
     cdef object _empty_like(self, Py_ssize_t i):
         """What an `out` array for tensor i must match: (shape, dtype)."""
@@ -730,12 +712,13 @@ cdef class _ReadPlan:
             for helper in helpers:
                 helper.join()
 
-    cdef raise_if_failed(self, str source):
+    cdef raise_if_failed(self, str source, object what):
         if self.error:
             raise OSError(self.error, os.strerror(self.error), source)
         if self.short_by:
-            _fail(source, f"file was truncated under the reader ({self.short_by} bytes "
-                          f"missing)")
+            tensors = f"tensor {what!r}" if isinstance(what, str) else f"{what} tensors"
+            _fail(source, f"{tensors}: file was truncated under the reader ({self.short_by} "
+                          f"bytes missing)")
 
 
 cdef bytes _pread_exact(int fd, uint64_t length, uint64_t offset):

@@ -223,9 +223,8 @@ def _gather_rows(reader: safe_open, name: str, index: Any,
     if not (isinstance(head, np.ndarray) and head.ndim == 1 and head.dtype.kind in "iu"
             and shape and not any(isinstance(part, (np.ndarray, list)) for part in rest)):
         return None
-    rows = head.astype(np.intp)
-    rows = np.where(rows < 0, rows + shape[0], rows)
-    if rows.size and (rows.min() < 0 or rows.max() >= shape[0]):
+    rows = _rows_in_range(head, shape[0])
+    if rows is None:
         return None     # NumPy raises the IndexError
     gathered: npt.NDArray[Any] = reader._read_row_list(name, rows)
     return gathered[(slice(None),) + rest] if rest else gathered
@@ -253,13 +252,22 @@ def _rows_needed(index: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int,
             return None
         return row, row + 1, (0,) + rest
     if isinstance(head, np.ndarray) and head.dtype.kind in "iu" and head.size:
-        as_intp = head.astype(np.intp)   # head + n must not wrap in a narrow dtype
-        rows_array = np.where(as_intp < 0, as_intp + n, as_intp)
-        if rows_array.min() < 0 or rows_array.max() >= n:
+        rows_array = _rows_in_range(head, n)
+        if rows_array is None:
             return None
         first, last = int(rows_array.min()), int(rows_array.max()) + 1
         return first, last, (rows_array - first,) + rest
     return None
+
+
+def _rows_in_range(rows: npt.NDArray[Any], n: int) -> Optional[npt.NDArray[Any]]:
+    """Integer row indices with negatives counted from the end, as intp (so that
+    adding n cannot wrap a narrow dtype); None when one falls outside [0, n)."""
+    as_intp = rows.astype(np.intp)
+    as_intp = np.where(as_intp < 0, as_intp + n, as_intp)
+    if as_intp.size and (as_intp.min() < 0 or as_intp.max() >= n):
+        return None
+    return as_intp
 
 
 def load_file(filename: PathLike, *, backend: str = "mmap", copy: bool = False,

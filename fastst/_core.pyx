@@ -537,11 +537,19 @@ cdef class Reader:
 
     cdef object _empty_like(self, Py_ssize_t i):
         """What an `out` array for tensor i must match: (shape, dtype)."""
+        shape = self._numpy_shape(i)
+        if shape is None:
+            self._array(i)   # raises the error that says why
+        return shape, _numpy_dtypes()[self.header.entries[i].code]
+
+    cdef object _numpy_shape(self, Py_ssize_t i):
+        """The shape of tensor i's NumPy array (packed for sub-byte dtypes), or None
+        when its shape cannot be a NumPy array."""
         cdef Entry* entry = &self.header.entries[i]
         if entry.np_ndim < 0:
-            self._array(i)
+            return None
         cdef cnp.npy_intp* dims = self.header.numpy_dims(entry)
-        return tuple([dims[k] for k in range(entry.np_ndim)]), _numpy_dtypes()[entry.code]
+        return tuple([dims[k] for k in range(entry.np_ndim)])
 
     def __getitem__(self, name):
         return self._array(self._position(name))
@@ -573,11 +581,9 @@ cdef class Reader:
         """(dtype code, header shape, (begin, end), NumPy shape or None when the
         shape cannot be a NumPy array) of tensor `name`."""
         cdef Py_ssize_t i = self._position(name)
-        cdef _Header h = self.header
-        cdef Entry* entry = &h.entries[i]
-        cdef cnp.npy_intp* dims = h.numpy_dims(entry)
-        array_shape = tuple([dims[k] for k in range(entry.np_ndim)]) if entry.np_ndim >= 0 else None
-        return DTYPE_CODES[entry.code], h.shape(i), (entry.begin, entry.end), array_shape
+        cdef Entry* entry = &self.header.entries[i]
+        return (DTYPE_CODES[entry.code], self.header.shape(i), (entry.begin, entry.end),
+                self._numpy_shape(i))
 
     def _data_start(self):
         return self.data_start

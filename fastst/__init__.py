@@ -11,6 +11,7 @@ from ._core import (
     DEFAULT_MAX_HEADER_SIZE,
     DTYPE_CODES,
     SafetensorError,
+    TensorInfo,
     TensorNotFoundError,
 )
 from . import numpy  # noqa: E402  (the module, as `safetensors.numpy` is)
@@ -22,6 +23,7 @@ __all__ = [
     "DTYPE_CODES",
     "SafeSlice",
     "SafetensorError",
+    "TensorInfo",
     "TensorNotFoundError",
     "load",
     "load_file",

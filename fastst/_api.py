@@ -57,7 +57,7 @@ class safe_open(_core.Reader):
                  backend: str = "mmap",
                  max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
         _check_numpy_device(device)
-        self._open(filename, backend, max_header_size=max_header_size)
+        self.open_file(filename, backend, max_header_size=max_header_size)
 
     def __enter__(self) -> "safe_open":
         return self
@@ -67,7 +67,7 @@ class safe_open(_core.Reader):
 
     def get_slice(self, name: str) -> "SafeSlice":
         """A lazy handle on tensor `name` that NumPy indexing reads from."""
-        dtype_code, shape, _, array_shape = self._entry(name)
+        dtype_code, shape, _, array_shape = self.info(name)
         return SafeSlice(self, name, dtype_code, shape, array_shape)
 
     def __repr__(self) -> str:
@@ -80,7 +80,7 @@ class _FrameworkHandle(safe_open):
     NumPy views pass through that framework's adapter module.
 
     The adapter's ``converter(device)`` returns ``convert(array, name, entry)``:
-    `entry` is the handle's ``_entry`` lookup (name -> header dtype code, shape,
+    `entry` is the handle's ``info`` lookup (name -> header dtype code, shape,
     offsets, NumPy shape), for the dtypes a NumPy array cannot tell apart (packed
     sub-byte tensors are uint8)."""
 
@@ -89,18 +89,18 @@ class _FrameworkHandle(safe_open):
                  max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
         adapter = _adapter(framework)
         self._convert = adapter.converter(device)
-        self._open(filename, backend, max_header_size=max_header_size)
+        self.open_file(filename, backend, max_header_size=max_header_size)
 
     def get_tensor(self, name: str, *, out: Any = None) -> Any:
         if out is not None:
             raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
-        return self._convert(super().get_tensor(name), name, self._entry)
+        return self._convert(super().get_tensor(name), name, self.info)
 
     def __getitem__(self, name: str) -> Any:
         return self.get_tensor(name)
 
     def get_tensors(self) -> Dict[str, Any]:
-        convert, entry = self._convert, self._entry
+        convert, entry = self._convert, self.info
         return {name: convert(array, name, entry) for name, array in super().get_tensors().items()}
 
     def get_slice(self, name: str) -> "SafeSlice":
@@ -170,7 +170,7 @@ class SafeSlice:
         array = self._select(index)
         if self._convert is None:
             return array
-        return self._convert(array, self._name, self._reader._entry)
+        return self._convert(array, self._name, self._reader.info)
 
     def _select(self, index: Any) -> npt.NDArray[Any]:
         if self._array_shape is None:   # get_tensor says why
@@ -186,7 +186,7 @@ class SafeSlice:
             rows = _rows_needed(index, self._array_shape)
             if rows is not None:
                 first, last, local_index = rows
-                part: npt.NDArray[Any] = self._reader._read_rows(self._name, first, last)
+                part: npt.NDArray[Any] = self._reader.read_rows(self._name, first, last)
                 return part[local_index]  # type: ignore[no-any-return]
         result: npt.NDArray[Any] = _core.Reader.get_tensor(self._reader, self._name)[index]
         return result
@@ -226,7 +226,7 @@ def _gather_rows(reader: safe_open, name: str, index: Any,
     rows = _rows_in_range(head, shape[0])
     if rows is None:
         return None     # NumPy raises the IndexError
-    gathered: npt.NDArray[Any] = reader._read_row_list(name, rows)
+    gathered: npt.NDArray[Any] = reader.gather_rows(name, rows)
     return gathered[(slice(None),) + rest] if rest else gathered
 
 
@@ -291,7 +291,7 @@ def load_into(filename: PathLike, arrays: Mapping[str, npt.NDArray[Any]], *,
     nothing. Each array must be C-contiguous, writable, and of its tensor's dtype
     and shape."""
     with safe_open(filename, max_header_size=max_header_size) as reader:
-        reader._read_into(dict(arrays))
+        reader.read_into(dict(arrays))
 
 
 def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, npt.NDArray[Any]]:
@@ -300,7 +300,7 @@ def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[s
     The arrays view `data` and keep it alive; they are read-only when `data` is.
     """
     reader = _core.Reader()
-    reader._open_buffer(data, max_header_size=max_header_size)
+    reader.open_buffer(data, max_header_size=max_header_size)
     return reader.get_tensors()
 
 

@@ -136,6 +136,13 @@ cdef extern from *:
 
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
+
+from collections import namedtuple
+
+TensorInfo = namedtuple("TensorInfo", ["dtype", "shape", "data_offsets", "array_shape"])
+TensorInfo.__doc__ = """One tensor's header entry: dtype code, shape (list), data_offsets
+(begin, end) relative to the tensor buffer, and array_shape, the shape of its NumPy
+array (packed bytes for sub-byte dtypes; None when NumPy cannot hold the shape)."""
 cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS
 cdef uint64_t INTP_MAX = <uint64_t>0x7FFFFFFFFFFFFFFF
 
@@ -290,14 +297,14 @@ cdef class Reader:
     cdef int fd                  # pread backend only
     cdef int busy                # pread calls in flight, so close() cannot pull the fd away
     cdef bint is_closed
-    cdef uint64_t data_start     # file offset of the tensor buffer
+    cdef uint64_t data_offset    # file offset of the tensor buffer
     cdef readonly str source
 
     def __cinit__(self):
         self.fd = -1
         self.is_closed = True
 
-    def _open(self, filename, str backend="mmap", *,
+    def open_file(self, filename, str backend="mmap", *,
               uint64_t max_header_size=DEFAULT_MAX_HEADER_SIZE):
         if backend not in ("mmap", "pread"):
             raise ValueError(f"backend must be 'mmap' or 'pread', got {backend!r}")
@@ -331,7 +338,7 @@ cdef class Reader:
         if <uint64_t>len(header) != n:
             _fail(self.source, "file was truncated while its header was read")
         self.header = parse_header(header, self.source, size - start)
-        self.data_start = start
+        self.data_offset = start
         os.set_blocking(fd, True)
         if not use_pread:
             mapping = _map_file(fd, size)
@@ -343,7 +350,7 @@ cdef class Reader:
         # short read and an error, where copying from the map would fault.
         self.fd = fd
 
-    def _open_buffer(self, data, *, uint64_t max_header_size=DEFAULT_MAX_HEADER_SIZE,
+    def open_buffer(self, data, *, uint64_t max_header_size=DEFAULT_MAX_HEADER_SIZE,
                      str source="<buffer>"):
         cdef _BufferOwner owner = _hold_buffer(data)
         self.source = source
@@ -353,7 +360,7 @@ cdef class Reader:
         n, start = _split_prefix(source, p, size, max_header_size)
         header = PyBytes_FromStringAndSize(<const char*>p + 8, n)
         self.header = parse_header(header, source, size - start)
-        self.data_start = start
+        self.data_offset = start
         self.kind = BACKEND_BUFFER
         self.owner = owner
         self.data = <char*>owner.view.buf + start
@@ -413,11 +420,11 @@ cdef class Reader:
             dims[0] = last - first
         cdef cnp.ndarray array = self._empty_with(i, dims)
         cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
-        plan.add(<char*>cnp.PyArray_DATA(array), length, self.data_start + entry.begin + skip)
+        plan.add(<char*>cnp.PyArray_DATA(array), length, self.data_offset + entry.begin + skip)
         self._run(plan, h.names[i])
         return array
 
-    def _read_rows(self, name, Py_ssize_t first, Py_ssize_t last):
+    def read_rows(self, name, Py_ssize_t first, Py_ssize_t last):
         """Rows [first, last) of tensor `name`'s first axis, read into fresh memory
         (pread backend), or a view of them (mmap and buffers)."""
         cdef Py_ssize_t i = self._position(name)
@@ -455,7 +462,7 @@ cdef class Reader:
         self._fill(list(enumerate(arrays)))
         return dict(zip(names, arrays))
 
-    def _read_into(self, dict arrays):
+    def read_into(self, dict arrays):
         """Read each named tensor into the array given for it."""
         self._fill([(self._position(name), out) for name, out in arrays.items()])
 
@@ -490,10 +497,10 @@ cdef class Reader:
             entry = &h.entries[<Py_ssize_t>i]
             out = _checked_out(self.source, h.names[i], target, self._empty_like(i))
             plan.add(<char*>cnp.PyArray_DATA(out), entry.end - entry.begin,
-                     self.data_start + entry.begin)
+                     self.data_offset + entry.begin)
         self._run(plan, h.names[targets[0][0]] if len(targets) == 1 else len(targets))
 
-    def _read_row_list(self, name, cnp.ndarray[cnp.npy_intp, ndim=1] rows not None):
+    def gather_rows(self, name, cnp.ndarray[cnp.npy_intp, ndim=1] rows not None):
         """Rows `rows` (in range, any order, repeats allowed) of tensor `name`'s first
         axis, each read into its place in a fresh array: a gather that reads only
         the rows it returns."""
@@ -515,7 +522,7 @@ cdef class Reader:
         cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
         for k in range(rows.shape[0]):
             plan.add(dest + k * row_bytes, row_bytes,
-                     self.data_start + entry.begin + rows[k] * row_bytes)
+                     self.data_offset + entry.begin + rows[k] * row_bytes)
         self._run(plan, name)
         return out
 
@@ -523,7 +530,7 @@ cdef class Reader:
         """Carry out a read plan: pread from the file, or memcpy from a buffer.
         `what`, for errors: the tensor's name, or how many tensors the plan reads."""
         if self.kind == BACKEND_BUFFER:
-            plan.copy_from(self.data - self.data_start)
+            plan.copy_from(self.data - self.data_offset)
             return
         self.busy += 1
         try:
@@ -577,16 +584,19 @@ cdef class Reader:
         metadata = self.header.metadata
         return None if metadata is None else dict(metadata)
 
-    def _entry(self, name):
-        """(dtype code, header shape, (begin, end), NumPy shape or None when the
-        shape cannot be a NumPy array) of tensor `name`."""
+    def info(self, name):
+        """What the header says of tensor `name`, as a TensorInfo: dtype code, shape,
+        data_offsets (relative to the tensor buffer) and array_shape (the NumPy
+        shape, packed for sub-byte dtypes; None when NumPy cannot hold the shape)."""
         cdef Py_ssize_t i = self._position(name)
         cdef Entry* entry = &self.header.entries[i]
-        return (DTYPE_CODES[entry.code], self.header.shape(i), (entry.begin, entry.end),
-                self._numpy_shape(i))
+        return TensorInfo(DTYPE_CODES[entry.code], self.header.shape(i),
+                          (entry.begin, entry.end), self._numpy_shape(i))
 
-    def _data_start(self):
-        return self.data_start
+    @property
+    def data_start(self):
+        """File (or buffer) offset of the tensor buffer: 8 + the header's length."""
+        return self.data_offset
 
     def __len__(self):
         self._check_open()

@@ -76,7 +76,7 @@ def describe(path: str) -> Dict[str, Any]:
         tensors = []
         for name in reader.offset_keys():
             view = reader.get_slice(name)
-            _, _, (begin, end), _ = reader._entry(name)
+            _, _, (begin, end), _ = reader.info(name)
             tensors.append({
                 "name": name,
                 "dtype": view.get_dtype(),
@@ -84,7 +84,7 @@ def describe(path: str) -> Dict[str, Any]:
                 "nbytes": end - begin,
                 "data_offsets": [begin, end],
             })
-        data_start = reader._data_start()
+        data_start = reader.data_start
         metadata = reader.metadata()
         file_size = os.stat(path).st_size
     return {

@@ -40,7 +40,7 @@ def load(data: bytes) -> Dict[str, jax.Array]:
     (``bytearray``) is copied from, so that later writes to it cannot change them.
     """
     reader = _core.Reader()
-    reader._open_buffer(data)
+    reader.open_buffer(data)
     convert = converter("cpu")
     return {name: jnp.array(array) if array.flags.writeable else convert(array, name)
             for name, array in reader.get_tensors().items()}

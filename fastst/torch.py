@@ -176,9 +176,9 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
     (``bytearray``) they view it, as ``fastst.load``'s arrays do.
     """
     reader = _core.Reader()
-    reader._open_buffer(data)
+    reader.open_buffer(data)
     convert = converter("cpu")
-    entry = reader._entry
+    entry = reader.info
     return {name: convert(array, name, entry) for name, array in reader.get_tensors().items()}
 
 

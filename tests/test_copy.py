@@ -77,7 +77,7 @@ def test_load_into_fills_only_the_named_tensors(checkpoint):
 def test_copies_from_a_buffer(checkpoint):
     path, tensors = checkpoint
     reader = fastst._core.Reader()
-    reader._open_buffer(path.read_bytes())
+    reader.open_buffer(path.read_bytes())
     copies = reader.copy_tensors()
     assert all(a.flags.owndata and same_bytes(a, tensors[n]) for n, a in copies.items())
 

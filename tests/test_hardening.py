@@ -319,7 +319,7 @@ def test_any_valid_dict_round_trips(spec, meta, seed):
     assert loaded.keys() == tensors.keys()
     assert all(same_bytes(loaded[name], array) for name, array in tensors.items())
     reader = fastst._core.Reader()
-    reader._open_buffer(data)
+    reader.open_buffer(data)
     assert reader.metadata() == meta
 
 

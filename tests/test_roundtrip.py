@@ -107,7 +107,7 @@ def test_empty_dict_and_metadata_only():
     assert fastst.load(fastst.save({})) == {}
     data = fastst.save({}, metadata={"k": "v"})
     with_meta = fastst._core.Reader()
-    with_meta._open_buffer(data)
+    with_meta.open_buffer(data)
     assert with_meta.metadata() == {"k": "v"} and with_meta.keys() == []
 
 

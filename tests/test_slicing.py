@@ -124,10 +124,10 @@ def test_pread_reads_only_the_rows_it_needs(tmp_path, monkeypatch):
     full = np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16)
     with fastst.safe_open(path, backend="pread") as f:
         ranges, gathers = [], []
-        read_rows, read_row_list = type(f)._read_rows, type(f)._read_row_list
-        monkeypatch.setattr(type(f), "_read_rows", lambda self, name, a, b:
+        read_rows, read_row_list = type(f).read_rows, type(f).gather_rows
+        monkeypatch.setattr(type(f), "read_rows", lambda self, name, a, b:
                             ranges.append((a, b)) or read_rows(self, name, a, b))
-        monkeypatch.setattr(type(f), "_read_row_list", lambda self, name, rows:
+        monkeypatch.setattr(type(f), "gather_rows", lambda self, name, rows:
                             gathers.append(rows.tolist()) or read_row_list(self, name, rows))
         m = f.get_slice("m")
         np.testing.assert_array_equal(m[10:20:3, 2], full[10:20:3, 2])

@@ -10,7 +10,12 @@ from ._api import SafeSlice, load, load_file, load_into, safe_open, save, save_f
 from ._core import (
     DEFAULT_MAX_HEADER_SIZE,
     DTYPE_CODES,
+    DTYPES,
+    DtypeInfo,
     SafetensorError,
+    SafetensorIndexError,
+    SafetensorNotImplementedError,
+    SafetensorTypeError,
     TensorInfo,
     TensorNotFoundError,
 )
@@ -21,8 +26,13 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_MAX_HEADER_SIZE",
     "DTYPE_CODES",
+    "DTYPES",
+    "DtypeInfo",
     "SafeSlice",
     "SafetensorError",
+    "SafetensorIndexError",
+    "SafetensorNotImplementedError",
+    "SafetensorTypeError",
     "TensorInfo",
     "TensorNotFoundError",
     "load",

@@ -135,9 +135,9 @@ cdef extern from *:
     int fastst_code_of(const char* text, Py_ssize_t length) noexcept nogil
 
 
-DEFAULT_MAX_HEADER_SIZE = 100_000_000
-
 from collections import namedtuple
+
+DEFAULT_MAX_HEADER_SIZE = 100_000_000
 
 TensorInfo = namedtuple("TensorInfo", ["dtype", "shape", "data_offsets", "array_shape"])
 TensorInfo.__doc__ = """One tensor's header entry: dtype code, shape (list), data_offsets
@@ -158,13 +158,59 @@ class TensorNotFoundError(SafetensorError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class SafetensorIndexError(SafetensorError, IndexError):
+    """An index reaches outside a tensor (also the IndexError NumPy raises)."""
+
+
+class SafetensorTypeError(SafetensorError, TypeError):
+    """A value of a type or dtype safetensors cannot store (also a TypeError)."""
+
+
+class SafetensorNotImplementedError(SafetensorError, NotImplementedError):
+    """Something the format cannot do, such as saving a tensor that has no data
+    (also the NotImplementedError, a RuntimeError, the reference raises)."""
+
+
 # ---------------------------------------------------------------------------
 # Dtypes. Codes are numbered in the order of the reference's Dtype enum, which
 # is also the order its writer sorts by (descending), so the code doubles as the
 # sort rank.
 # ---------------------------------------------------------------------------
 
+DtypeInfo = namedtuple("DtypeInfo", ["code", "bits", "numpy", "torch"])
+DtypeInfo.__doc__ = """One safetensors dtype: header code, bits per element, the name of
+the NumPy dtype its tensors surface as (packed uint8 for sub-byte codes), and the
+name of the torch dtype (None where torch has none)."""
+
+# THE dtype table. Rows are in the order of the reference's Dtype enum, which is
+# also the order its writer sorts by (descending), so a row's index is its rank.
+DTYPES = (
+    DtypeInfo("BOOL", 8, "bool", "bool"),
+    DtypeInfo("F4", 4, "uint8", "float4_e2m1fn_x2"),
+    DtypeInfo("F6_E2M3", 6, "uint8", None),
+    DtypeInfo("F6_E3M2", 6, "uint8", None),
+    DtypeInfo("U8", 8, "uint8", "uint8"),
+    DtypeInfo("I8", 8, "int8", "int8"),
+    DtypeInfo("F8_E5M2", 8, "float8_e5m2", "float8_e5m2"),
+    DtypeInfo("F8_E4M3", 8, "float8_e4m3fn", "float8_e4m3fn"),
+    DtypeInfo("F8_E8M0", 8, "float8_e8m0fnu", "float8_e8m0fnu"),
+    DtypeInfo("F8_E4M3FNUZ", 8, "float8_e4m3fnuz", "float8_e4m3fnuz"),
+    DtypeInfo("F8_E5M2FNUZ", 8, "float8_e5m2fnuz", "float8_e5m2fnuz"),
+    DtypeInfo("I16", 16, "int16", "int16"),
+    DtypeInfo("U16", 16, "uint16", "uint16"),
+    DtypeInfo("F16", 16, "float16", "float16"),
+    DtypeInfo("BF16", 16, "bfloat16", "bfloat16"),
+    DtypeInfo("I32", 32, "int32", "int32"),
+    DtypeInfo("U32", 32, "uint32", "uint32"),
+    DtypeInfo("F32", 32, "float32", "float32"),
+    DtypeInfo("C64", 64, "complex64", "complex64"),
+    DtypeInfo("F64", 64, "float64", "float64"),
+    DtypeInfo("I64", 64, "int64", "int64"),
+    DtypeInfo("U64", 64, "uint64", "uint64"),
+)
+
 DTYPE_CODES = tuple(fastst_codes[code].decode() for code in range(22))
+assert DTYPE_CODES == tuple(row.code for row in DTYPES)
 cdef int[22] BITS = [8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64]
 
 _CODE_OF_NAME = {name: i for i, name in enumerate(DTYPE_CODES)}

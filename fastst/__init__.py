@@ -18,8 +18,10 @@ from ._core import (
     SafetensorTypeError,
     TensorInfo,
     TensorNotFoundError,
+    TensorSpec,
 )
 from . import numpy  # noqa: E402  (the module, as `safetensors.numpy` is)
+from . import writer  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -35,6 +37,7 @@ __all__ = [
     "SafetensorTypeError",
     "TensorInfo",
     "TensorNotFoundError",
+    "TensorSpec",
     "load",
     "load_file",
     "load_into",
@@ -42,5 +45,6 @@ __all__ = [
     "save",
     "save_file",
     "numpy",
+    "writer",
     "__version__",
 ]

@@ -1,7 +1,6 @@
 """The public reading and writing API over the compiled core."""
 from __future__ import annotations
 
-import errno
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -9,6 +8,7 @@ import numpy as np
 
 from . import _core
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
+from ._files import write_atomically
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
@@ -18,7 +18,6 @@ PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 _NUMPY_FRAMEWORKS = ("np", "numpy")
 # framework name -> the fastst module that adapts NumPy views to it (imported on use)
 _ADAPTERS = {"pt": "torch", "torch": "torch", "pytorch": "torch", "jax": "jax", "flax": "jax"}
-TEMP_SUFFIX = ".fastst-tmp"
 
 
 class safe_open(_core.Reader):
@@ -311,7 +310,7 @@ def save(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str
     orders several metadata keys at random; fastst sorts them), and the same
     whatever the insertion order of `tensors` and `metadata`.
     """
-    return _core.serialize(*_core.plan_write(_as_dict(tensors), metadata))
+    return _plan(tensors, metadata).to_bytes()
 
 
 def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
@@ -324,51 +323,13 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
     was. With ``fsync=True`` the file and its directory are flushed to disk before
     returning, so the new file also survives a power loss.
     """
-    _write_planned(_core.plan_write(_as_dict(tensors), metadata), filename, fsync)
+    write_atomically(_plan(tensors, metadata), filename, fsync=fsync)
 
 
-def _write_planned(plan: Tuple[bytes, List[Any], int], filename: PathLike, fsync: bool) -> None:
-    """Write a plan_write result to `filename` atomically (see save_file)."""
-    prefix, arrays, total = plan
-    target = os.path.realpath(os.fsdecode(filename))  # through symlinks: replace their target
-    directory, base = os.path.split(target)
-    temp = os.path.join(directory, f".{base}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        try:
-            _preallocate(fd, total)
-            _core.write_fd(fd, prefix, arrays, target)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, target)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
-    if fsync:
-        _fsync_directory(directory)
-
-
-def _preallocate(fd: int, size: int) -> None:
-    # Reserves the blocks up front: a full disk fails here, before any data is written.
-    if size > 0:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as error:
-            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _plan(tensors: Mapping[str, npt.NDArray[Any]],
+          metadata: Optional[Mapping[str, str]]) -> _core.WritePlan:
+    specs = [_core.spec_of_array(name, array) for name, array in _as_dict(tensors).items()]
+    return _core.plan_write(specs, metadata)
 
 
 def _as_dict(tensors: Mapping[str, Any]) -> Dict[str, Any]:

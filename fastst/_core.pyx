@@ -813,8 +813,14 @@ cdef Py_ssize_t _pread_all(int fd, char* out, uint64_t length, uint64_t offset) 
 
 
 # ---------------------------------------------------------------------------
-# Writing
+# Writing: every writer hands over explicit specs; one plan, one output loop
 # ---------------------------------------------------------------------------
+
+TensorSpec = namedtuple("TensorSpec", ["name", "dtype", "shape", "source"])
+TensorSpec.__doc__ = """One tensor to write: its name, header dtype code, header shape, and
+`source`, a NumPy array whose bytes (in C order, little-endian) are the tensor's data.
+The source's dtype need not be the code's: torch float4 comes as packed uint8."""
+
 
 cdef int _code_for_array(str name, object array) except -1:
     dtype = array.dtype
@@ -822,45 +828,137 @@ cdef int _code_for_array(str name, object array) except -1:
     code = _CODE_OF_NUMPY_NAME.get(dtype.name)
     if code is None or dtype.fields is not None:
         if dtype.hasobject:
-            raise TypeError(f"tensor {name!r}: object arrays cannot be saved")
-        raise TypeError(
+            raise SafetensorTypeError(f"tensor {name!r}: object arrays cannot be saved")
+        raise SafetensorTypeError(
             f"tensor {name!r}: dtype {dtype} has no safetensors code (supported: "
             f"{', '.join(sorted(_CODE_OF_NUMPY_NAME))})")
     return code
 
 
-def plan_write(dict tensors, object metadata):
-    """Order tensors as the format's writers do (dtype rank descending, then name),
-    validate them, and build the 8-byte prefix + padded header.
+def spec_of_array(name, array):
+    """The TensorSpec that writes NumPy `array` as tensor `name`."""
+    if type(name) is not str:
+        raise TypeError(f"tensor names must be str, got {type(name).__name__} {name!r}")
+    if isinstance(array, np.generic):
+        array = np.asarray(array)
+    elif not isinstance(array, np.ndarray):
+        raise TypeError(f"tensor {name!r}: expected a numpy.ndarray, got "
+                        f"{type(array).__module__}.{type(array).__qualname__}")
+    return TensorSpec(name, DTYPE_CODES[_code_for_array(name, array)], array.shape, array)
 
-    Returns (prefix_and_header, arrays in write order, total file size).
-    """
+
+cdef class WritePlan:
+    """A file to write: the 8-byte prefix and padded header, then the sources in
+    the order the format's writers use (dtype rank descending, then name)."""
+    cdef readonly bytes prefix
+    cdef readonly list sources
+    cdef readonly uint64_t total_size
+
+    def to_bytes(self):
+        """The whole file as one bytes object, filled with the GIL released per tensor."""
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, self.total_size)
+        self._output(PyBytes_AS_STRING(out), -1, "<bytes>")
+        return out
+
+    def write_to(self, int fd, str target="<file>"):
+        """Write the whole file to `fd`, the GIL released per write."""
+        self._output(NULL, fd, target)
+
+    cdef _output(self, char* dest, int fd, str target):
+        """The one output loop: each piece goes to `dest` (advancing) when it is
+        given, else to `fd`."""
+        dest = _emit(dest, fd, PyBytes_AS_STRING(self.prefix), len(self.prefix), target)
+        cdef cnp.ndarray array
+        for item in self.sources:
+            if _is_transposed_matrix(item):
+                _transpose_into(item, dest, fd, target)
+                if dest != NULL:
+                    dest += cnp.PyArray_NBYTES(<cnp.ndarray>item)
+                continue
+            array = _little_endian_c_order(item)
+            dest = _emit(dest, fd, <char*>cnp.PyArray_DATA(array), cnp.PyArray_NBYTES(array),
+                         target)
+            array = None
+
+
+cdef char* _emit(char* dest, int fd, const char* data, size_t length, str target) except? NULL:
+    """Copy `length` bytes to `dest` and return the position after them, or write
+    them to `fd` (dest NULL) and return NULL."""
+    if dest == NULL:
+        _write_all_or_raise(fd, data, length, target)
+        return NULL
+    with nogil:
+        memcpy(dest, data, length)
+    return dest + length
+
+
+def plan_write(specs, object metadata):
+    """Validate TensorSpecs (or 4-tuples of the same fields), order them as the
+    format's writers do, and build the header: a WritePlan."""
     entries = []
-    for name, array in tensors.items():
-        if type(name) is not str:
-            raise TypeError(f"tensor names must be str, got {type(name).__name__} {name!r}")
-        if name == "__metadata__":
-            raise ValueError("'__metadata__' is reserved for the header's metadata and cannot "
-                             "name a tensor")
-        if isinstance(array, np.generic):
-            array = np.asarray(array)
-        elif not isinstance(array, np.ndarray):
-            raise TypeError(f"tensor {name!r}: expected a numpy.ndarray, got "
-                            f"{type(array).__module__}.{type(array).__qualname__}")
-        entries.append((-_code_for_array(name, array), name, array))
+    seen = set()
+    for spec in specs:
+        name, code, shape, source = spec
+        rank = _checked_spec(name, code, shape, source, seen)
+        entries.append((-rank, name, tuple([int(dim) for dim in shape]), source))
     entries.sort(key=_rank_and_name)
 
     header = {}
     if metadata is not None:
         header["__metadata__"] = _checked_metadata(metadata)
     cdef uint64_t offset = 0
-    arrays = []
-    for rank, name, array in entries:
-        nbytes = array.nbytes
-        header[name] = {"dtype": DTYPE_CODES[-rank], "shape": array.shape,
+    sources = []
+    for rank, name, shape, source in entries:
+        nbytes = source.nbytes
+        header[name] = {"dtype": DTYPE_CODES[-rank], "shape": shape,
                         "data_offsets": (offset, offset + nbytes)}
         offset += nbytes
-        arrays.append(array)
+        sources.append(source)
+    cdef WritePlan plan = WritePlan.__new__(WritePlan)
+    plan.prefix = _prefix_and_header(header)
+    plan.sources = sources
+    plan.total_size = len(plan.prefix) + offset
+    return plan
+
+
+cdef int _checked_spec(object name, object code, object shape, object source,
+                       set seen) except -1:
+    """The rank of a valid spec's dtype; raises when the spec is not valid."""
+    if type(name) is not str:
+        raise TypeError(f"tensor names must be str, got {type(name).__name__} {name!r}")
+    if name == "__metadata__":
+        raise ValueError("'__metadata__' is reserved for the header's metadata and cannot "
+                         "name a tensor")
+    if name in seen:
+        raise ValueError(f"tensor {name!r} is given twice")
+    seen.add(name)
+    rank = _CODE_OF_NAME.get(code) if type(code) is str else None
+    if rank is None:
+        raise SafetensorTypeError(f"tensor {name!r}: unknown dtype code {code!r} "
+                                  f"(known: {', '.join(DTYPE_CODES)})")
+    if not isinstance(source, np.ndarray):
+        raise TypeError(f"tensor {name!r}: the source must be a numpy.ndarray, got "
+                        f"{type(source).__name__}")
+    cdef uint64_t count = 1, dim, nbytes
+    for value in shape:
+        if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+                or not 0 <= value <= UINT64_MAX):
+            raise ValueError(f"tensor {name!r}: shape must hold unsigned integers, got "
+                             f"{shape!r}"[:300])
+        dim = value
+        if fastst_mul_overflow(count, dim, &count):
+            raise ValueError(f"tensor {name!r}: element count of shape {shape} overflows 64 bits")
+    cdef int status = fastst_packed_bytes(count, BITS[<int>rank], &nbytes)
+    if status < 0:
+        raise ValueError(f"tensor {name!r}: {count} elements of {code} ({BITS[<int>rank]} "
+                         f"bits each) do not fill whole bytes")
+    if status > 0 or nbytes != <uint64_t>source.nbytes:
+        raise ValueError(f"tensor {name!r}: shape {list(shape)} x {code} needs {nbytes} bytes "
+                         f"but the source holds {source.nbytes}")
+    return rank
+
+
+cdef bytes _prefix_and_header(dict header):
     import orjson
     try:
         text = orjson.dumps(header)
@@ -870,8 +968,7 @@ def plan_write(dict tensors, object metadata):
     if padded > DEFAULT_MAX_HEADER_SIZE:
         raise ValueError(f"header of {padded} bytes exceeds the format's limit of "
                          f"{DEFAULT_MAX_HEADER_SIZE}")
-    prefix = (<uint64_t>padded).to_bytes(8, "little") + text + b" " * (padded - len(text))
-    return prefix, arrays, 8 + padded + offset
+    return (<uint64_t>padded).to_bytes(8, "little") + text + b" " * (padded - len(text))
 
 
 def _rank_and_name(entry):
@@ -913,7 +1010,7 @@ cdef Py_ssize_t _rows_per_block(Py_ssize_t rows, Py_ssize_t row_bytes) noexcept:
     return min(rows, max(block, 16))
 
 
-cdef _transpose_into(cnp.ndarray array, char* dest, int fd, str source):
+cdef _transpose_into(cnp.ndarray array, char* dest, int fd, str target):
     """C-ordered bytes of a Fortran-ordered matrix: into `dest` when given, else
     block by block through a small buffer to `fd`."""
     cdef Py_ssize_t m = cnp.PyArray_DIM(array, 0), n = cnp.PyArray_DIM(array, 1)
@@ -933,26 +1030,13 @@ cdef _transpose_into(cnp.ndarray array, char* dest, int fd, str source):
                 fastst_transpose_rows(src, buffer if dest == NULL else dest + row0 * row_bytes,
                                       m, n, row0, rows, itemsize)
             if dest == NULL:
-                _write_all_or_raise(fd, buffer, rows * row_bytes, source)
+                _write_all_or_raise(fd, buffer, rows * row_bytes, target)
     finally:
         if dest == NULL:
             free(buffer)
 
 
-def write_fd(int fd, bytes prefix, list arrays, str source="<file>"):
-    """Write the prefix and each array's bytes to `fd`, the GIL released per write."""
-    _write_all_or_raise(fd, PyBytes_AS_STRING(prefix), len(prefix), source)
-    cdef cnp.ndarray array
-    for item in arrays:
-        if _is_transposed_matrix(item):
-            _transpose_into(item, NULL, fd, source)
-            continue
-        array = _little_endian_c_order(item)
-        _write_all_or_raise(fd, <char*>cnp.PyArray_DATA(array), cnp.PyArray_NBYTES(array), source)
-        array = None
-
-
-cdef _write_all_or_raise(int fd, const char* data, size_t length, str source):
+cdef _write_all_or_raise(int fd, const char* data, size_t length, str target):
     cdef int error = 0
     cdef ssize_t written
     cdef size_t chunk
@@ -968,28 +1052,4 @@ cdef _write_all_or_raise(int fd, const char* data, size_t length, str source):
             data += written
             length -= written
     if error:
-        raise OSError(error, os.strerror(error), source)
-
-
-def serialize(bytes prefix, list arrays, uint64_t total):
-    """The whole file as one bytes object, filled with the GIL released per tensor."""
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
-    cdef char* dest = PyBytes_AS_STRING(out)
-    memcpy(dest, PyBytes_AS_STRING(prefix), len(prefix))
-    dest += len(prefix)
-    cdef cnp.ndarray array
-    cdef size_t length
-    cdef const char* source
-    for item in arrays:
-        if _is_transposed_matrix(item):
-            _transpose_into(item, dest, -1, "<bytes>")
-            dest += cnp.PyArray_NBYTES(<cnp.ndarray>item)
-            continue
-        array = _little_endian_c_order(item)
-        length = cnp.PyArray_NBYTES(array)
-        source = <const char*>cnp.PyArray_DATA(array)
-        with nogil:
-            memcpy(dest, source, length)
-        dest += length
-        array = None
-    return out
+        raise OSError(error, os.strerror(error), target)

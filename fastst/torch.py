@@ -20,10 +20,10 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("fastst.torch needs PyTorch: pip install torch") from error
 
 import ml_dtypes
-import orjson
 
 from . import _api, _core
-from ._core import DTYPE_CODES, SafetensorError
+from .writer import TensorSpec, WritePlan, plan_write, write_atomically
+from ._core import DTYPES, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter"]
 
@@ -34,21 +34,17 @@ Entry = Callable[[str], Tuple[str, List[int], Tuple[int, int], Optional[Tuple[in
 # Dtypes
 # ---------------------------------------------------------------------------
 
-# header code -> torch dtype; None where this torch lacks the dtype
-_TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8,
-    "I16": torch.int16, "U16": getattr(torch, "uint16", None), "F16": torch.float16,
-    "BF16": torch.bfloat16, "I32": torch.int32, "U32": getattr(torch, "uint32", None),
-    "F32": torch.float32, "C64": torch.complex64, "F64": torch.float64,
-    "I64": torch.int64, "U64": getattr(torch, "uint64", None),
-    "F8_E5M2": getattr(torch, "float8_e5m2", None),
-    "F8_E4M3": getattr(torch, "float8_e4m3fn", None),
-    "F8_E8M0": getattr(torch, "float8_e8m0fnu", None),
-    "F8_E4M3FNUZ": getattr(torch, "float8_e4m3fnuz", None),
-    "F8_E5M2FNUZ": getattr(torch, "float8_e5m2fnuz", None),
-    "F4": getattr(torch, "float4_e2m1fn_x2", None),
-}
-_FLOAT4 = _TORCH_DTYPES["F4"]
+# header code -> torch dtype; None where torch (or this version of it) lacks one
+TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = {
+    row.code: getattr(torch, row.torch, None) if row.torch else None for row in DTYPES}
+_CODE_OF_TORCH: Dict[torch.dtype, str] = {
+    dtype: code for code, dtype in TORCH_DTYPES.items() if dtype is not None}
+_FLOAT4 = TORCH_DTYPES["F4"]
+# torch dtypes whose memory NumPy can view as they are; the others (bfloat16, float8,
+# float4) are viewed through the unsigned integer of their width
+_NUMPY_KNOWS = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.float16, torch.int32,
+                torch.float32, torch.complex64, torch.float64, torch.int64}
+_SAME_WIDTH_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 # NumPy dtypes NumPy has no torch twin for (ml_dtypes'): the same-width integer
 # dtype both sides share, and the header code.
@@ -60,19 +56,6 @@ _VIA_INTEGER = {
     np.dtype(ml_dtypes.float8_e4m3fnuz): (np.dtype(np.uint8), torch.uint8, "F8_E4M3FNUZ"),
     np.dtype(ml_dtypes.float8_e5m2fnuz): (np.dtype(np.uint8), torch.uint8, "F8_E5M2FNUZ"),
 }
-
-# torch dtype -> how its memory is seen from NumPy for writing: (torch dtype of
-# the same width NumPy knows, NumPy dtype to view that as).
-_TO_NUMPY: Dict[torch.dtype, Tuple[torch.dtype, np.dtype]] = {}
-for _code, _dtype in _TORCH_DTYPES.items():
-    if _dtype is None or _code == "F4":
-        continue
-    _numpy_dtype = _core.numpy_dtype(_code)
-    _through = _VIA_INTEGER.get(_numpy_dtype)
-    _TO_NUMPY[_dtype] = (_dtype if _through is None else _through[1], _numpy_dtype)
-if _FLOAT4 is not None:
-    _TO_NUMPY[_FLOAT4] = (torch.uint8, np.dtype(np.uint8))
-del _code, _dtype, _numpy_dtype, _through
 
 # ---------------------------------------------------------------------------
 # Loading
@@ -115,7 +98,7 @@ def _tensor_of(array: npt.NDArray[Any], name: str, entry: Entry) -> torch.Tensor
 
 
 def _torch_dtype(code: str, name: str) -> torch.dtype:
-    dtype = _TORCH_DTYPES[code]
+    dtype = TORCH_DTYPES[code]
     if dtype is None:
         raise SafetensorError(f"tensor {name!r}: this torch ({torch.__version__}) has no dtype "
                               f"for {code}")
@@ -194,7 +177,7 @@ def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = 
     Tensors may live on any device and need not be contiguous; tensors that share
     memory raise RuntimeError (see ``save_model``).
     """
-    return _core.serialize(*_plan(tensors, metadata))
+    return _plan(tensors, metadata).to_bytes()
 
 
 def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
@@ -202,26 +185,37 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
     """Write `tensors` to `filename` atomically (as ``fastst.save_file`` does, with
     its `fsync` option), in the bytes ``safetensors.torch.save_file`` writes. Each
     tensor is written straight from its memory."""
-    _api._write_planned(_plan(tensors, metadata), filename, fsync)
+    write_atomically(_plan(tensors, metadata), filename, fsync=fsync)
 
 
 def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]]
-          ) -> Tuple[bytes, List[Any], int]:
+          ) -> WritePlan:
     _check_for_save(tensors)
-    arrays: Dict[str, Any] = {}
-    float4: Set[str] = set()
-    for name, tensor in tensors.items():
-        arrays[name] = _numpy_of(name, tensor)
-        if _FLOAT4 is not None and tensor.dtype == _FLOAT4:
-            float4.add(name)
-    plan = _core.plan_write(arrays, metadata)
-    return _recode_float4(plan, float4) if float4 else plan
+    return plan_write([_spec_of(name, tensor) for name, tensor in tensors.items()],
+                            metadata)
 
 
-def _numpy_of(name: Any, tensor: torch.Tensor) -> npt.NDArray[Any]:
-    """A NumPy array over `tensor`'s memory (on the CPU), of its header dtype."""
+def _spec_of(name: Any, tensor: torch.Tensor) -> TensorSpec:
+    """What to write for `tensor`: its header code and shape, and a NumPy view of
+    its bytes on the CPU."""
     if tensor.device.type == "meta":
-        raise ValueError(f"tensor {name!r} is on the meta device and has no data to save")
+        raise SafetensorNotImplementedError(
+            f"tensor {name!r} is on the meta device and has no data to save")
+    code = _CODE_OF_TORCH.get(tensor.dtype)
+    if code is None:
+        raise SafetensorTypeError(f"tensor {name!r}: {tensor.dtype} has no safetensors dtype")
+    shape = list(tensor.shape)
+    if code == "F4":   # two values a byte, along the last dim
+        if not shape:
+            raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
+                             f"last dim to hold its two values")
+        shape[-1] *= 2
+    return TensorSpec(name, code, shape, _bytes_of(tensor))
+
+
+def _bytes_of(tensor: torch.Tensor) -> npt.NDArray[Any]:
+    """A NumPy array over `tensor`'s memory (copied to the CPU first if need be),
+    of a dtype of the same width that NumPy knows."""
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.to("cpu")
@@ -229,46 +223,10 @@ def _numpy_of(name: Any, tensor: torch.Tensor) -> npt.NDArray[Any]:
         tensor = tensor.resolve_conj()
     if tensor.is_neg():
         tensor = tensor.resolve_neg()
-    spec = _TO_NUMPY.get(tensor.dtype)
-    if spec is None:
-        raise TypeError(f"tensor {name!r}: {tensor.dtype} has no safetensors dtype")
-    through, numpy_dtype = spec
-    if through is not tensor.dtype:
-        if _FLOAT4 is not None and tensor.dtype == _FLOAT4 and tensor.dim() == 0:
-            raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
-                             f"last dim to hold its two values")
-        tensor = tensor.view(through)
+    if tensor.dtype not in _NUMPY_KNOWS:
+        tensor = tensor.view(_SAME_WIDTH_INTEGER[tensor.element_size()])
     array: npt.NDArray[Any] = tensor.numpy()
-    return array if array.dtype == numpy_dtype else array.view(numpy_dtype)
-
-
-def _recode_float4(plan: Tuple[bytes, List[Any], int], names: Set[str]
-                   ) -> Tuple[bytes, List[Any], int]:
-    """Turn the U8 entries of float4_e2m1fn_x2 tensors into F4 ones (two values a
-    byte: the last dim doubled), then re-order and re-offset as the format's
-    writers do (dtype rank descending, then name)."""
-    prefix, arrays, total = plan
-    header = orjson.loads(prefix[8:])
-    metadata = header.pop("__metadata__", None)
-    rank = {code: i for i, code in enumerate(DTYPE_CODES)}
-    entries = []
-    for (name, info), array in zip(header.items(), arrays):
-        if name in names:
-            info["dtype"] = "F4"
-            info["shape"][-1] *= 2
-        entries.append((-rank[info["dtype"]], name, info, array))
-    entries.sort(key=lambda item: (item[0], item[1]))
-    rebuilt: Dict[str, Any] = {} if metadata is None else {"__metadata__": metadata}
-    offset = 0
-    for _, name, info, array in entries:
-        size = info["data_offsets"][1] - info["data_offsets"][0]
-        info["data_offsets"] = [offset, offset + size]
-        offset += size
-        rebuilt[name] = info
-    text = orjson.dumps(rebuilt)
-    padded = (len(text) + 7) // 8 * 8
-    new_prefix = padded.to_bytes(8, "little") + text + b" " * (padded - len(text))
-    return new_prefix, [item[3] for item in entries], total
+    return array
 
 
 # ---------------------------------------------------------------------------

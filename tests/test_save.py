@@ -1,12 +1,15 @@
 """Writes: determinism, atomic replacement, file modes and input checking."""
+import errno
 import os
 import stat
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import fastst
-from fastst import _api
+import os
 
 
 def test_output_does_not_depend_on_insertion_order():
@@ -23,18 +26,28 @@ def test_save_file_writes_the_same_bytes_as_save(tmp_path):
     assert (tmp_path / "f.safetensors").read_bytes() == fastst.save(tensors, metadata={"k": "v"})
 
 
-def test_failed_save_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+FAIL_MID_WRITE = """
+import os, resource, signal, sys
+import numpy as np
+import fastst
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)    # past the limit, write() fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+os.posix_fallocate = lambda fd, offset, size: None    # so that the failure comes mid-write
+try:
+    fastst.save_file({"new": np.zeros(100_000)}, sys.argv[1])
+except OSError as error:
+    print("failed:", error.errno, error.filename)
+"""
+
+
+def test_failed_save_leaves_the_old_file_and_no_temporary(tmp_path):
     path = tmp_path / "model.safetensors"
     fastst.save_file({"old": np.ones(4)}, path)
     before = path.read_bytes()
-
-    def write_half_then_fail(fd, prefix, arrays, source):
-        os.write(fd, prefix)
-        raise OSError(28, "No space left on device", source)
-
-    monkeypatch.setattr(_api._core, "write_fd", write_half_then_fail)
-    with pytest.raises(OSError, match="No space"):
-        fastst.save_file({"new": np.zeros(1000)}, path)
+    result = subprocess.run([sys.executable, "-c", FAIL_MID_WRITE, str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == f"failed: {errno.EFBIG} {path}", result.stderr
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["model.safetensors"]
 
@@ -116,3 +129,48 @@ def test_non_dict_tensors_are_refused():
 def test_empty_metadata_is_written_as_an_empty_object():
     assert b'"__metadata__":{}' in fastst.save({"x": np.ones(1)}, metadata={})
     assert b"__metadata__" not in fastst.save({"x": np.ones(1)}, metadata=None)
+
+
+def test_specs_write_a_header_shape_the_source_dtype_does_not_tell(tmp_path):
+    # Four 4-bit values packed in two bytes: the spec says F4 [4], the source is uint8.
+    packed = np.array([0x21, 0x43], dtype=np.uint8)
+    specs = [fastst.TensorSpec("f4", "F4", (4,), packed),
+             fastst.TensorSpec("w", "F32", (2,), np.ones(2, np.float32))]
+    path = tmp_path / "specs.safetensors"
+    fastst.writer.serialize_file(specs, path, metadata={"k": "v"})
+    assert path.read_bytes() == fastst.writer.serialize(specs, metadata={"k": "v"})
+    with fastst.safe_open(path) as f:
+        assert f.info("f4") == ("F4", [4], (8, 10), (2,))
+        assert f.offset_keys() == ["w", "f4"]   # dtype rank descending, as the format's writers
+        assert f.get_tensor("f4").tolist() == [0x21, 0x43]
+
+
+@pytest.mark.parametrize("spec, message", [
+    (("x", "F32", (3,), np.ones(2, np.float32)), r"shape \[3\] x F32 needs 12 bytes but the source holds 8"),
+    (("x", "F4", (3,), np.ones(2, np.uint8)), "do not fill whole bytes"),
+    (("x", "F33", (2,), np.ones(2, np.float32)), "unknown dtype code 'F33'"),
+    (("x", "F32", (-1,), np.ones(2, np.float32)), "shape must hold unsigned integers"),
+    (("x", "F32", (2**64,), np.ones(2, np.float32)), "shape must hold unsigned integers"),
+    (("x", "F32", (True,), np.ones(1, np.float32)), "shape must hold unsigned integers"),
+    (("x", "F32", (2**32, 2**32), np.ones(2, np.float32)), "overflows 64 bits"),
+    (("x", "F32", (2,), [1.0, 2.0]), "must be a numpy.ndarray"),
+    (("__metadata__", "F32", (2,), np.ones(2, np.float32)), "reserved"),
+])
+def test_invalid_specs_are_refused_with_the_rule_they_break(spec, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        fastst.writer.plan_write([spec], None)
+
+
+def test_a_name_given_twice_in_specs_is_refused():
+    spec = fastst.TensorSpec("x", "U8", (1,), np.ones(1, np.uint8))
+    with pytest.raises(ValueError, match="'x' is given twice"):
+        fastst.writer.plan_write([spec, spec], None)
+
+
+def test_unsupported_dtypes_raise_an_error_of_both_families():
+    with pytest.raises(fastst.SafetensorTypeError, match="has no safetensors code"):
+        fastst.save({"s": np.array(["a"])})
+    with pytest.raises(TypeError):
+        fastst.save({"o": np.array([object()])})
+    with pytest.raises(fastst.SafetensorError):
+        fastst.save({"c": np.ones(2, np.complex128)})

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+import fastst
 import fastst._api
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -88,3 +89,52 @@ def test_docs_name_no_machine_paths():
              for path in docs for n, line in enumerate(path.read_text().splitlines(), 1)
              if MACHINE_PATH.search(line)]
     assert found == []
+
+
+def test_findings_readme_and_skip_names_match_the_findings_folder():
+    findings = ROOT / "fuzz" / "findings"
+    stems = {path.stem for path in findings.iterdir() if path.suffix in (".safetensors", ".input")}
+    assert stems
+    for stem in stems:      # each finding: a minimal file and an input for the target
+        assert (findings / f"{stem}.safetensors").exists() and (findings / f"{stem}.input").exists()
+    readme = (findings / "README.md").read_text()
+    assert sorted(set(re.findall(r"`(pread-[\w-]+)`", readme.split("\n## ")[0]))) == sorted(stems)
+
+    spec = importlib.util.spec_from_file_location("fastst_fuzz_target_names",
+                                                  ROOT / "fuzz" / "fuzz_load.py")
+    target = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(target)
+    for name in target.FINDINGS:
+        assert any(stem.startswith(name) for stem in stems), name
+    for stem in stems:
+        assert any(stem.startswith(name) for name in target.FINDINGS), stem
+
+
+def refused_file_examples():
+    """The rows of the README's table of files the reference reads and fastst refuses,
+    as files."""
+    from helpers import raw_file
+
+    u8 = '{"dtype":"U8","shape":[2],"data_offsets":[0,2]}'
+    return {
+        "a tensor name twice": raw_file('{"a":' + u8 + ',"a":' + u8 + "}", b"ab"),
+        "a `__metadata__` key twice": raw_file('{"__metadata__":{"k":"1","k":"2"}}'),
+        "a field besides `dtype`, `shape` and `data_offsets`":
+            raw_file('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"align":64}}', b"ab"),
+        "`__metadata__` set to `null`": raw_file('{"__metadata__":null}'),
+        "a tensor entry written as a JSON array": raw_file('{"a":["U8",[2],[0,2]]}', b"ab"),
+    }
+
+
+def test_readme_table_of_refused_files_is_true():
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    text = README.read_text()
+    table = text.split("Files that `safetensors` 0.8 reads and fastst refuses", 1)[1]
+    table = table.split("\n\n", 2)[1]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
+    examples = refused_file_examples()
+    assert rows == list(examples)
+    for row, data in examples.items():
+        safetensors_numpy.load(data)
+        with pytest.raises(fastst.SafetensorError):
+            fastst.load(data)

@@ -92,9 +92,8 @@ FOREIGN_MAGIC = (
     (b"\x93NUMPY", "it is a NumPy .npy file"),
     (b"PK\x03\x04", "it is a zip archive (.npz, .pt, wheel...)"),
     (b"PK\x05\x06", "it is an empty zip archive"),
-    (b"\x80", "it is a Python pickle"),
-    (b"\x89HDF", "it is an HDF5 file"),
-)
+    (b"\x89HDF\r\n\x1a\n", "it is an HDF5 file"),
+) + tuple((b"\x80" + bytes([protocol]), "it is a Python pickle") for protocol in range(2, 6))
 TEXT_BYTES = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r")
 
 
@@ -127,17 +126,17 @@ def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optio
 
 def _past_the_end(start: bytes, length: int, size: int) -> str:
     """The problem with a file whose length prefix claims more bytes than it holds."""
-    for magic, what in FOREIGN_MAGIC:
-        if start.startswith(magic):
-            return f"not a safetensors file: {what}"
     # A real prefix is a little-endian count whose high bytes are zero; text has none.
     if all(byte in TEXT_BYTES for byte in start[:8]):
         if start.lstrip()[:1] in (b"{", b"["):
             return ("not a safetensors file: it is JSON text (the index.json of a "
                     "sharded checkpoint names its shards: inspect those)")
         return "not a safetensors file: it is text"
-    if start[8:9] == b"{":
+    if start[8:9] == b"{":      # a header begins there: the file was cut short
         return f"truncated: at least {8 + length} bytes expected, {size} present"
+    for magic, what in FOREIGN_MAGIC:
+        if start.startswith(magic):
+            return f"not a safetensors file: {what}"
     return (f"not a safetensors file: its first 8 bytes give a header length of {length}, "
             f"past the end of the {size}-byte file")
 

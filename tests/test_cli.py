@@ -270,19 +270,25 @@ def test_inspect_reports_a_header_cut_short(tmp_path, capsys):
                                        f"{8 + length} bytes expected, 20 present\n")
 
 
-def test_a_length_prefix_that_starts_with_a_brace_is_not_taken_for_json(tmp_path, capsys):
-    # A header of 123 bytes: the prefix's first byte is "{" (0x7b), its others are zero.
+@pytest.mark.parametrize("length,looks_like", [(0x7B, b"{"), (0x480, b"\x80\x04")],
+                         ids=["json-brace", "pickle-magic"])
+def test_a_length_prefix_that_looks_like_another_format_is_read_as_a_length(
+        tmp_path, capsys, length, looks_like):
     header = b'{"x":{"dtype":"U8","shape":[16],"data_offsets":[0,16]}}'
-    header += b" " * (123 - len(header))
+    header += b" " * (length - len(header))
     data = raw_file(header, bytes(16), align=1)
-    assert data[:1] == b"{"
-    path = _write(tmp_path / "brace.safetensors", data)
+    assert data.startswith(looks_like)
+    path = _write(tmp_path / "odd.safetensors", data)
     assert cli.main(["inspect", str(path)]) == 0
     capsys.readouterr()
     _write(path, data[:-4])
     assert cli.main(["inspect", str(path)]) == 1
     assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: {len(data)} bytes "
                                        f"expected, {len(data) - 4} present\n")
+    _write(path, data[:40])
+    assert cli.main(["inspect", str(path)]) == 1
+    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: at least "
+                                       f"{8 + length} bytes expected, 40 present\n")
 
 
 def test_max_header_size_option(tmp_path, capsys):

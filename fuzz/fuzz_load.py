@@ -57,6 +57,12 @@ else:
 
 from fastst import SafetensorError
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests"))
+from helpers import raw_file  # noqa: E402  (the tests' raw-file builder)
+
+sys.path.pop(0)
+
 BACKENDS = ("mmap", "pread")
 SUB_BYTE_DTYPES = frozenset(row.code for row in fastst.DTYPES if row.bits < 8)
 MAX_SLICED_TENSORS = 4      # tensors per input whose slices are checked
@@ -607,11 +613,10 @@ def mutate_structure(data: bytes, rng: random.Random, max_size: int) -> Optional
         entries.insert(rng.randint(0, len(entries)), ("__metadata__", metadata))
     text = json.dumps(dict(entries), separators=rng.choice([(",", ":"), (", ", ": ")]),
                       ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
-    if rng.random() < 0.9:
-        text += b" " * (-len(text) % 8)
+    align = 8 if rng.random() < 0.9 else 1           # now and then an unpadded header
     payload = payload or bytes(rng.randrange(256) for _ in range(16))
     body = (payload * (total // len(payload) + 1))[:max(total, 0)]
-    out = len(text).to_bytes(8, "little") + text + body
+    out = raw_file(text, body, align=align)
     return out if len(out) <= max_size else None
 
 

@@ -1,8 +1,10 @@
 """Write the seed corpus for fuzz/fuzz_load.py.
 
-Seeds are the crafted files of tests/test_validation.py (malformed, valid, packed,
-stricter-than-reference, unrepresentable-shape and mutation-base cases) plus files
-written by ``fastst.save`` holding every writable dtype. Each seed is named by its
+Seeds are crafted files that break each rule of the format one at a time (length
+prefix, JSON, entries, sizes, layout, metadata), valid files of unusual shapes, files
+the reference reads and fastst refuses, shapes NumPy cannot hold, the findings kept in
+fuzz/findings/, and files written by ``fastst.save`` holding every writable dtype. The
+raw files are built with ``raw_file`` of tests/helpers.py. Each seed is named by its
 origin and the hash of its bytes, so rerunning the script rewrites the same files.
 
     python fuzz/make_corpus.py                 # writes fuzz/corpus/
@@ -11,6 +13,7 @@ origin and the hash of its bytes, so rerunning the script rewrites the same file
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import os
 import re
@@ -25,44 +28,140 @@ ROOT = os.path.dirname(HERE)
 DEFAULT_DIRECTORY = os.path.join(HERE, "corpus")
 DEFAULT_MAX_SIZE = 1 << 16
 
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 import fastst  # noqa: E402
+from helpers import entry, raw_file  # noqa: E402
+
+sys.path.pop(0)
+
+U64_MAX = 2**64 - 1
+F32_ONE = np.float32(1).tobytes()
 
 
-def _validation_tables():
-    """tests/test_validation.py, imported as a module (it needs pytest and hypothesis)."""
-    tests = os.path.join(ROOT, "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    import test_validation
-    return test_validation
+def _one(text: str, data: bytes = F32_ONE) -> bytes:
+    """A file holding the tensor "a", its entry given as raw JSON text."""
+    return raw_file('{"a":' + text + "}", data)
 
 
-def _params(cases) -> Iterator[Tuple[str, bytes]]:
-    for param in cases:
-        yield param.id, param.values[0]
+def prefix_seeds() -> Iterator[Tuple[str, bytes]]:
+    valid = raw_file({"a": entry()}, F32_ONE)
+    yield "short-3-bytes", valid[:3]
+    yield "short-7-bytes", valid[:7]
+    yield "prefix-only", valid[:8]
+    for name, length in [("zero", 0), ("one-short", len(valid) - 13), ("one-past", 9_999),
+                         ("u64-max", U64_MAX), ("2**63", 2**63)]:
+        yield f"length-{name}", raw_file({"a": entry()}, F32_ONE, length=length)
+    yield "big-endian-prefix", raw_file("{}", prefix=(8).to_bytes(8, "big"))
+    yield "nul-padding", raw_file({"a": entry()}, F32_ONE, padding=b"\0")
+    yield "unpadded", raw_file({"a": entry()}, F32_ONE, align=1)
+    yield "npy-magic", b"\x93NUMPY\x01\x00v\x00" + b" " * 118
+    yield "zip-magic", b"PK\x03\x04\x14\x00\x00\x00\x08\x00" + b"\0" * 22
+    yield "json-text", b'{"weight_map": {"a": "model-00001-of-00002.safetensors"}}'
+
+
+def json_seeds() -> Iterator[Tuple[str, bytes]]:
+    for name, text in [("array", b"[]"), ("string", b'"x"'), ("number", b"1"),
+                       ("null", b"null"), ("bom", b"\xef\xbb\xbf{}"),
+                       ("invalid-utf8", b'{"\xff":' + _entry_text() + b"}"),
+                       ("trailing-garbage", b"{} x"), ("unterminated", b'{"a":'),
+                       ("nul-in-name", b'{"a\x00":' + _entry_text() + b"}"),
+                       ("deep-nesting", b'{"__metadata__":' + b"[" * 2000 + b"]" * 2000 + b"}"),
+                       ("escaped-name", b'{"\\u0061\\n":' + _entry_text() + b"}")]:
+        yield f"json-{name}", raw_file(text, F32_ONE)
+
+
+def _entry_text(dtype: str = "F32", shape: str = "[1]", offsets: str = "[0,4]") -> bytes:
+    return f'{{"dtype":"{dtype}","shape":{shape},"data_offsets":{offsets}}}'.encode()
+
+
+def entry_seeds() -> Iterator[Tuple[str, bytes]]:
+    for field in ("dtype", "shape", "data_offsets"):
+        partial = {key: value for key, value in entry().items() if key != field}
+        yield f"entry-missing-{field}", raw_file({"a": partial}, F32_ONE)
+    yield "entry-extra-field", raw_file({"a": {**entry(), "align": 64}}, F32_ONE)
+    yield "entry-as-array", _one('["F32",[1],[0,4]]')
+    yield "entry-as-string", _one('"F32"')
+    for name, text in [("dtype-lowercase", _entry_text("f32")), ("dtype-unknown", _entry_text("F128")),
+                       ("dtype-number", b'{"dtype":7,"shape":[1],"data_offsets":[0,4]}'),
+                       ("shape-negative", _entry_text(shape="[-1]")),
+                       ("shape-minus-zero", _entry_text(shape="[-0]")),
+                       ("shape-float", _entry_text(shape="[1.0]")),
+                       ("shape-exponent", _entry_text(shape="[1e0]")),
+                       ("shape-string", _entry_text(shape='["1"]')),
+                       ("shape-2**64", _entry_text(shape=f"[{2**64}]")),
+                       ("offsets-three", _entry_text(offsets="[0,4,8]")),
+                       ("offsets-reversed", _entry_text(offsets="[4,0]")),
+                       ("offsets-minus-zero", _entry_text(offsets="[-0,4]")),
+                       ("offsets-null", _entry_text(offsets="null"))]:
+        yield f"entry-{name}", _one(text.decode())
+    yield "entry-duplicate-field", _one('{"dtype":"F32","shape":[2],"shape":[1],"data_offsets":[0,4]}')
+
+
+def layout_seeds() -> Iterator[Tuple[str, bytes]]:
+    two = {"a": entry("U8", (2,), (0, 2)), "b": entry("U8", (2,), (2, 4))}
+    yield "layout-valid-two", raw_file(two, b"abcd")
+    yield "layout-gap", raw_file({"a": entry("U8", (2,), (0, 2)), "b": entry("U8", (2,), (3, 5))},
+                                 b"abcde")
+    yield "layout-overlap", raw_file({"a": entry("U8", (2,), (0, 2)),
+                                      "b": entry("U8", (2,), (1, 3))}, b"abc")
+    yield "layout-trailing-bytes", raw_file(two, b"abcdef")
+    yield "layout-past-end", raw_file(two, b"abc")
+    yield "layout-size-mismatch", raw_file({"a": entry("F32", (2,), (0, 4))}, F32_ONE)
+    yield "layout-overflowing-count", raw_file({"a": entry("U8", (2**32, 2**32, 2), (0, 0))})
+    yield "layout-odd-f4", raw_file({"a": entry("F4", (3,), (0, 1))}, b"\0")
+    yield "layout-duplicate-name", raw_file('{"a":' + _entry_text().decode() + ',"a":'
+                                            + _entry_text().decode() + "}", F32_ONE)
+    yield "layout-duplicate-escaped-name", raw_file('{"a":' + _entry_text().decode()
+                                                    + ',"\\u0061":' + _entry_text().decode()
+                                                    + "}", F32_ONE)
+
+
+def metadata_seeds() -> Iterator[Tuple[str, bytes]]:
+    for name, text in [("null", "null"), ("array", "[]"), ("number-value", '{"k":1}'),
+                       ("duplicate-key", '{"k":"v","k":"w"}'), ("empty", "{}"),
+                       ("unicode", '{"\u540d":"\u00e9","format":"np"}')]:
+        yield f"metadata-{name}", raw_file('{"__metadata__":' + text + "}")
+    yield "metadata-with-tensor", raw_file({"__metadata__": {"format": "pt"}, "a": entry()},
+                                           F32_ONE)
+
+
+def shape_seeds() -> Iterator[Tuple[str, bytes]]:
+    """Valid headers of unusual shapes, NumPy-unrepresentable ones included."""
+    shapes = [("scalar", "F64", ()), ("empty", "U8", (0,)), ("zero-middle", "I32", (3, 0, 2)),
+              ("2**63-dim", "U8", (0, 2**63)), ("u64-max-dim", "U8", (2**64 - 1, 0)),
+              ("intp-overflow", "U8", (2**40, 0, 2**40)), ("bytes-overflow", "F64", (0, 2**61)),
+              ("65-dims", "U8", (1,) * 65), ("64-dims", "U8", (1,) * 64),
+              ("f4-rows", "F4", (3, 4)), ("f4-flat", "F4", (2, 3)), ("f6", "F6_E3M2", (2, 2, 4))]
+    for name, code, shape in shapes:
+        bits = next(row.bits for row in fastst.DTYPES if row.code == code)
+        nbytes = int(np.prod(shape, dtype=object)) * bits // 8
+        yield f"shape-{name}", raw_file({"a": entry(code, shape, (0, nbytes))},
+                                        bytes(range(256)) * (nbytes // 256) + bytes(nbytes % 256))
+    yield "shape-every-code-empty", raw_file(
+        {f"t{k}": entry(code, (0,), (0, 0)) for k, code in enumerate(fastst.DTYPE_CODES)})
 
 
 def validation_seeds() -> Iterator[Tuple[str, bytes]]:
-    tv = _validation_tables()
-    for group in ("MALFORMED", "VALID", "STRICTER", "BOTH_REFUSE"):
-        for name, data in _params(getattr(tv, group)):
-            yield f"{group.lower()}-{name}", data
-    for param in tv.UNREPRESENTABLE:
-        code, shape = param.values
-        count = int(np.prod(shape, dtype=object))
-        yield (f"unrepresentable-{param.id}",
-               tv.st({"a": tv.t(code, shape, (0, count))}, b"\0" * count))
-    for k, data in enumerate(tv.MUTATION_BASES):
-        yield f"mutation-base-{k}", data
+    """Crafted files, most of them breaking one rule of the format."""
+    for seeds in (prefix_seeds, json_seeds, entry_seeds, layout_seeds, metadata_seeds,
+                  shape_seeds, findings_seeds):
+        yield from seeds()
+
+
+def findings_seeds() -> Iterator[Tuple[str, bytes]]:
+    """The files kept in fuzz/findings/ (each reached a bug once)."""
+    for path in sorted(glob.glob(os.path.join(HERE, "findings", "*.safetensors"))
+                       + glob.glob(os.path.join(HERE, "findings", "*.input"))):
+        with open(path, "rb") as fh:
+            yield f"finding-{os.path.basename(path)}", fh.read()
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
 
 
 # Every NumPy dtype fastst writes (sub-byte dtypes have no NumPy dtype to write from).
-SAVED_DTYPES = [
-    np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
-    np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64,
-    ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e8m0fnu,
-    ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz,
-]
+SAVED_DTYPES = [_numpy_dtype(row.numpy) for row in fastst.DTYPES if row.bits >= 8]
 
 
 def _filled(rng: np.random.Generator, dtype, shape) -> np.ndarray:
@@ -89,11 +188,10 @@ def saved_seeds() -> Iterator[Tuple[str, bytes]]:
     yield "saved-long-axis", fastst.save({"rows": _filled(rng, np.uint8, (300,)),
                                           "wide": _filled(rng, np.int16, (130, 2))})
     # Packed F4/F6 files cannot come from fastst.save; header and bytes by hand.
-    tv = _validation_tables()
     yield ("packed-mix",
-           tv.st({"f4": tv.t("F4", (4, 4), (0, 8)), "e2m3": tv.t("F6_E2M3", (2, 4), (8, 14)),
-                  "e3m2": tv.t("F6_E3M2", (3, 4), (14, 23)), "u": tv.t("U8", (1,), (23, 24))},
-                 bytes(range(24))))
+           raw_file({"f4": entry("F4", (4, 4), (0, 8)), "e2m3": entry("F6_E2M3", (2, 4), (8, 14)),
+                     "e3m2": entry("F6_E3M2", (3, 4), (14, 23)), "u": entry("U8", (1,), (23, 24))},
+                    bytes(range(24))))
 
 
 def _filename(origin: str, data: bytes) -> str:

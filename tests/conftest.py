@@ -6,28 +6,18 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-# Every NumPy dtype that has a safetensors code, with that code.
-WRITABLE_DTYPES = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "I16": np.dtype(np.int16),
-    "U16": np.dtype(np.uint16),
-    "I32": np.dtype(np.int32),
-    "U32": np.dtype(np.uint32),
-    "I64": np.dtype(np.int64),
-    "U64": np.dtype(np.uint64),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-    "C64": np.dtype(np.complex64),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
-    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
-}
+import fastst
+
+
+def numpy_dtype_named(name: str) -> np.dtype:
+    """The NumPy dtype of a `fastst.DTYPES` row's `numpy` name (ml_dtypes' or NumPy's)."""
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+
+
+# Every NumPy dtype that has a safetensors code, with that code: the codes of whole
+# bytes (sub-byte codes surface as packed uint8 and cannot be written from NumPy).
+WRITABLE_DTYPES = {row.code: numpy_dtype_named(row.numpy)
+                   for row in fastst.DTYPES if row.bits >= 8}
 
 
 def random_array(rng: np.random.Generator, dtype: np.dtype, shape) -> np.ndarray:

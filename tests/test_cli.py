@@ -1,17 +1,20 @@
 """The ``fastst`` command line: ``inspect``, ``demo`` and ``--version``."""
 import json
 import os
+import pickle
 import struct
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import fastst
-from fastst import cli
+from fastst import _demo, cli
+from helpers import raw_file
 
 
 def _sample(tmp_path):
@@ -86,17 +89,8 @@ def _expected_json(path):
     }
 
 
-def _raw_file(path, header, data=b""):
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
-    return path
-
-
-def _raw_text(path, text, data=b""):
-    raw = text.encode()
-    raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+def _write(path, data):
+    path.write_bytes(data)
     return path
 
 
@@ -182,9 +176,9 @@ def test_inspect_empty_metadata_and_no_tensors(tmp_path, capsys):
 def test_inspect_shows_header_shape_of_packed_sub_byte_tensors(tmp_path, capsys):
     # F4: 6 elements of 4 bits in 3 bytes. The report gives the header's shape, not
     # the packed uint8 shape the array surfaces as.
-    path = _raw_file(tmp_path / "f4.safetensors",
-                     {"x": {"dtype": "F4", "shape": [2, 3], "data_offsets": [0, 3]}},
-                     b"\x01\x02\x03")
+    path = _write(tmp_path / "f4.safetensors",
+                  raw_file({"x": {"dtype": "F4", "shape": [2, 3], "data_offsets": [0, 3]}},
+                           b"\x01\x02\x03"))
     assert cli.main(["inspect", "--json", str(path)]) == 0
     (entry,) = json.loads(capsys.readouterr().out)["tensors"]
     assert entry == {"name": "x", "dtype": "F4", "shape": [2, 3], "nbytes": 3,
@@ -202,25 +196,21 @@ def test_inspect_quotes_names_with_control_characters(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["tensors"][0]["name"] == "a\nb"
 
 
-@pytest.mark.parametrize("make", [
-    pytest.param(lambda p: p.write_bytes(b"abc"), id="shorter-than-prefix"),
-    pytest.param(lambda p: p.write_bytes(struct.pack("<Q", 1000) + b"{}"), id="header-past-end"),
-    pytest.param(lambda p: p.write_bytes(struct.pack("<Q", 8) + b"not json"), id="not-json"),
-    pytest.param(lambda p: _raw_file(p, {"x": {"dtype": "F32", "shape": [2],
-                                               "data_offsets": [0, 8]}}, b"\0" * 4),
-                 id="offsets-past-end"),
-    pytest.param(lambda p: _raw_file(p, {"x": {"dtype": "F32", "shape": [1],
-                                               "data_offsets": [0, 4], "extra": 1}},
-                                     b"\0" * 4), id="extra-field"),
-    pytest.param(lambda p: _raw_text(
-        p, '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
-           '"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\0"), id="duplicate-key"),
-    pytest.param(lambda p: _raw_text(
-        p, '{"a":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}'), id="negative-zero"),
+@pytest.mark.parametrize("data", [
+    pytest.param(b"abc", id="shorter-than-prefix"),
+    pytest.param(raw_file(b"not json", align=1), id="not-json"),
+    pytest.param(raw_file({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4],
+                                 "extra": 1}}, b"\0" * 4), id="extra-field"),
+    pytest.param(raw_file('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+                          '"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\0"),
+                 id="duplicate-key"),
+    pytest.param(raw_file('{"a":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}'),
+                 id="negative-zero"),
+    pytest.param(raw_file({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
+                          b"\0" * 6), id="trailing-bytes"),
 ])
-def test_inspect_malformed_file_is_one_line_error(tmp_path, capsys, make):
-    path = tmp_path / "bad.safetensors"
-    make(path)
+def test_inspect_malformed_file_is_one_line_error(tmp_path, capsys, data):
+    path = _write(tmp_path / "bad.safetensors", data)
     with pytest.raises(fastst.SafetensorError) as raised:
         fastst.safe_open(path, framework="np")
     assert cli.main(["inspect", str(path)]) == 1
@@ -228,6 +218,140 @@ def test_inspect_malformed_file_is_one_line_error(tmp_path, capsys, make):
     assert captured.out == ""
     assert captured.err == f"fastst: error: {raised.value}\n"
     assert str(raised.value).startswith(str(path))
+
+
+def _zip_file(path):
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("pkg-1.0.dist-info/METADATA", "Name: pkg\n")
+    return path
+
+
+def _npy_file(path):
+    with open(path, "wb") as out:
+        np.save(out, np.arange(4))
+    return path
+
+
+@pytest.mark.parametrize("make,what", [
+    (lambda p: _write(p, b'{\n  "metadata": {"total_size": 8},\n  "weight_map": '
+                         b'{"x": "model-00001-of-00002.safetensors"}\n}\n'), "JSON text"),
+    (lambda p: _write(p, b'[{"a": 1}]'), "JSON text"),
+    (lambda p: _write(p, b"  {\"weight_map\": {}}"), "JSON text"),
+    (_npy_file, "a NumPy .npy file"),
+    (_zip_file, "a zip archive"),
+    (lambda p: _write(p, pickle.dumps({"x": list(range(100))})), "a Python pickle"),
+    (lambda p: _write(p, b"hello, these are not tensors\n"), "text"),
+    (lambda p: _write(p, b"\xff" * 8 + b"\0" * 32), "header length of 18446744073709551615"),
+])
+def test_inspect_says_a_file_is_not_a_safetensors_file(tmp_path, capsys, make, what):
+    path = make(tmp_path / "file")
+    assert cli.main(["inspect", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"fastst: error: {path}: not a safetensors file: it")
+    assert what in captured.err and "max_header_size" not in captured.err
+    assert len(captured.err.splitlines()) == 1
+
+
+def test_inspect_reports_data_truncation_as_bytes_expected_and_present(tmp_path, capsys):
+    whole = fastst.save({"x": np.zeros(100, np.float32), "y": np.ones(3, np.int8)})
+    path = _write(tmp_path / "cut.safetensors", whole[:-50])
+    assert cli.main(["inspect", str(path)]) == 1
+    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: {len(whole)} bytes "
+                                       f"expected, {len(whole) - 50} present\n")
+
+
+def test_inspect_reports_a_header_cut_short(tmp_path, capsys):
+    whole = fastst.save({"x": np.zeros(4, np.uint8)})
+    path = _write(tmp_path / "cut.safetensors", whole[:20])
+    (length,) = struct.unpack("<Q", whole[:8])
+    assert cli.main(["inspect", str(path)]) == 1
+    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: at least "
+                                       f"{8 + length} bytes expected, 20 present\n")
+
+
+@pytest.mark.parametrize("length,looks_like", [(0x7B, b"{"), (0x480, b"\x80\x04")],
+                         ids=["json-brace", "pickle-magic"])
+def test_a_length_prefix_that_looks_like_another_format_is_read_as_a_length(
+        tmp_path, capsys, length, looks_like):
+    header = b'{"x":{"dtype":"U8","shape":[16],"data_offsets":[0,16]}}'
+    header += b" " * (length - len(header))
+    data = raw_file(header, bytes(16), align=1)
+    assert data.startswith(looks_like)
+    path = _write(tmp_path / "odd.safetensors", data)
+    assert cli.main(["inspect", str(path)]) == 0
+    capsys.readouterr()
+    _write(path, data[:-4])
+    assert cli.main(["inspect", str(path)]) == 1
+    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: {len(data)} bytes "
+                                       f"expected, {len(data) - 4} present\n")
+    _write(path, data[:40])
+    assert cli.main(["inspect", str(path)]) == 1
+    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: at least "
+                                       f"{8 + length} bytes expected, 40 present\n")
+
+
+def test_max_header_size_option(tmp_path, capsys):
+    path = _sample(tmp_path)
+    n = _header_size(path)
+    assert cli.main(["inspect", "--max-header-size", str(n), str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == _expected_lines(path)
+    assert cli.main(["inspect", "--max-header-size", str(n - 1), str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"fastst: error: {path}: header length {n} exceeds the limit of {n - 1} bytes "
+        f"(raise --max-header-size to read it)\n")
+    for bad in ("-1", "lots", str(2**64)):
+        assert cli.main(["inspect", "--max-header-size", bad, str(path)]) == 2
+        assert "--max-header-size" in capsys.readouterr().err
+
+
+def test_inspect_several_files_reports_each_and_fails_if_any_failed(tmp_path, capsys):
+    good = _sample(tmp_path)
+    other = tmp_path / "other.safetensors"
+    fastst.save_file({"x": np.zeros(2, dtype=np.uint8)}, other)
+    missing = tmp_path / "missing.safetensors"
+    index = _write(tmp_path / "model.safetensors.index.json", b'{"weight_map": {}}')
+    assert cli.main(["inspect", str(good), str(missing), str(other), str(index)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.split("\n\nfile: ")[0].splitlines() == _expected_lines(good)
+    assert f"file: {other}" in captured.out.splitlines()
+    assert captured.err.splitlines() == [
+        f"fastst: error: {missing}: No such file or directory",
+        f"fastst: error: {index}: not a safetensors file: it is JSON text (the index.json "
+        f"of a sharded checkpoint names its shards: inspect those)",
+    ]
+    assert cli.main(["inspect", str(good), str(other)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.count("\nfile: ") == 1
+
+
+def test_inspect_json_reports_errors_as_json(tmp_path, capsys):
+    good = _sample(tmp_path)
+    bad = _write(tmp_path / "weights.npy", b"\x93NUMPY\x01\x00v\x00" + b" " * 118)
+    assert cli.main(["inspect", "--json", str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert json.loads(captured.out) == {
+        "file": str(bad), "error": "not a safetensors file: it is a NumPy .npy file"}
+
+    missing = tmp_path / "missing.safetensors"
+    assert cli.main(["inspect", "--json", str(good), str(missing), str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert json.loads(captured.out) == [
+        _expected_json(good),
+        {"file": str(missing), "error": "No such file or directory"},
+        {"file": str(bad), "error": "not a safetensors file: it is a NumPy .npy file"},
+    ]
+    assert cli.main(["inspect", "--json", str(good), str(good)]) == 0
+    assert json.loads(capsys.readouterr().out) == [_expected_json(good)] * 2
+
+
+def test_inspect_fifo_is_refused_without_waiting_for_a_writer(tmp_path, capsys):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert cli.main(["inspect", str(fifo)]) == 1
+    assert capsys.readouterr().err.startswith(f"fastst: error: {fifo}: ")
 
 
 def test_inspect_missing_file(tmp_path, capsys):
@@ -319,16 +443,32 @@ def _check_demo_output(out, path):
     assert "tensors      36" in lines
     assert any(line.startswith("lm_head.weight ") and " F8_E4M3 " in line for line in lines)
     assert any(" BF16 " in line for line in lines)
-    assert "  hidden_size  " + str(cli.demo_checkpoint(2)["norm.weight"].shape[0]) in lines
+    assert "  hidden_size  " + str(_demo.demo_checkpoint(2)["norm.weight"].shape[0]) in lines
     # The timing table, ratios relative to fastst.
     head = next(i for i, line in enumerate(lines) if line.startswith("format "))
     assert lines[head].split() == ["format", "save", "ratio", "load", "ratio", "load+read",
                                    "all", "ratio", "bf16/fp8", "dtypes", "kept"]
     rows = {line.split()[0]: line for line in lines[head + 2:head + 5]}
     assert list(rows) == ["fastst", "pickle", "np.savez"]
-    assert rows["fastst"].count("1.0x") == 3 and rows["fastst"].endswith("yes")
-    assert rows["pickle"].endswith("yes")
+    assert rows["fastst"].endswith("yes") and rows["pickle"].endswith("yes")
     assert rows["np.savez"].endswith("no (V1, V2)")
+    for line in rows.values():
+        cells = line.split()
+        assert len(cells) >= 11 and all(cell.endswith("x") for cell in cells[3:10:3])
+
+
+def test_timing_rows_are_ratios_to_the_first_row():
+    rows = _demo.timing_rows([
+        _demo.Timing("fastst", 0.002, 0.0001, 0.5, []),
+        _demo.Timing("pickle", 0.006, 0.0125, 0.25, []),
+        _demo.Timing("np.savez", 0.020, 2.5, 1.0, ["V1", "V2"]),
+    ])
+    assert rows == [
+        ["fastst", "2.0 ms", "1.0x", "100 us", "1.0x", "500.0 ms", "1.0x", "yes"],
+        ["pickle", "6.0 ms", "3.0x", "12.5 ms", "125.0x", "250.0 ms", "0.5x", "yes"],
+        ["np.savez", "20.0 ms", "10.0x", "2.50 s", "25000.0x", "1.00 s", "2.0x", "no (V1, V2)"],
+    ]
+    assert _demo.ratio(1.0, 0.0) == "-"
 
 
 def test_demo_with_dir_keeps_only_the_checkpoint(tmp_path, capsys):
@@ -339,7 +479,7 @@ def test_demo_with_dir_keeps_only_the_checkpoint(tmp_path, capsys):
     _check_demo_output(captured.out, path)
     assert captured.out.splitlines()[-1].endswith(f"checkpoint kept at {path}")
     assert os.listdir(tmp_path) == ["demo.safetensors"]
-    expected = cli.demo_checkpoint(2)
+    expected = _demo.demo_checkpoint(2)
     loaded = fastst.load_file(path)
     assert list(loaded) == fastst.safe_open(path).offset_keys()
     assert sorted(loaded) == sorted(expected)
@@ -347,7 +487,7 @@ def test_demo_with_dir_keeps_only_the_checkpoint(tmp_path, capsys):
         assert loaded[name].dtype == array.dtype
         assert loaded[name].tobytes() == array.tobytes()
     with fastst.safe_open(path) as f:
-        assert f.metadata() == cli.demo_metadata(expected)
+        assert f.metadata() == _demo.demo_metadata(expected)
     assert 1.5 * 2**20 < sum(a.nbytes for a in expected.values()) < 2.5 * 2**20
 
 
@@ -387,7 +527,7 @@ def test_demo_through_python_dash_m(tmp_path):
 
 @pytest.mark.parametrize("size_mb", [0.001, 0.5, 64])
 def test_demo_checkpoint_size_and_dtypes(size_mb):
-    tensors = cli.demo_checkpoint(size_mb)
+    tensors = _demo.demo_checkpoint(size_mb)
     nbytes = sum(a.nbytes for a in tensors.values())
     if size_mb >= 0.5:
         assert 0.8 * size_mb * 2**20 < nbytes < 1.2 * size_mb * 2**20

@@ -19,6 +19,7 @@ from hypothesis import strategies as hst
 
 import fastst
 from fastst import SafetensorError
+from helpers import raw_file as st
 
 U64_MAX = 2**64 - 1
 
@@ -26,23 +27,6 @@ U64_MAX = 2**64 - 1
 # ---------------------------------------------------------------------------
 # Builders
 # ---------------------------------------------------------------------------
-
-def st(header: bytes | str | dict, data: bytes = b"", length: int | None = None) -> bytes:
-    """``<u64 LE length><header padded with spaces to a multiple of 8><data>``.
-
-    Dicts are written as compact JSON; str and bytes headers are used verbatim, so
-    they can hold invalid JSON, duplicate keys, ``-0``... `length` overrides the
-    length prefix (default: the padded header's length).
-    """
-    if isinstance(header, dict):
-        header = json.dumps(header, separators=(",", ":"))
-    if isinstance(header, str):
-        header = header.encode("utf-8")
-    header += b" " * (-len(header) % 8)
-    if length is None:
-        length = len(header)
-    return struct.pack("<Q", length) + header + data
-
 
 def t(dtype: str = "F32", shape=(1,), offsets=(0, 4)) -> dict:
     """One tensor entry."""
@@ -96,7 +80,7 @@ PREFIX_CASES = [
     case("header length 8 in an 8-byte file", struct.pack("<Q", 8),
          r"header length 8 runs past the end of the 8-byte file"),
     case("header length larger than file, big-endian prefix",
-         struct.pack(">Q", 8) + b"{}      ", r"exceeds the limit"),
+         st("{}", prefix=struct.pack(">Q", 8)), r"exceeds the limit"),
 ]
 
 JSON_CASES = [
@@ -111,7 +95,7 @@ JSON_CASES = [
     case("truncated UTF-8 sequence", st(b'{"__metadata__":{"k":"\xe2\x82"}}'),
          r"header is not valid UTF-8 \(byte 22\)"),
     case("UTF-8 BOM before the object", st(b"\xef\xbb\xbf{}"), r"header is not valid JSON"),
-    case("NUL padding instead of spaces", struct.pack("<Q", 8) + b"{}\0\0\0\0\0\0",
+    case("NUL padding instead of spaces", st("{}", padding=b"\0"),
          r"header is not valid JSON"),
     case("raw NUL inside a name", st(b'{"a\x00":' + entry().encode() + b"}", b"\0" * 4),
          r"header is not valid JSON"),
@@ -590,7 +574,7 @@ UNICODE_NAMES = ["é", "名前", "😀", "a b", 'a"b', "a\\b", "", "\0", "a:b", 
 
 VALID = [
     _valid("empty header {}", st("{}"), {}),
-    _valid("unpadded {} of length 2", struct.pack("<Q", 2) + b"{}", {}),
+    _valid("unpadded {} of length 2", st("{}", align=1), {}),
     _valid("metadata only", st({"__metadata__": {"format": "np"}}), {}, {"format": "np"}),
     _valid("empty metadata", st({"__metadata__": {}}), {}, {}),
     _valid("metadata with JSON punctuation",
@@ -663,8 +647,7 @@ VALID = [
             "m": np.array([-4], ml_dtypes.float8_e5m2),
             "z": np.array([8], ml_dtypes.float8_e8m0fnu)}),
     _valid("unpadded header, F32 data at an unaligned address",
-           struct.pack("<Q", 54) + b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
-           + _f32(1.25, -3),
+           st('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', _f32(1.25, -3), align=1),
            {"a": np.array([1.25, -3], "<f4")}),
     _valid("F64 at an odd offset",
            st({"u": t("U8", (1,), (0, 1)), "d": t("F64", (1,), (1, 9))},

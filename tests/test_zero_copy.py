@@ -91,13 +91,58 @@ def test_load_rejects_non_buffers():
         fastst.load("not bytes")
 
 
-def test_get_tensor_is_constant_time_in_the_tensor_size(tmp_path):
-    path = tmp_path / "big.safetensors"
-    fastst.save_file({"big": np.zeros(64 << 20, dtype=np.uint8)}, path)
+def thread_io() -> tuple:
+    """This thread's I/O counters (rchar: bytes read by read-like calls, syscr: read
+    calls), and the bytes and calls that reading them added to those counters."""
+    fd = os.open("/proc/thread-self/io", os.O_RDONLY)
+    try:
+        text = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    counters = {key: int(value) for key, value in
+                (line.split(": ") for line in text.decode().splitlines())}
+    return counters, {"rchar": len(text), "syscr": 1}
+
+
+def resident_kib(path) -> int:
+    """KiB of `path`'s mappings in this process that are in memory (pages touched)."""
+    target, total, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if not fields[0].endswith(":"):          # a mapping's first line
+                inside = len(fields) == 6 and fields[5] == target
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+def open_and_get_work(path) -> tuple:
+    """(bytes read, read calls, KiB of the map resident) to open `path` and get its
+    tensor "big", and the data start and tensor size."""
+    before, own = thread_io()
     with fastst.safe_open(path) as f:
         big = f.get_tensor("big")
-    # a view touches no page: nothing was read or copied to create it
-    assert big.base is not None and big.nbytes == 64 << 20 and not big.flags.owndata
+        after, _ = thread_io()
+        work = tuple(after[key] - before[key] - own[key] for key in ("rchar", "syscr"))
+        work += (resident_kib(path),)
+        assert big.base is not None and not big.flags.owndata
+        return work, f.data_start, big.nbytes
+
+
+def test_get_tensor_is_constant_time_in_the_tensor_size(tmp_path):
+    # The work of open + get_tensor, counted: bytes read, read calls and pages of the
+    # map brought in. A 64x larger tensor costs exactly as much: only the header is read.
+    small, large = tmp_path / "small.safetensors", tmp_path / "large.safetensors"
+    fastst.save_file({"big": np.ones(1 << 20, dtype=np.uint8)}, small)
+    fastst.save_file({"big": np.ones(64 << 20, dtype=np.uint8)}, large)
+    open_and_get_work(small)     # a first get_tensor imports the dtype tables' modules
+    (small_read, small_calls, small_kib), small_start, small_size = open_and_get_work(small)
+    (large_read, large_calls, large_kib), large_start, large_size = open_and_get_work(large)
+    assert large_size == 64 * small_size
+    assert (small_read, large_read) == (small_start, large_start)   # prefix + header
+    assert large_calls == small_calls
+    assert large_kib == small_kib <= 4
 
 
 def test_pread_backend_gives_private_arrays(checkpoint):

@@ -1,0 +1,37 @@
+"""Builders shared by the tests and by fuzz/make_corpus.py (import it as ``helpers``)."""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Dict, Optional, Union
+
+Header = Union[Dict[str, Any], str, bytes]
+
+
+def raw_file(header: Header, data: bytes = b"", length: Optional[int] = None, *,
+             padding: bytes = b" ", align: int = 8, prefix: Optional[bytes] = None) -> bytes:
+    """The bytes of a safetensors file: ``<u64 LE length><header><padding><data>``.
+
+    A dict header is written as compact JSON; a str or bytes header is used verbatim, so
+    it can hold invalid JSON, duplicate keys, ``-0``... The knobs break the layout on
+    purpose:
+
+    - `length`: the value of the length prefix (default: the padded header's length);
+    - `padding`: the byte that pads the header to a multiple of `align` (``b"\\0"`` for
+      NUL padding); `align=1` leaves the header unpadded;
+    - `prefix`: bytes written in place of the whole 8-byte prefix (a short, big-endian
+      or otherwise broken one); `length` is then ignored.
+    """
+    if isinstance(header, dict):
+        header = json.dumps(header, separators=(",", ":"))
+    if isinstance(header, str):
+        header = header.encode("utf-8")
+    header += padding * (-len(header) % align)
+    if prefix is None:
+        prefix = struct.pack("<Q", len(header) if length is None else length)
+    return prefix + header + data
+
+
+def entry(dtype: str = "F32", shape=(1,), offsets=(0, 4)) -> Dict[str, Any]:
+    """One tensor's header entry."""
+    return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}

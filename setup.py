@@ -20,6 +20,8 @@ directives = {
 extension = Extension(
     "fastst._core",
     ["fastst/_core.pyx"],
+    depends=[os.path.join("fastst", name) for name in os.listdir("fastst")
+             if name.endswith((".pxi", ".h"))],
     include_dirs=[numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
     extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],

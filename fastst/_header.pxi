@@ -6,10 +6,6 @@
 # header to the strict one, which decodes with orjson, checks every rule with a
 # precise message, and so decides every error. Both accept exactly the same headers.
 
-cdef inline _fail(str source, str message):
-    raise SafetensorError(f"{source}: {message}")
-
-
 cdef struct Entry:
     uint64_t begin              # byte offsets, relative to the tensor buffer
     uint64_t end
@@ -199,7 +195,7 @@ cdef bint _scan_entry(_Header h, Cursor* c, Entry* entry) except -1:
         if _is(c, start, length, "dtype", 5) and not seen & 1:
             seen |= 1
             length = _plain_string(c, &start)
-            code = fastst_code_of(<const char*>c.p + start, length) if length >= 0 else -1
+            code = _code_of(<const char*>c.p + start, length) if length >= 0 else -1
             if code < 0:
                 return False
             entry.code = code

@@ -13,7 +13,7 @@ import numpy as np
 
 cimport numpy as cnp
 from cpython.buffer cimport (
-    PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_FillInfo, PyBuffer_Release,
+    PyBUF_ANY_CONTIGUOUS, PyBuffer_FillInfo, PyBuffer_Release,
     PyObject_GetBuffer,
 )
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize

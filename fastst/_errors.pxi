@@ -38,7 +38,8 @@ cdef enum:
 cdef str _shown(object value):
     """`value` (a name, or anything a JSON header can hold) as at most SHOWN_CHARS
     characters, in time and stack depth bounded whatever its size and nesting."""
-    cdef str text = _render(value, SHOWN_DEPTH, SHOWN_CHARS + 1)
+    # Items past a budget of 3/4 of the room become "...", so that brackets close.
+    cdef str text = _render(value, SHOWN_DEPTH, SHOWN_CHARS * 3 // 4)
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
@@ -50,14 +51,21 @@ cdef str _render(object value, int depth, Py_ssize_t budget):
     if isinstance(value, int):
         # repr of a huge int is slow, and refused past 4300 digits
         return repr(value) if value.bit_length() <= 256 else f"<{value.bit_length()}-bit integer>"
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         if depth == 0:
             return "[...]"
         return "[" + _render_items(value, depth, budget, False) + "]"
+    if isinstance(value, tuple):
+        if depth == 0:
+            return "(...)"
+        closing = ",)" if len(value) == 1 else ")"
+        return "(" + _render_items(value, depth, budget, False) + closing
     if isinstance(value, dict):
         if depth == 0:
             return "{...}"
         return "{" + _render_items(value.items(), depth, budget, True) + "}"
+    if isinstance(value, np.generic):
+        return repr(value)     # NumPy scalars: short
     return f"<{type(value).__name__}>"
 
 

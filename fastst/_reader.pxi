@@ -21,6 +21,9 @@ cdef class Reader:
     cdef int kind                # BACKEND_*
     cdef int fd                  # pread backend only
     cdef int busy                # pread calls in flight, so close() cannot pull the fd away
+    cdef object path             # mmap backend: the absolute path, reopened for copies
+    cdef object identity         # mmap backend: (st_dev, st_ino) of the mapped file
+    cdef uint64_t file_size      # mmap backend: the mapped size
     cdef bint is_closed
     cdef uint64_t data_offset    # file offset of the tensor buffer
     cdef readonly str source
@@ -29,21 +32,24 @@ cdef class Reader:
         self.fd = -1
         self.is_closed = True
 
-    def open_file(self, filename, str backend="mmap", *,
-              uint64_t max_header_size=DEFAULT_MAX_HEADER_SIZE):
-        if backend not in ("mmap", "pread"):
-            raise ValueError(f"backend must be 'mmap' or 'pread', got {backend!r}")
+    def open_file(self, filename, backend="mmap", *,
+                  max_header_size=DEFAULT_MAX_HEADER_SIZE):
+        cdef uint64_t limit = _checked_limit(max_header_size)
+        if not (type(backend) is str and backend in ("mmap", "pread")):
+            raise SafetensorError(f"backend must be 'mmap' or 'pread', got {_shown(backend)}")
+        _numpy_dtypes()     # imported now: reads must not need a free file descriptor
         path = os.fspath(filename)
         self.source = os.fsdecode(path)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            self._open_fd(fd, backend == "pread", max_header_size)
+            self._open_fd(fd, backend == "pread", limit)
         except BaseException:
             if self.fd != fd:
                 os.close(fd)
             raise
         if self.fd != fd:
-            os.close(fd)
+            os.close(fd)    # the map needs no descriptor: a process may hold thousands
+            self.path = os.path.abspath(path)
         self.is_closed = False
 
     cdef _open_fd(self, int fd, bint use_pread, uint64_t max_header_size):
@@ -71,18 +77,22 @@ cdef class Reader:
             self.data = <char*>(<_Mapping>mapping).addr + start
             self.writable = True
         self.kind = BACKEND_PREAD if use_pread else BACKEND_MMAP
-        # Kept open for copies, which read with pread: a file that shrank then gives a
-        # short read and an error, where copying from the map would fault.
-        self.fd = fd
+        if use_pread:
+            self.fd = fd
+        else:
+            self.identity = (info.st_dev, info.st_ino)
+            self.file_size = size
 
-    def open_buffer(self, data, *, uint64_t max_header_size=DEFAULT_MAX_HEADER_SIZE,
-                     str source="<buffer>"):
+    def open_buffer(self, data, *, max_header_size=DEFAULT_MAX_HEADER_SIZE,
+                    str source="<buffer>"):
+        cdef uint64_t max_header = _checked_limit(max_header_size)
+        _numpy_dtypes()
         cdef _BufferOwner owner = _hold_buffer(data)
         self.source = source
         cdef const uint8_t* p = <const uint8_t*>owner.view.buf
         cdef uint64_t size = owner.view.len
         cdef uint64_t n, start
-        n, start = _split_prefix(source, p, size, max_header_size)
+        n, start = _split_prefix(source, p, size, max_header)
         header = PyBytes_FromStringAndSize(<const char*>p + 8, n)
         self.header = parse_header(header, source, size - start)
         self.data_offset = start
@@ -100,7 +110,7 @@ cdef class Reader:
         self._check_open()
         position = self.header.index().get(name)
         if position is None:
-            raise TensorNotFoundError(f"{self.source}: no tensor named {name!r}")
+            raise TensorNotFoundError(f"{self.source}: no tensor named {_shown(name)}")
         return position
 
     cdef object _array(self, Py_ssize_t i):
@@ -108,7 +118,7 @@ cdef class Reader:
         cdef Entry* entry = &h.entries[i]
         cdef int ndim = entry.np_ndim
         if ndim < 0:
-            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
+            _fail(self.source, f"tensor {_shown(h.names[i])}: shape {_shown(h.shape(i))} cannot be a NumPy "
                                f"array (NumPy allows {MAX_DIMS} dims, each below 2**63, whose "
                                f"nonzero product in bytes stays below 2**63)")
         if self.kind == BACKEND_PREAD:
@@ -124,7 +134,7 @@ cdef class Reader:
                 &PyArray_Type, <Descr*><PyObject*>descr, ndim, h.numpy_dims(entry), NULL,
                 self.data + entry.begin, cnp.NPY_ARRAY_WRITEABLE if self.writable else 0, NULL)
         except ValueError as error:
-            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
+            _fail(self.source, f"tensor {_shown(h.names[i])}: shape {_shown(h.shape(i))} cannot be a NumPy "
                                f"array ({error})")
         cnp.set_array_base(array, owner)
         return array
@@ -155,7 +165,7 @@ cdef class Reader:
         cdef Py_ssize_t i = self._position(name)
         cdef Entry* entry = &self.header.entries[i]
         if entry.np_ndim < 1 or not 0 <= first <= last <= self.header.numpy_dims(entry)[0]:
-            raise IndexError(f"rows [{first}, {last}) out of range for tensor {name!r}")
+            raise IndexError(f"rows [{first}, {last}) out of range for tensor {_shown(name)}")
         if self.kind == BACKEND_PREAD:
             return self._pread_array(i, first, last)
         return self._array(i)[first:last]
@@ -207,7 +217,7 @@ cdef class Reader:
         try:
             return PyArray_Empty(entry.np_ndim, dims, <Descr*><PyObject*>descr, 0)
         except ValueError as error:
-            _fail(self.source, f"tensor {h.names[i]!r}: shape {h.shape(i)} cannot be a NumPy "
+            _fail(self.source, f"tensor {_shown(h.names[i])}: shape {_shown(h.shape(i))} cannot be a NumPy "
                                f"array ({error})")
 
     cdef _fill(self, list targets):
@@ -233,14 +243,14 @@ cdef class Reader:
         cdef _Header h = self.header
         cdef Entry* entry = &h.entries[i]
         if entry.np_ndim < 1:
-            raise IndexError(f"tensor {name!r} has no axis to gather rows from")
+            raise IndexError(f"tensor {_shown(name)} has no axis to gather rows from")
         cdef cnp.npy_intp[64] dims
         memcpy(dims, h.numpy_dims(entry), entry.np_ndim * sizeof(cnp.npy_intp))
         cdef cnp.npy_intp count = dims[0]
         cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
         for k in range(rows.shape[0]):
             if not 0 <= rows[k] < count:
-                raise IndexError(f"row {rows[k]} out of range for tensor {name!r}")
+                raise IndexError(f"row {rows[k]} out of range for tensor {_shown(name)}")
         dims[0] = rows.shape[0]
         cdef cnp.ndarray out = self._empty_with(i, dims)
         cdef char* dest = <char*>cnp.PyArray_DATA(out)
@@ -257,6 +267,15 @@ cdef class Reader:
         if self.kind == BACKEND_BUFFER:
             plan.copy_from(self.data - self.data_offset)
             return
+        if self.kind == BACKEND_MMAP:
+            self._check_open()
+            plan.fd = self._reopen()
+            try:
+                plan.run_threaded()
+            finally:
+                os.close(plan.fd)
+            plan.raise_if_failed(self.source, what)
+            return
         self.busy += 1
         try:
             self._check_open()
@@ -266,6 +285,25 @@ cdef class Reader:
             self.busy -= 1
             self._release_fd_if_closed()
         plan.raise_if_failed(self.source, what)
+
+    cdef int _reopen(self) except -1:
+        """A descriptor on the mapped file, for one copy. Copies read with pread rather
+        than from the map, so that a file that shrank gives a short read and a clear
+        error where the map would fault (SIGBUS). The handle keeps no descriptor, so
+        the path is opened again and must still name the mapped file, no shorter."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            info = os.fstat(fd)
+            if (info.st_dev, info.st_ino) != self.identity:
+                _fail(self.source, "file was replaced since it was opened; open it again "
+                                   "to read the new file")
+            if <uint64_t>info.st_size < self.file_size:
+                _fail(self.source, f"file was truncated under the reader ({info.st_size} "
+                                   f"bytes, {self.file_size} when opened)")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     cdef object _empty_like(self, Py_ssize_t i):
         """What an `out` array for tensor i must match: (shape, dtype)."""
@@ -349,15 +387,26 @@ cdef class Reader:
             os.close(self.fd)
 
 
+cdef uint64_t _checked_limit(object value) except? 0:
+    """max_header_size as a C integer: a non-negative int (values past 2**64 - 1 set no
+    limit)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise SafetensorTypeError(f"max_header_size must be an integer, got "
+                                  f"{type(value).__name__} {_shown(value)}")
+    if value < 0:
+        raise SafetensorError(f"max_header_size must not be negative, got {value}")
+    return min(value, UINT64_MAX)
+
+
 cdef cnp.ndarray _checked_out(str source, object name, object out, tuple expected):
     shape, dtype = expected
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out for tensor {name!r} must be a numpy.ndarray, got "
+        raise TypeError(f"out for tensor {_shown(name)} must be a numpy.ndarray, got "
                         f"{type(out).__name__}")
     if out.shape != shape or out.dtype != dtype:
-        raise ValueError(f"out for tensor {name!r} must have shape {shape} and dtype {dtype}, "
+        raise ValueError(f"out for tensor {_shown(name)} must have shape {shape} and dtype {dtype}, "
                          f"got {out.shape} {out.dtype}")
     if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"out for tensor {name!r} must be C-contiguous and writable")
+        raise ValueError(f"out for tensor {_shown(name)} must be C-contiguous and writable")
     return out
 

@@ -43,19 +43,20 @@ cdef _Mapping _map_file(int fd, size_t size):
 
 
 cdef _BufferOwner _hold_buffer(object data):
+    """Hold any contiguous buffer; arrays viewing it are writable when it is."""
     cdef _BufferOwner owner = _BufferOwner.__new__(_BufferOwner)
     try:
-        PyObject_GetBuffer(data, &owner.view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
-    except (BufferError, TypeError):
-        try:
-            PyObject_GetBuffer(data, &owner.view, PyBUF_ANY_CONTIGUOUS)
-        except TypeError:
-            raise TypeError(
-                f"expected a bytes-like object (bytes, bytearray, memoryview, mmap), "
-                f"got {type(data).__name__}") from None
+        PyObject_GetBuffer(data, &owner.view, PyBUF_ANY_CONTIGUOUS)
+    except TypeError:
+        raise SafetensorTypeError(
+            f"expected a bytes-like object (bytes, bytearray, memoryview, mmap, NumPy "
+            f"array), got {type(data).__name__}") from None
+    except (BufferError, ValueError) as error:
+        raise SafetensorTypeError(
+            f"expected a contiguous bytes-like object, got a {type(data).__name__} that is "
+            f"not contiguous ({error})") from None
     owner.held = True
     return owner
-
 
 
 # ---------------------------------------------------------------------------
@@ -138,7 +139,7 @@ cdef class _ReadPlan:
     cdef run_threaded(self):
         cdef Py_ssize_t threads = 1
         if self.total >= THREADED_BELOW:
-            threads = min(len(os.sched_getaffinity(0)), 8, self.n)
+            threads = min(_usable_cpus(), 8, self.n)
         if threads <= 1:
             self.run(0, 1)
             return
@@ -157,9 +158,15 @@ cdef class _ReadPlan:
         if self.error:
             raise OSError(self.error, os.strerror(self.error), source)
         if self.short_by:
-            tensors = f"tensor {what!r}" if isinstance(what, str) else f"{what} tensors"
+            tensors = f"tensor {_shown(what)}" if isinstance(what, str) else f"{what} tensors"
             _fail(source, f"{tensors}: file was truncated under the reader ({self.short_by} "
                           f"bytes missing)")
+
+
+cdef Py_ssize_t _usable_cpus():
+    if hasattr(os, "sched_getaffinity"):    # Linux only
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 cdef bytes _pread_exact(int fd, uint64_t length, uint64_t offset):

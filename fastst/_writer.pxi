@@ -13,9 +13,9 @@ cdef int _code_for_array(str name, object array) except -1:
     code = _CODE_OF_NUMPY_NAME.get(dtype.name)
     if code is None or dtype.fields is not None:
         if dtype.hasobject:
-            raise SafetensorTypeError(f"tensor {name!r}: object arrays cannot be saved")
+            raise SafetensorTypeError(f"tensor {_shown(name)}: object arrays cannot be saved")
         raise SafetensorTypeError(
-            f"tensor {name!r}: dtype {dtype} has no safetensors code (supported: "
+            f"tensor {_shown(name)}: dtype {dtype} has no safetensors code (supported: "
             f"{', '.join(sorted(_CODE_OF_NUMPY_NAME))})")
     return code
 
@@ -23,11 +23,11 @@ cdef int _code_for_array(str name, object array) except -1:
 def spec_of_array(name, array):
     """The TensorSpec that writes NumPy `array` as tensor `name`."""
     if type(name) is not str:
-        raise TypeError(f"tensor names must be str, got {type(name).__name__} {name!r}")
+        raise TypeError(f"tensor names must be str, got {type(name).__name__} {_shown(name)}")
     if isinstance(array, np.generic):
         array = np.asarray(array)
     elif not isinstance(array, np.ndarray):
-        raise TypeError(f"tensor {name!r}: expected a numpy.ndarray, got "
+        raise TypeError(f"tensor {_shown(name)}: expected a numpy.ndarray, got "
                         f"{type(array).__module__}.{type(array).__qualname__}")
     return TensorSpec(name, DTYPE_CODES[_code_for_array(name, array)], array.shape, array)
 
@@ -110,35 +110,35 @@ cdef int _checked_spec(object name, object code, object shape, object source,
                        set seen) except -1:
     """The rank of a valid spec's dtype; raises when the spec is not valid."""
     if type(name) is not str:
-        raise TypeError(f"tensor names must be str, got {type(name).__name__} {name!r}")
+        raise TypeError(f"tensor names must be str, got {type(name).__name__} {_shown(name)}")
     if name == "__metadata__":
         raise ValueError("'__metadata__' is reserved for the header's metadata and cannot "
                          "name a tensor")
     if name in seen:
-        raise ValueError(f"tensor {name!r} is given twice")
+        raise ValueError(f"tensor {_shown(name)} is given twice")
     seen.add(name)
     rank = _CODE_OF_NAME.get(code) if type(code) is str else None
     if rank is None:
-        raise SafetensorTypeError(f"tensor {name!r}: unknown dtype code {code!r} "
+        raise SafetensorTypeError(f"tensor {_shown(name)}: unknown dtype code {_shown(code)} "
                                   f"(known: {', '.join(DTYPE_CODES)})")
     if not isinstance(source, np.ndarray):
-        raise TypeError(f"tensor {name!r}: the source must be a numpy.ndarray, got "
+        raise TypeError(f"tensor {_shown(name)}: the source must be a numpy.ndarray, got "
                         f"{type(source).__name__}")
     cdef uint64_t count = 1, dim, nbytes
     for value in shape:
         if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
                 or not 0 <= value <= UINT64_MAX):
-            raise ValueError(f"tensor {name!r}: shape must hold unsigned integers, got "
-                             f"{shape!r}"[:300])
+            raise ValueError(f"tensor {_shown(name)}: shape must hold unsigned integers, got "
+                             f"{_shown(shape)}")
         dim = value
         if fastst_mul_overflow(count, dim, &count):
-            raise ValueError(f"tensor {name!r}: element count of shape {shape} overflows 64 bits")
+            raise ValueError(f"tensor {_shown(name)}: element count of shape {_shown(shape)} overflows 64 bits")
     cdef int status = fastst_packed_bytes(count, BITS[<int>rank], &nbytes)
     if status < 0:
-        raise ValueError(f"tensor {name!r}: {count} elements of {code} ({BITS[<int>rank]} "
+        raise ValueError(f"tensor {_shown(name)}: {count} elements of {code} ({BITS[<int>rank]} "
                          f"bits each) do not fill whole bytes")
     if status > 0 or nbytes != <uint64_t>source.nbytes:
-        raise ValueError(f"tensor {name!r}: shape {list(shape)} x {code} needs {nbytes} bytes "
+        raise ValueError(f"tensor {_shown(name)}: shape {_shown(list(shape))} x {code} needs {nbytes} bytes "
                          f"but the source holds {source.nbytes}")
     return rank
 
@@ -165,7 +165,7 @@ cdef dict _checked_metadata(object metadata):
         raise TypeError(f"metadata must be a dict of str to str, got {type(metadata).__name__}")
     for key, value in metadata.items():
         if type(key) is not str or type(value) is not str:
-            raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}"[:300])
+            raise TypeError(f"metadata must map str to str, got {_shown(key)}: {_shown(value)}")
     return {key: metadata[key] for key in sorted(metadata)}
 
 

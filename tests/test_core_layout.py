@@ -19,6 +19,8 @@ def test_every_dtype_list_is_the_table():
         assert _core.dtype_bits(row.code) == row.bits
         assert _core.numpy_dtype(row.code).name == row.numpy
         assert _core.numpy_dtype(row.code).byteorder in "<|="
+        if not row.numpy.startswith(("bfloat", "float8")):
+            assert _core.numpy_dtype(row.code) is np.dtype(row.numpy)   # NumPy's own object
 
 
 @pytest.mark.parametrize("row", fastst.DTYPES, ids=lambda row: row.code)

@@ -37,7 +37,10 @@ cdef class Reader:
         cdef uint64_t limit = _checked_limit(max_header_size)
         if not (type(backend) is str and backend in ("mmap", "pread")):
             raise SafetensorError(f"backend must be 'mmap' or 'pread', got {_shown(backend)}")
-        _numpy_dtypes()     # imported now: reads must not need a free file descriptor
+        # Imported now: reads must not need a free file descriptor.
+        _numpy_dtypes()
+        if backend == "pread":
+            import threading    # large pread copies share the work among threads
         path = os.fspath(filename)
         self.source = os.fsdecode(path)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)

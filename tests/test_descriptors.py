@@ -64,6 +64,31 @@ def test_reads_need_no_free_descriptor(tmp_path):
     assert out.strip() == "[6.0, 6.0, 6.0] ['b', 'f', 'i']"
 
 
+def test_pread_copies_need_no_free_descriptor(tmp_path):
+    """A pread handle keeps its own descriptor; a copy large enough to use threads
+    works while every other descriptor is taken."""
+    path = tmp_path / "large.safetensors"
+    fastst.save_file({"a": np.full(40 << 20, 1, np.uint8),
+                      "b": np.full(40 << 20, 2, np.uint8)}, path)
+    out = run_python(f"""
+        import errno, os, resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        import fastst
+        handle = fastst.safe_open({str(path)!r}, "np", backend="pread")
+        held = []
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as error:
+            assert error.errno == errno.EMFILE
+        tensors = handle.copy_tensors()
+        for fd in held:
+            os.close(fd)
+        print(int(tensors["a"].sum()), int(tensors["b"].sum()))
+    """)
+    assert out.split() == [str(40 << 20), str(80 << 20)]
+
+
 def make(tmp_path, nbytes=1 << 16):
     path = tmp_path / "model.safetensors"
     fastst.save_file({"a": np.arange(nbytes, dtype=np.uint8),

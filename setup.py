@@ -20,6 +20,9 @@ directives = {
 extension = Extension(
     "fastst._core",
     ["fastst/_core.pyx"],
+    # Everything the build reads; listed here, it also goes into the sdist.
+    depends=[os.path.join("fastst", name) for name in sorted(os.listdir("fastst"))
+             if name.endswith((".pyx", ".pxi", ".h"))],
     include_dirs=[numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
     extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],

@@ -117,6 +117,19 @@ def loader(root: str, size_mib: int, warm: bool = False) -> Dict[str, Any]:
     return info
 
 
+def repeated_metadata_key(root: str, keys: int) -> str:
+    """A safetensors file with no tensors whose __metadata__ holds `keys` keys, the
+    last of them twice: a hostile header for the error path."""
+    path = os.path.join(root, f"repeated_key_{keys}.safetensors")
+    if not os.path.exists(path):
+        members = b",".join(b'"k%d":"v"' % i for i in range(keys))
+        header = b'{"__metadata__":{' + members + b',"k%d":"v"}}' % (keys - 1)
+        os.makedirs(root, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(len(header).to_bytes(8, "little") + header)
+    return path
+
+
 def warm_page_cache(*datasets: Dict[str, Any]) -> None:
     """Read every file of the datasets once, so timings see a hot page cache."""
     buffer = bytearray(16 << 20)

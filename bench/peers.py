@@ -663,13 +663,40 @@ LOADER = [
     Peer("raw", "raw limit: os.preadv per row into a fresh np.empty", "raw", (), gather_raw),
 ]
 
+# ---------------------------------------------------------------------------
+# Workload 8: a header of many metadata keys whose last key repeats
+# ---------------------------------------------------------------------------
+
+
+def reject_fastst(blob):
+    try:
+        fastst.load(blob)
+    except fastst.SafetensorError:
+        return "rejected"
+    return "accepted"
+
+
+def reject_st_np(blob):
+    try:
+        st_np.load(blob)
+    except Exception:   # safetensors_rust.SafetensorError, or whatever the peer raises
+        return "rejected"
+    return "accepted"
+
+
+REJECT = [
+    Peer("fastst", "fastst.load", "fastst", (), reject_fastst),
+    Peer("st_np", "safetensors.numpy.load", "peer", ST, reject_st_np),
+]
+
+
 # Rows that may read most of the tensor per batch get only this many batches.
 SLOW_LOADERS = {"fastst_pread": 10}
 
 REGISTRY = {
     "read_lazy": READ_LAZY, "read_private": READ_PRIVATE, "tiny_keys": TINY_KEYS,
     "tiny_load": TINY_LOAD, "per_call": PER_CALL, "save_file": SAVE_FILE,
-    "save_memory": SAVE_MEMORY, "loader": LOADER,
+    "save_memory": SAVE_MEMORY, "loader": LOADER, "reject": REJECT,
 }
 
 
@@ -714,6 +741,14 @@ def measure_per_call(key: str, data: dict, repeats: int, min_time: float) -> Dic
     runs = timer.repeat(repeat=repeats, number=number)
     per_call = [run / number for run in runs]
     return {"time": statistics.median(per_call), "times": per_call, "number": number}
+
+
+def measure_reject(key: str, path: str) -> Dict[str, Any]:
+    with open(path, "rb") as f:
+        blob = f.read()
+    got = timed(find("reject", key).fn, blob)
+    got["note"] = got.pop("result")
+    return got
 
 
 def measure_save_memory(key: str, count: int, rows: int, order: Literal["C", "F"],

@@ -557,6 +557,19 @@ class Bench:
                            "the array (the limit a loader could reach).")
         self.emit(table)
 
+    # (8) an error path: a hostile header ---------------------------------------------
+    def w8_reject(self) -> None:
+        a = self.args
+        keys = 1_000_000
+        path = inputs.repeated_metadata_key(self.root, keys)
+        table = Table("8", f"A header of {keys:,} __metadata__ keys whose last key repeats",
+                      f"load() of the {fmt_bytes(os.path.getsize(path))} file's bytes; "
+                      f"median of {runs(a.repeats)}, each in a fresh process.")
+        jobs = [(p.key, "measure_reject", (p.key, path)) for p in self.usable(peers.REJECT)]
+        progress(f"[8] hostile header: {len(jobs)} peers ")
+        self.fill(table, peers.REJECT, interleaved(jobs, a.repeats, a.timeout))
+        self.emit(table)
+
 
 def import_env(root: str) -> Dict[str, str]:
     """Environment for import timings: bytecode caching on for every module alike,
@@ -667,6 +680,7 @@ def markdown(bench: Bench, env: Dict[str, str], command: str) -> str:
 WORKLOADS: Dict[str, Callable[[Bench], None]] = {
     "1": Bench.w1_read, "2": Bench.w2_save, "3": Bench.w3_tiny, "4": Bench.w4_per_call,
     "5": Bench.w5_save_memory, "6": Bench.w6_import, "7": Bench.w7_loader,
+    "8": Bench.w8_reject,
 }
 
 QUICK = {"size_mib": 32, "tiny_count": 2000, "repeats": 1, "batches": 10,
@@ -679,7 +693,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: small sizes, one repeat (under a minute)")
     parser.add_argument("--markdown", metavar="PATH", help="also write the tables as markdown")
-    parser.add_argument("--workloads", default="1,2,3,4,5,6,7",
+    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8",
                         help="comma-separated workloads to run (default: all)")
     parser.add_argument("--size-mib", type=int, help="size of the big file (default 1024; "
                         "env FASTST_BENCH_SIZE_MIB)")

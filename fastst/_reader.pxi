@@ -1,0 +1,426 @@
+# Reader: an open file or buffer with a validated header; views, copies, rows and
+# gathers (included by _core.pyx).
+
+TensorInfo = namedtuple("TensorInfo", ["dtype", "shape", "data_offsets", "array_shape"])
+TensorInfo.__doc__ = """One tensor's header entry: dtype code, shape (list), data_offsets
+(begin, end) relative to the tensor buffer, and array_shape, the shape of its NumPy
+array (packed bytes for sub-byte dtypes; None when NumPy cannot hold the shape)."""
+
+
+cdef int BACKEND_MMAP = 0
+cdef int BACKEND_PREAD = 1
+cdef int BACKEND_BUFFER = 2
+
+
+cdef class Reader:
+    """An open safetensors file or buffer whose header has been validated."""
+    cdef _Header header
+    cdef object owner            # _Mapping/_BufferOwner the arrays view; None for pread
+    cdef char* data              # start of the tensor buffer in `owner`
+    cdef bint writable
+    cdef int kind                # BACKEND_*
+    cdef int fd                  # pread backend only
+    cdef int busy                # pread calls in flight, so close() cannot pull the fd away
+    cdef object path             # mmap backend: the absolute path, reopened for copies
+    cdef uint64_t file_dev       # mmap backend: st_dev, st_ino and size of the mapped file
+    cdef uint64_t file_ino
+    cdef uint64_t file_size
+    cdef bint is_closed
+    cdef uint64_t data_offset    # file offset of the tensor buffer
+    cdef readonly str source
+
+    def __cinit__(self):
+        self.fd = -1
+        self.is_closed = True
+
+    def open_file(self, filename, backend="mmap", *,
+                  max_header_size=DEFAULT_MAX_HEADER_SIZE):
+        cdef uint64_t limit = _checked_limit(max_header_size)
+        if not (type(backend) is str and backend in ("mmap", "pread")):
+            raise SafetensorError(f"backend must be 'mmap' or 'pread', got {_shown(backend)}")
+        cdef bint use_pread = backend == "pread"
+        # Imported now: reads must not need a free file descriptor.
+        _numpy_dtypes()
+        if use_pread:
+            import threading    # large pread copies share the work among threads
+        path = os.fspath(filename)
+        self.source = os.fsdecode(path)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            self._open_fd(fd, use_pread, limit)
+        except BaseException:
+            if self.fd != fd:
+                os.close(fd)
+            raise
+        if self.fd != fd:
+            os.close(fd)    # the map needs no descriptor: a process may hold thousands
+            self.path = path if _is_absolute(path) else os.path.abspath(path)
+        self.is_closed = False
+
+    cdef _open_fd(self, int fd, bint use_pread, uint64_t max_header_size):
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(21, "Is a directory", self.source)
+        if not stat.S_ISREG(info.st_mode):
+            _fail(self.source, "not a regular file")
+        cdef uint64_t size = info.st_size
+        cdef uint64_t n, start
+        prefix = _pread_exact(fd, 8 if size >= 8 else size, 0)
+        if <uint64_t>len(prefix) < (8 if size >= 8 else size):
+            _fail(self.source, "file was truncated while its header was read")
+        n, start = _split_prefix(self.source, <const uint8_t*>PyBytes_AS_STRING(prefix),
+                                 size, max_header_size)
+        header = _pread_exact(fd, n, 8)
+        if <uint64_t>len(header) != n:
+            _fail(self.source, "file was truncated while its header was read")
+        self.header = parse_header(header, self.source, size - start)
+        self.data_offset = start
+        os.set_blocking(fd, True)
+        if not use_pread:
+            mapping = _map_file(fd, size)
+            self.owner = mapping
+            self.data = <char*>(<_Mapping>mapping).addr + start
+            self.writable = True
+        self.kind = BACKEND_PREAD if use_pread else BACKEND_MMAP
+        if use_pread:
+            self.fd = fd
+        else:
+            self.file_dev = info.st_dev
+            self.file_ino = info.st_ino
+            self.file_size = size
+
+    def open_buffer(self, data, *, max_header_size=DEFAULT_MAX_HEADER_SIZE,
+                    str source="<buffer>"):
+        cdef uint64_t max_header = _checked_limit(max_header_size)
+        _numpy_dtypes()
+        cdef _BufferOwner owner = _hold_buffer(data)
+        self.source = source
+        cdef const uint8_t* p = <const uint8_t*>owner.view.buf
+        cdef uint64_t size = owner.view.len
+        cdef uint64_t n, start
+        n, start = _split_prefix(source, p, size, max_header)
+        header = PyBytes_FromStringAndSize(<const char*>p + 8, n)
+        self.header = parse_header(header, source, size - start)
+        self.data_offset = start
+        self.kind = BACKEND_BUFFER
+        self.owner = owner
+        self.data = <char*>owner.view.buf + start
+        self.writable = not owner.view.readonly
+        self.is_closed = False
+
+    cdef inline _check_open(self):
+        if self.is_closed:
+            raise SafetensorError(f"{self.source}: file is closed")
+
+    cdef Py_ssize_t _position(self, name) except -1:
+        self._check_open()
+        position = self.header.index().get(name)
+        if position is None:
+            raise TensorNotFoundError(f"{self.source}: no tensor named {_shown(name)}")
+        return position
+
+    cdef object _array(self, Py_ssize_t i):
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        cdef int ndim = entry.np_ndim
+        if ndim < 0:
+            _fail(self.source, f"tensor {_shown(h.names[i])}: shape {_shown(h.shape(i))} cannot be a NumPy "
+                               f"array (NumPy allows {MAX_DIMS} dims, each below 2**63, whose "
+                               f"nonzero product in bytes stays below 2**63)")
+        if self.kind == BACKEND_PREAD:
+            return self._pread_array(i)
+        descr = _numpy_dtypes()[entry.code]
+        # A local reference: another thread's close() cannot unmap the memory under us.
+        owner = self.owner
+        if owner is None:
+            self._check_open()
+        Py_INCREF(descr)
+        try:
+            array = PyArray_NewFromDescr(
+                &PyArray_Type, <Descr*><PyObject*>descr, ndim, h.numpy_dims(entry), NULL,
+                self.data + entry.begin, cnp.NPY_ARRAY_WRITEABLE if self.writable else 0, NULL)
+        except ValueError as error:
+            _fail(self.source, f"tensor {_shown(h.names[i])}: shape {_shown(h.shape(i))} cannot be a NumPy "
+                               f"array ({error})")
+        cnp.set_array_base(array, owner)
+        return array
+
+    cdef object _pread_array(self, Py_ssize_t i, Py_ssize_t first=0, Py_ssize_t last=-1):
+        """Read tensor i into fresh memory: all of it, or rows [first, last) of its
+        first axis when `last` is given."""
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        cdef cnp.npy_intp[64] dims
+        memcpy(dims, h.numpy_dims(entry), entry.np_ndim * sizeof(cnp.npy_intp))
+        cdef uint64_t length = entry.end - entry.begin
+        cdef uint64_t skip = 0
+        if last >= 0:
+            if dims[0] > 0:
+                skip = first * (length // dims[0])
+                length = (last - first) * (length // dims[0])
+            dims[0] = last - first
+        cdef cnp.ndarray array = self._empty_with(i, dims)
+        cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
+        plan.add(<char*>cnp.PyArray_DATA(array), length, self.data_offset + entry.begin + skip)
+        self._run(plan, h.names[i])
+        return array
+
+    def read_rows(self, name, Py_ssize_t first, Py_ssize_t last):
+        """Rows [first, last) of tensor `name`'s first axis, read into fresh memory
+        (pread backend), or a view of them (mmap and buffers)."""
+        cdef Py_ssize_t i = self._position(name)
+        cdef Entry* entry = &self.header.entries[i]
+        if entry.np_ndim < 1 or not 0 <= first <= last <= self.header.numpy_dims(entry)[0]:
+            raise IndexError(f"rows [{first}, {last}) out of range for tensor {_shown(name)}")
+        if self.kind == BACKEND_PREAD:
+            return self._pread_array(i, first, last)
+        return self._array(i)[first:last]
+
+    @property
+    def backend(self):
+        """How tensors are served: "mmap", "pread", or "buffer" (from load())."""
+        return ("mmap", "pread", "buffer")[self.kind]
+
+    cdef _release_fd_if_closed(self):
+        if self.is_closed and self.busy == 0 and self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def get_tensor(self, name, *, out=None):
+        """The tensor `name`: a zero-copy view of the file's memory map, or, with
+        `out`, its bytes read into that C-contiguous array of its dtype and shape."""
+        if out is None:
+            return self._array(self._position(name))
+        self._fill([(self._position(name), out)])
+        return out
+
+    def copy_tensors(self):
+        """Every tensor, in buffer order, read into fresh memory of its own."""
+        self._check_open()
+        cdef Py_ssize_t i
+        names = self.header.names
+        arrays = [self._empty(i) for i in range(len(names))]
+        self._fill(list(enumerate(arrays)))
+        return dict(zip(names, arrays))
+
+    def read_into(self, dict arrays):
+        """Read each named tensor into the array given for it."""
+        self._fill([(self._position(name), out) for name, out in arrays.items()])
+
+    cdef object _empty(self, Py_ssize_t i):
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        if entry.np_ndim < 0:
+            self._array(i)   # raises the error that says why
+        return self._empty_with(i, h.numpy_dims(entry))
+
+    cdef object _empty_with(self, Py_ssize_t i, cnp.npy_intp* dims):
+        """A fresh array of tensor i's dtype and ndim, with the given dims."""
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        descr = _numpy_dtypes()[entry.code]
+        Py_INCREF(descr)
+        try:
+            return PyArray_Empty(entry.np_ndim, dims, <Descr*><PyObject*>descr, 0)
+        except ValueError as error:
+            _fail(self.source, f"tensor {_shown(h.names[i])}: shape {_shown(h.shape(i))} cannot be a NumPy "
+                               f"array ({error})")
+
+    cdef _fill(self, list targets):
+        """Copy tensors into (position, array) targets, with the GIL released: pread
+        from the file in chunks shared by threads, or memcpy from a caller's buffer."""
+        self._check_open()
+        cdef _Header h = self.header
+        cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
+        cdef Entry* entry
+        cdef cnp.ndarray out
+        for i, target in targets:
+            entry = &h.entries[<Py_ssize_t>i]
+            out = _checked_out(self.source, h.names[i], target, self._empty_like(i))
+            plan.add(<char*>cnp.PyArray_DATA(out), entry.end - entry.begin,
+                     self.data_offset + entry.begin)
+        self._run(plan, h.names[targets[0][0]] if len(targets) == 1 else len(targets))
+
+    def gather_rows(self, name, cnp.ndarray[cnp.npy_intp, ndim=1] rows not None):
+        """Rows `rows` (in range, any order, repeats allowed) of tensor `name`'s first
+        axis, each read into its place in a fresh array: a gather that reads only
+        the rows it returns."""
+        cdef Py_ssize_t i = self._position(name), k
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        if entry.np_ndim < 1:
+            raise IndexError(f"tensor {_shown(name)} has no axis to gather rows from")
+        cdef cnp.npy_intp[64] dims
+        memcpy(dims, h.numpy_dims(entry), entry.np_ndim * sizeof(cnp.npy_intp))
+        cdef cnp.npy_intp count = dims[0]
+        cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
+        for k in range(rows.shape[0]):
+            if not 0 <= rows[k] < count:
+                raise IndexError(f"row {rows[k]} out of range for tensor {_shown(name)}")
+        dims[0] = rows.shape[0]
+        cdef cnp.ndarray out = self._empty_with(i, dims)
+        cdef char* dest = <char*>cnp.PyArray_DATA(out)
+        cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
+        for k in range(rows.shape[0]):
+            plan.add(dest + k * row_bytes, row_bytes,
+                     self.data_offset + entry.begin + rows[k] * row_bytes)
+        self._run(plan, name)
+        return out
+
+    cdef _run(self, _ReadPlan plan, object what):
+        """Carry out a read plan: pread from the file, or memcpy from a buffer.
+        `what`, for errors: the tensor's name, or how many tensors the plan reads."""
+        if self.kind == BACKEND_BUFFER:
+            plan.copy_from(self.data - self.data_offset)
+            return
+        if self.kind == BACKEND_MMAP:
+            self._check_open()
+            plan.fd = self._reopen()
+            try:
+                plan.run_threaded()
+            finally:
+                os.close(plan.fd)
+            plan.raise_if_failed(self.source, what)
+            return
+        self.busy += 1
+        try:
+            self._check_open()
+            plan.fd = self.fd
+            plan.run_threaded()
+        finally:
+            self.busy -= 1
+            self._release_fd_if_closed()
+        plan.raise_if_failed(self.source, what)
+
+    cdef int _reopen(self) except -1:
+        """A descriptor on the mapped file, for one copy. Copies read with pread rather
+        than from the map, so that a file that shrank gives a short read and a clear
+        error where the map would fault (SIGBUS). The handle keeps no descriptor, so
+        the path is opened again and must still name the mapped file, no shorter."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            info = os.fstat(fd)
+            if <uint64_t>info.st_dev != self.file_dev or <uint64_t>info.st_ino != self.file_ino:
+                _fail(self.source, "file was replaced since it was opened; open it again "
+                                   "to read the new file")
+            if <uint64_t>info.st_size < self.file_size:
+                _fail(self.source, f"file was truncated under the reader ({info.st_size} "
+                                   f"bytes, {self.file_size} when opened)")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    cdef object _empty_like(self, Py_ssize_t i):
+        """What an `out` array for tensor i must match: (shape, dtype)."""
+        shape = self._numpy_shape(i)
+        if shape is None:
+            self._array(i)   # raises the error that says why
+        return shape, _numpy_dtypes()[self.header.entries[i].code]
+
+    cdef object _numpy_shape(self, Py_ssize_t i):
+        """The shape of tensor i's NumPy array (packed for sub-byte dtypes), or None
+        when its shape cannot be a NumPy array."""
+        cdef Entry* entry = &self.header.entries[i]
+        if entry.np_ndim < 0:
+            return None
+        cdef cnp.npy_intp* dims = self.header.numpy_dims(entry)
+        return tuple([dims[k] for k in range(entry.np_ndim)])
+
+    def __getitem__(self, name):
+        return self._array(self._position(name))
+
+    def get_tensors(self):
+        """Every tensor, in buffer order, as a dict of views."""
+        self._check_open()
+        cdef Py_ssize_t i
+        names = self.header.names
+        return {names[i]: self._array(i) for i in range(len(names))}
+
+    def keys(self):
+        """Tensor names, sorted."""
+        self._check_open()
+        return list(self.header.sorted_names())
+
+    def offset_keys(self):
+        """Tensor names in buffer order."""
+        self._check_open()
+        return list(self.header.names)
+
+    def metadata(self):
+        """The `__metadata__` str->str map, or None when the file has none."""
+        self._check_open()
+        metadata = self.header.metadata
+        return None if metadata is None else dict(metadata)
+
+    def info(self, name):
+        """What the header says of tensor `name`, as a TensorInfo: dtype code, shape,
+        data_offsets (relative to the tensor buffer) and array_shape (the NumPy
+        shape, packed for sub-byte dtypes; None when NumPy cannot hold the shape)."""
+        cdef Py_ssize_t i = self._position(name)
+        cdef Entry* entry = &self.header.entries[i]
+        return TensorInfo(DTYPE_CODES[entry.code], self.header.shape(i),
+                          (entry.begin, entry.end), self._numpy_shape(i))
+
+    @property
+    def data_start(self):
+        """File (or buffer) offset of the tensor buffer: 8 + the header's length."""
+        return self.data_offset
+
+    def __len__(self):
+        self._check_open()
+        return len(self.header.names)
+
+    def __contains__(self, name):
+        self._check_open()
+        return name in self.header.index()
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    @property
+    def closed(self):
+        return self.is_closed
+
+    def close(self):
+        """Drop the handle's reference to the data. Arrays already returned stay valid."""
+        self.is_closed = True
+        self.owner = None     # `data` stays set: in-flight reads hold the owner themselves
+        self._release_fd_if_closed()
+
+    def __dealloc__(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+cdef inline bint _is_absolute(object path):
+    if type(path) is str:
+        return (<str>path).startswith("/")
+    return (<bytes>path).startswith(b"/")
+
+
+cdef uint64_t _checked_limit(object value) except? 0:
+    """max_header_size as a C integer: a non-negative int (values past 2**64 - 1 set no
+    limit)."""
+    if type(value) is int and 0 <= value <= UINT64_MAX:
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise SafetensorTypeError(f"max_header_size must be an integer, got "
+                                  f"{type(value).__name__} {_shown(value)}")
+    if value < 0:
+        raise SafetensorError(f"max_header_size must not be negative, got {value}")
+    return min(value, UINT64_MAX)
+
+
+cdef cnp.ndarray _checked_out(str source, object name, object out, tuple expected):
+    shape, dtype = expected
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out for tensor {_shown(name)} must be a numpy.ndarray, got "
+                        f"{type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"out for tensor {_shown(name)} must have shape {shape} and dtype {dtype}, "
+                         f"got {out.shape} {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out for tensor {_shown(name)} must be C-contiguous and writable")
+    return out
+

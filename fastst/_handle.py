@@ -155,8 +155,10 @@ def safe_open(filename: PathLike, framework: Literal["jax", "flax"],
               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE
               ) -> FrameworkHandle[jax.Array]: ...
-def safe_open(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
-              backend: str = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+def safe_open(filename: PathLike,
+              framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
+              device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
               ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
     """Open a safetensors file lazily: validate its header, map it, and hand out
     its tensors, zero-copy where the framework allows.
@@ -167,9 +169,9 @@ def safe_open(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
     framework : {"np", "numpy", "pt", "torch", "pytorch", "jax", "flax"}
         ``"np"``/``"numpy"`` (default): NumPy arrays, from a ``NumpyHandle``.
         ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
-        ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``). The other two return
-        a ``FrameworkHandle`` with the same reading methods; the framework is
-        imported only by them.
+        ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``).
+        torch and JAX tensors come from a ``FrameworkHandle``, with the same
+        reading methods; only these import their framework.
     device : str, int, torch.device or jax.Device
         ``"cpu"`` (default; the only one for NumPy), or where the framework should
         put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).

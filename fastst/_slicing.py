@@ -6,6 +6,7 @@ the rows it needs, and only those rows are read.
 """
 from __future__ import annotations
 
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
@@ -23,7 +24,7 @@ if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
 
 T = TypeVar("T")
-Index = Union[int, "np.integer[Any]", slice, "ellipsis", None, List[Any], "npt.NDArray[Any]",
+Index = Union[int, "np.integer[Any]", slice, EllipsisType, None, List[Any], "npt.NDArray[Any]",
               Tuple[Any, ...]]
 # A framework's converter: (NumPy array, tensor name, the tensor's TensorInfo) -> its tensor
 Converter = Callable[["npt.NDArray[Any]", str, TensorInfo], T]

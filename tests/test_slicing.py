@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import fastst
+from helpers import raw_file
 
 SHAPES = [(), (5,), (4, 6), (3, 1, 5), (2, 3, 0, 2)]
 
@@ -87,7 +88,6 @@ def test_slice_describes_its_tensor(opened):
 
 
 def test_packed_sub_byte_tensors_slice_on_leading_axes(tmp_path):
-    from test_validation_helpers import raw_file
     data = raw_file({"q": {"dtype": "F4", "shape": [3, 4], "data_offsets": [0, 6]}},
                     bytes(range(6)))
     path = tmp_path / "f4.safetensors"
@@ -104,7 +104,6 @@ def test_packed_sub_byte_tensors_slice_on_leading_axes(tmp_path):
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_packed_index_rules_hold_for_both_backends(tmp_path, backend):
-    from test_validation_helpers import raw_file
     path = tmp_path / "f6.safetensors"
     path.write_bytes(raw_file({"q": {"dtype": "F6_E3M2", "shape": [2, 2, 4],
                                      "data_offsets": [0, 12]}}, bytes(range(12))))
@@ -216,7 +215,6 @@ def test_narrowed_gathers_read_in_batches_give_numpys_answer(tmp_path, monkeypat
 
 
 def test_pread_gather_of_empty_rows_of_an_unrepresentable_count(tmp_path):
-    from test_validation_helpers import raw_file
     path = tmp_path / "z.safetensors"
     path.write_bytes(raw_file({"z": {"dtype": "U8", "shape": [1, 2**62, 0],
                                      "data_offsets": [0, 0]}}))

@@ -57,7 +57,7 @@ class FrameworkHandle(Generic[T]):
 
     def __init__(self, reader: NumpyHandle, convert: Converter[T]) -> None:
         self._reader = reader
-        self._convert = convert
+        self._convert = _naming_the_file(convert, reader.source)
         self._infos: Dict[str, TensorInfo] = {}   # filled as tensors are asked for
 
     def get_tensor(self, name: str, *, out: None = None) -> T:
@@ -134,6 +134,17 @@ class FrameworkHandle(Generic[T]):
 
     def __repr__(self) -> str:
         return _describe(self._reader)
+
+
+def _naming_the_file(convert: Converter[T], source: str) -> Converter[T]:
+    """`convert`, with the file's name put before the errors it raises (an
+    adapter knows the tensor, not the file)."""
+    def converted(array: npt.NDArray[Any], name: str, info: TensorInfo) -> T:
+        try:
+            return convert(array, name, info)
+        except SafetensorError as error:
+            raise type(error)(f"{source}: {error}") from None
+    return converted
 
 
 def _describe(reader: Reader) -> str:

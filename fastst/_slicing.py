@@ -77,11 +77,11 @@ class SafeSlice(Generic[T]):
     def __getitem__(self, index: Index) -> T:
         try:
             array = self._select(index)
-        except SafetensorIndexError:
+        except SafetensorError:
             raise
-        except IndexError as error:
-            raise SafetensorIndexError(
-                f"{self._reader.source}: tensor {self._name!r}: {error}") from None
+        except (IndexError, ValueError) as error:   # NumPy's, for this index
+            kind = SafetensorIndexError if isinstance(error, IndexError) else SafetensorError
+            raise kind(f"{self._reader.source}: tensor {self._name!r}: {error}") from None
         if self._convert is None:
             return array  # type: ignore[return-value]  # T is the NumPy array here
         return self._convert(array, self._name, self._info)

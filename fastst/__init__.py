@@ -6,7 +6,9 @@ write byte-identical files. ``fastst.torch`` and ``fastst.flax`` do the same for
 ``safetensors.torch`` and ``safetensors.flax``; they import their framework only when
 imported themselves.
 """
-from ._api import SafeSlice, load, load_file, load_into, safe_open, save, save_file
+from ._api import load, load_file, load_into, save, save_file
+from ._handle import FrameworkHandle, NumpyHandle, safe_open
+from ._slicing import SafeSlice
 from ._core import (
     DEFAULT_MAX_HEADER_SIZE,
     DTYPE_CODES,
@@ -30,6 +32,8 @@ __all__ = [
     "DTYPE_CODES",
     "DTYPES",
     "DtypeInfo",
+    "FrameworkHandle",
+    "NumpyHandle",
     "SafeSlice",
     "SafetensorError",
     "SafetensorIndexError",

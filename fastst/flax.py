@@ -12,25 +12,28 @@ from typing import Any, Dict, Optional, Union
 
 import numpy as np
 
-from . import _api, _core
 from .jax import converter  # first: without JAX, its ImportError says how to install it
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+
+from ._api import save as save_numpy, save_file as save_numpy_file  # noqa: E402
+from ._core import Reader  # noqa: E402
+from ._handle import Backend, safe_open  # noqa: E402
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
 
 def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding `tensors`."""
-    return _api.save(_to_numpy(tensors), metadata=metadata)
+    return save_numpy(_to_numpy(tensors), metadata=metadata)
 
 
 def save_file(tensors: Dict[str, jax.Array], filename: Union[str, "os.PathLike[str]"],
               metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False) -> None:
     """Write `tensors` to `filename` atomically (see ``fastst.save_file``, and its
     `fsync` option)."""
-    _api.save_file(_to_numpy(tensors), filename, metadata=metadata, fsync=fsync)
+    save_numpy_file(_to_numpy(tensors), filename, metadata=metadata, fsync=fsync)
 
 
 def load(data: bytes) -> Dict[str, jax.Array]:
@@ -39,19 +42,19 @@ def load(data: bytes) -> Dict[str, jax.Array]:
     Arrays of read-only data (``bytes``) may share its memory; a writable buffer
     (``bytearray``) is copied from, so that later writes to it cannot change them.
     """
-    reader = _core.Reader()
+    reader = Reader()
     reader.open_buffer(data)
     convert = converter("cpu")
-    return {name: jnp.array(array) if array.flags.writeable else convert(array, name)
+    return {name: jnp.array(array) if array.flags.writeable
+            else convert(array, name, reader.info(name))
             for name, array in reader.get_tensors().items()}
 
 
 def load_file(filename: Union[str, "os.PathLike[str]"], *,
-              backend: str = "mmap") -> Dict[str, jax.Array]:
+              backend: Backend = "mmap") -> Dict[str, jax.Array]:
     """Load every tensor of a file as ``jax.Array``s (see ``fastst.jax``)."""
-    with _api.safe_open(filename, framework="flax", backend=backend) as f:
-        arrays: Any = f.get_tensors()   # jax arrays: the handle converts its views
-        return arrays  # type: ignore[no-any-return]
+    with safe_open(filename, framework="flax", backend=backend) as f:
+        return f.get_tensors()
 
 
 def _to_numpy(tensors: Any) -> Dict[str, Any]:

@@ -21,12 +21,12 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("fastst.jax needs JAX: pip install jax") from error
 
-from ._core import SafetensorError
+from ._core import SafetensorError, TensorInfo
 
 __all__ = ["converter"]
 
 
-def converter(device: Any = "cpu") -> Callable[..., jax.Array]:
+def converter(device: Any = "cpu") -> Callable[[npt.NDArray[Any], str, TensorInfo], jax.Array]:
     """The function safe_open(framework="jax") passes each NumPy view through.
 
     `device` is ``"cpu"`` (the default), a ``jax.Device``, or a JAX platform name
@@ -34,7 +34,7 @@ def converter(device: Any = "cpu") -> Callable[..., jax.Array]:
     """
     target = _target_device(device)
 
-    def convert(array: npt.NDArray[Any], name: str, entry: Any = None) -> jax.Array:
+    def convert(array: npt.NDArray[Any], name: str, info: TensorInfo) -> jax.Array:
         result: jax.Array = jax.device_put(array, target)
         return result
 

@@ -9,6 +9,7 @@ writer through a NumPy view of it, one tensor at a time.
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
@@ -21,14 +22,15 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import ml_dtypes
 
-from . import _api, _core
+from ._core import (DTYPES, Reader, SafetensorError, SafetensorNotImplementedError,
+                    SafetensorTypeError, TensorInfo)
+from ._handle import Backend, safe_open
 from .writer import TensorSpec, WritePlan, plan_write, write_atomically
-from ._core import DTYPES, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError
 
-__all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter"]
+__all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
+           "storage_ptr", "storage_size", "TORCH_DTYPES"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-Entry = Callable[[str], Tuple[str, List[int], Tuple[int, int], Optional[Tuple[int, ...]]]]
 
 # ---------------------------------------------------------------------------
 # Dtypes
@@ -62,7 +64,8 @@ _VIA_INTEGER = {
 # ---------------------------------------------------------------------------
 
 
-def converter(device: Any = "cpu") -> Callable[[npt.NDArray[Any], str, Entry], torch.Tensor]:
+def converter(device: Any = "cpu"
+              ) -> Callable[[npt.NDArray[Any], str, TensorInfo], torch.Tensor]:
     """The function safe_open(framework="pt") passes each NumPy view through.
 
     On the CPU the tensor views the array's memory; read-only arrays (views of
@@ -71,14 +74,14 @@ def converter(device: Any = "cpu") -> Callable[[npt.NDArray[Any], str, Entry], t
     """
     target = _target_device(device)
 
-    def convert(array: npt.NDArray[Any], name: str, entry: Entry) -> torch.Tensor:
-        tensor = _tensor_of(array, name, entry)
+    def convert(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
+        tensor = _tensor_of(array, name, info)
         return tensor if target is None else tensor.to(target)
 
     return convert
 
 
-def _tensor_of(array: npt.NDArray[Any], name: str, entry: Entry) -> torch.Tensor:
+def _tensor_of(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
     if not array.flags.behaved or (array.ndim and min(array.strides) < 0):
         array = np.array(array, order="C")   # torch wants writable, aligned, forward strides
     through = _VIA_INTEGER.get(array.dtype)
@@ -86,13 +89,12 @@ def _tensor_of(array: npt.NDArray[Any], name: str, entry: Entry) -> torch.Tensor
         numpy_int, _, code = through
         return torch.from_numpy(array.view(numpy_int)).view(_torch_dtype(code, name))
     if array.dtype == np.uint8:
-        code, shape, _, array_shape = entry(name)
-        if code == "F4":
-            if array_shape is None or len(array_shape) != len(shape):
+        if info.dtype == "F4":
+            if info.array_shape is None or len(info.array_shape) != len(info.shape):
                 raise SafetensorError(
-                    f"tensor {name!r}: F4 {shape} cannot be a torch.float4_e2m1fn_x2 tensor, "
+                    f"tensor {name!r}: F4 {info.shape} cannot be a torch.float4_e2m1fn_x2 tensor, "
                     f"which packs two values a byte along the last dim: that dim must be even")
-            return torch.from_numpy(array).view(_torch_dtype(code, name))
+            return torch.from_numpy(array).view(_torch_dtype(info.dtype, name))
         # F6_*: torch has no 6-bit dtype; the packed bytes come as uint8, as in NumPy
     return torch.from_numpy(array)
 
@@ -139,7 +141,7 @@ def _target_device(device: Any) -> Optional[torch.device]:
 
 
 def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *,
-              backend: str = "mmap") -> Dict[str, torch.Tensor]:
+              backend: Backend = "mmap") -> Dict[str, torch.Tensor]:
     """Load every tensor of a file as torch tensors.
 
     On the CPU (the default) the tensors view the file's private map: nothing is
@@ -147,9 +149,8 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     valid however long they live. On another device each tensor is moved there.
     ``backend="pread"`` reads each tensor into memory of its own instead.
     """
-    with _api.safe_open(filename, framework="pt", device=device, backend=backend) as f:
-        tensors: Any = f.get_tensors()   # torch tensors: the handle converts its views
-        return tensors  # type: ignore[no-any-return]
+    with safe_open(filename, framework="pt", device=device, backend=backend) as f:
+        return f.get_tensors()
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:
@@ -158,11 +159,11 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
     Tensors from read-only data (``bytes``) are copies; from a writable buffer
     (``bytearray``) they view it, as ``fastst.load``'s arrays do.
     """
-    reader = _core.Reader()
+    reader = Reader()
     reader.open_buffer(data)
     convert = converter("cpu")
-    entry = reader.info
-    return {name: convert(array, name, entry) for name, array in reader.get_tensors().items()}
+    return {name: convert(array, name, reader.info(name))
+            for name, array in reader.get_tensors().items()}
 
 
 # ---------------------------------------------------------------------------
@@ -260,53 +261,69 @@ def _check_for_save(tensors: Any) -> None:
         raise RuntimeError(_SHARED_ERROR.format(groups=shared))
 
 
-def _storage(tensor: torch.Tensor) -> Tuple[int, int]:
-    """(address, bytes) of the storage under `tensor`; (0, 0) when it has none."""
-    if tensor.device.type == "meta":
-        return 0, 0
+def storage_ptr(tensor: torch.Tensor) -> int:
+    """Address of the storage under `tensor`; 0 when it has none (meta, sparse)."""
     try:
-        storage = tensor.untyped_storage()
-        return storage.data_ptr(), storage.nbytes()
+        return int(tensor.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):
-        return 0, 0
+        return 0
 
 
-def _byte_range(tensor: torch.Tensor) -> Tuple[int, int]:
-    """[first, last) bytes the tensor's elements occupy."""
-    start = tensor.data_ptr()
+def storage_size(tensor: torch.Tensor) -> int:
+    """Bytes of the storage under `tensor` (a meta tensor's storage has a size too)."""
+    return int(tensor.untyped_storage().nbytes())
+
+
+def _end_ptr(tensor: torch.Tensor) -> int:
+    """The address just past the tensor's last element (its start when empty)."""
+    start = int(tensor.data_ptr())
     if tensor.numel() == 0:
-        return start, start
+        return start
     reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
-    return start, start + (reach + 1) * tensor.element_size()
+    return start + (reach + 1) * tensor.element_size()
+
+
+def _is_complete(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` starts where its storage starts and spans all of it."""
+    return (tensor.data_ptr() == storage_ptr(tensor)
+            and tensor.numel() * tensor.element_size() == storage_size(tensor))
+
+
+def _filter_shared_not_shared(tensors: List[Set[str]],
+                              state_dict: Mapping[str, torch.Tensor]) -> List[Set[str]]:
+    """Split each group of names sharing a storage into runs that overlap: in
+    order of (start, end, name), a tensor joins the run before it when it starts
+    before the end of the tensor just before it, as safetensors decides."""
+    runs: List[Set[str]] = []
+    for group in tensors:
+        if len(group) < 2:
+            runs.append(group)
+            continue
+        areas = sorted((state_dict[name].data_ptr(), _end_ptr(state_dict[name]), name)
+                       for name in group)
+        previous_end = None
+        for start, end, name in areas:
+            if previous_end is not None and start < previous_end:
+                runs[-1].add(name)
+            else:
+                runs.append({name})
+            previous_end = end
+    return runs
 
 
 def _find_shared_tensors(state_dict: Mapping[str, torch.Tensor]) -> List[Set[str]]:
-    """Names grouped by the memory they overlap: one set per group, a set of one
-    for a tensor alone in its memory. Tensors without memory (meta, empty) are left out."""
-    by_storage: Dict[Tuple[Any, int, int], List[str]] = {}
+    """Names grouped by the memory they overlap, in order of first appearance: a
+    set of one for a tensor alone in its storage. Tensors without memory (meta,
+    empty storage) are left out."""
+    by_storage: Dict[Tuple[Any, int, int], Set[str]] = {}
     for name, tensor in state_dict.items():
-        ptr, size = _storage(tensor)
-        if ptr and size:
-            by_storage.setdefault((tensor.device, ptr, size), []).append(name)
-    groups: List[Set[str]] = []
-    for names in by_storage.values():
-        if len(names) == 1:
-            groups.append(set(names))
+        if tensor.device.type == "meta":
             continue
-        areas = sorted(_byte_range(state_dict[name]) + (name,) for name in names)
-        reach = -1
-        for start, stop, name in areas:
-            if start < reach:
-                groups[-1].add(name)
-            else:
-                groups.append({name})
-            reach = max(reach, stop)
-    return groups
-
-
-def _covers_storage(tensor: torch.Tensor) -> bool:
-    ptr, size = _storage(tensor)
-    return tensor.data_ptr() == ptr and tensor.numel() * tensor.element_size() == size
+        ptr = storage_ptr(tensor)
+        size = storage_size(tensor) if ptr else 0
+        if size:
+            by_storage.setdefault((tensor.device, ptr, size), set()).add(name)
+    return _filter_shared_not_shared(list(by_storage.values()), state_dict)
 
 
 def _remove_duplicate_names(state_dict: Mapping[str, torch.Tensor], *,
@@ -314,13 +331,13 @@ def _remove_duplicate_names(state_dict: Mapping[str, torch.Tensor], *,
                             discard_names: Optional[Iterable[str]] = None
                             ) -> Dict[str, List[str]]:
     """For each group of tensors sharing memory, the name to keep (one covering
-    the whole storage; among those, preferred names first, discarded names last,
-    then the first in sorted order) -> the other names, sorted."""
+    the whole storage; among those, preferred names first, then names not
+    discarded, then the first in sorted order) -> the other names, sorted."""
     preferred = set(preferred_names or ())
     discarded = set(discard_names or ())
-    removals: Dict[str, List[str]] = {}
+    removals: Dict[str, List[str]] = defaultdict(list)
     for group in _find_shared_tensors(state_dict):
-        complete = sorted(name for name in group if _covers_storage(state_dict[name]))
+        complete = sorted(name for name in group if _is_complete(state_dict[name]))
         if not complete:
             raise RuntimeError(
                 f"Error while trying to find names to remove to save state dict, but found no "
@@ -332,9 +349,9 @@ def _remove_duplicate_names(state_dict: Mapping[str, torch.Tensor], *,
         candidates = ([n for n in complete if n in preferred]
                       or [n for n in complete if n not in discarded] or complete)
         keep = candidates[0]
-        others = sorted(name for name in group if name != keep)
-        if others:
-            removals[keep] = others
+        for name in sorted(group):
+            if name != keep:
+                removals[keep].append(name)
     return removals
 
 
@@ -348,27 +365,27 @@ def save_model(model: torch.nn.Module, filename: PathLike,
     """Save a model's state dict, keeping one name for tensors that share memory
     (tied weights).
 
-    Each dropped name goes into the metadata as ``dropped: kept`` (unless
-    `metadata` already has that key); ``load_model`` ties them back. With
-    `force_contiguous` (the default) tensors are made contiguous first, which
-    changes nothing in the file: non-contiguous tensors are written as C-ordered
-    data either way.
+    Each dropped name goes into `metadata` as ``dropped: kept`` (unless it
+    already has that key), as ``safetensors.torch.save_model`` does: the caller's
+    dict itself gains those keys, or a new one is made when it is None;
+    ``load_model`` ties the names back. With `force_contiguous` (the default)
+    tensors are made contiguous first, which changes nothing in the file:
+    non-contiguous tensors are written as C-ordered data either way.
     """
     state_dict = model.state_dict()
-    removals = _remove_duplicate_names(state_dict)
-    if removals:
-        metadata = dict(metadata) if metadata is not None else {}
-        for kept, dropped in removals.items():
-            for name in dropped:
-                metadata.setdefault(name, kept)
-                del state_dict[name]
+    for kept, dropped in _remove_duplicate_names(state_dict).items():
+        if metadata is None:
+            metadata = {}
+        for name in dropped:
+            metadata.setdefault(name, kept)   # into the caller's dict, as safetensors does
+            del state_dict[name]
     if force_contiguous:
         state_dict = {name: tensor.contiguous() for name, tensor in state_dict.items()}
     save_file(state_dict, filename, metadata=metadata)
 
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
-               device: Union[str, int, torch.device] = "cpu", *, backend: str = "mmap"
+               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap"
                ) -> Tuple[List[str], List[str]]:
     """Load a file into `model`, as saved by ``save_model``.
 

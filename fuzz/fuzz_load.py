@@ -396,16 +396,7 @@ def _check_slices(reader: fastst.safe_open, backend: str, name: str,
             expected, expected_error = _take(whole, whole_error, index)
         try:
             got = handle[index]
-        except SafetensorError as error:
-            if code in SUB_BYTE_DTYPES and "stored packed" in str(error):
-                _signal(("packed refusal", backend))
-                continue
-            assert isinstance(expected_error, SafetensorError), (
-                f"{backend}: get_slice({name!r})[{index!r}] of {code}{list(logical)} "
-                f"raised SafetensorError({error}) where get_tensor()[index] gives "
-                f"{expected_error!r}")
-            continue
-        except IndexError as error:
+        except IndexError as error:   # SafetensorIndexError included
             assert isinstance(expected_error, IndexError), (
                 f"{backend}: get_slice({name!r})[{index!r}] of {code}{list(logical)} "
                 f"raised IndexError({error}) where get_tensor()[index] gives "
@@ -414,6 +405,15 @@ def _check_slices(reader: fastst.safe_open, backend: str, name: str,
                 f"raised IndexError({error}) where get_tensor()[index] gives "
                 f"{_describe(expected)}")
             _signal(("index error", backend))
+            continue
+        except SafetensorError as error:
+            if code in SUB_BYTE_DTYPES and "stored packed" in str(error):
+                _signal(("packed refusal", backend))
+                continue
+            assert isinstance(expected_error, SafetensorError), (
+                f"{backend}: get_slice({name!r})[{index!r}] of {code}{list(logical)} "
+                f"raised SafetensorError({error}) where get_tensor()[index] gives "
+                f"{expected_error!r}")
             continue
         assert expected is not None, (
             f"{backend}: get_slice({name!r})[{index!r}] of {code}{list(logical)} gave "

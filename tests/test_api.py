@@ -103,3 +103,77 @@ def test_an_adapter_without_its_framework_names_the_install_command(framework, m
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert f"pip install {framework}" in out.stdout
+
+
+def test_help_shows_the_real_signature_and_every_framework():
+    import inspect
+    import pydoc
+    parameters = inspect.signature(fastst.safe_open).parameters
+    assert list(parameters) == ["filename", "framework", "device", "backend", "max_header_size"]
+    assert parameters["framework"].default == "np" and parameters["device"].default == "cpu"
+    assert parameters["backend"].kind is inspect.Parameter.KEYWORD_ONLY
+    text = pydoc.render_doc(fastst.safe_open, renderer=pydoc.plaintext)
+    signature = text.splitlines()[2]
+    assert signature.startswith("safe_open(filename")
+    for name in ("np", "numpy", "pt", "torch", "pytorch", "jax", "flax", "mmap", "pread"):
+        assert f"'{name}'" in signature
+
+
+@pytest.mark.parametrize("module", ["fastst._handle", "fastst._slicing", "fastst._api"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+    failures, tried = doctest.testmod(importlib.import_module(module), raise_on_error=False)
+    assert failures == 0
+
+
+def test_numpy_handles_are_readers_with_the_compiled_methods(path):
+    from fastst._core import Reader
+    with fastst.safe_open(path) as f:
+        assert isinstance(f, fastst.NumpyHandle) and isinstance(f, Reader)
+        # the compiled methods themselves: no Python layer between caller and core
+        assert type(f).get_tensor is Reader.get_tensor
+        assert type(f).__getitem__ is Reader.__getitem__
+
+
+def test_framework_handle_delegates_to_its_reader(path):
+    torch = pytest.importorskip("torch")
+    f = fastst.safe_open(path, framework="pt")
+    assert isinstance(f, fastst.FrameworkHandle)
+    assert repr(f) == f"<fastst.safe_open {str(path)!r} (3 tensors)>"
+    assert f.keys() == ["a", "b", "c"] and f.offset_keys() == ["a", "b", "c"]
+    assert len(f) == 3 and "a" in f and list(f) == ["a", "b", "c"]
+    assert f.metadata() == {"author": "me"} and f.info("a").dtype == "I64"
+    assert f.backend == "mmap" and f.source == str(path) and not f.closed
+    assert isinstance(f["a"], torch.Tensor) and f.get_slice("a")[1:].tolist() == [1, 1]
+    with pytest.raises(fastst.SafetensorIndexError, match="'a'"):
+        f.get_slice("a")[np.array([0, 3])]
+    with pytest.raises(TypeError, match="framework='np'"):
+        f.get_tensor("a", out=np.empty(3, np.int64))
+    with f:
+        pass
+    assert f.closed and "closed" in repr(f)
+    with pytest.raises(fastst.SafetensorError, match="closed"):
+        f.get_tensor("a")
+
+
+@pytest.mark.parametrize("module", ["fastst.torch", "fastst.jax"])
+def test_every_adapter_converter_takes_array_name_and_info(path, module):
+    import inspect
+    adapter = pytest.importorskip(module)
+    convert = adapter.converter("cpu")
+    assert list(inspect.signature(convert).parameters) == ["array", "name", "info"]
+    with fastst.safe_open(path) as f:
+        assert convert(f.get_tensor("a"), "a", f.info("a")).tolist() == [1, 1, 1]
+
+
+def test_no_module_calls_a_private_name_of_another():
+    import pathlib
+    import re
+    package = pathlib.Path(fastst.__file__).parent
+    pattern = re.compile(r"\b(_api|_core|_handle|_slicing|reader|handle|self\._reader)\._[a-z]")
+    offending = [f"{source.name}:{number}: {line.strip()}"
+                 for source in sorted(package.glob("*.py"))
+                 for number, line in enumerate(source.read_text().splitlines(), 1)
+                 if pattern.search(line)]
+    assert offending == []

@@ -3,7 +3,6 @@ safetensors.flax, cross-checked against the reference's flax module."""
 from __future__ import annotations
 
 import gc
-import os
 import struct
 
 import ml_dtypes

@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import fastst
+from helpers import raw_file
 
 SHAPES = [(), (5,), (4, 6), (3, 1, 5), (2, 3, 0, 2)]
 
@@ -87,7 +88,6 @@ def test_slice_describes_its_tensor(opened):
 
 
 def test_packed_sub_byte_tensors_slice_on_leading_axes(tmp_path):
-    from test_validation_helpers import raw_file
     data = raw_file({"q": {"dtype": "F4", "shape": [3, 4], "data_offsets": [0, 6]}},
                     bytes(range(6)))
     path = tmp_path / "f4.safetensors"
@@ -104,7 +104,6 @@ def test_packed_sub_byte_tensors_slice_on_leading_axes(tmp_path):
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_packed_index_rules_hold_for_both_backends(tmp_path, backend):
-    from test_validation_helpers import raw_file
     path = tmp_path / "f6.safetensors"
     path.write_bytes(raw_file({"q": {"dtype": "F6_E3M2", "shape": [2, 2, 4],
                                      "data_offsets": [0, 12]}}, bytes(range(12))))
@@ -139,7 +138,7 @@ def test_pread_reads_only_the_rows_it_needs(tmp_path, monkeypatch):
         with pytest.raises(IndexError):
             m[np.array([1000])]
     assert ranges == [(10, 20), (999, 1000), (6, 31)]
-    assert gathers == [[500, 7, 999, 7], [3, 1], []]
+    assert gathers == [[500, 7, 999, 7], [1, 3], []]
 
 
 def test_gathering_rows_releases_the_gil(tmp_path):
@@ -155,3 +154,111 @@ def test_gathering_rows_releases_the_gil(tmp_path):
         elapsed, longest_pause = time_with_longest_pause(lambda: batches.append(s[rows]))
     assert batches[0].shape == (rows.size, 1024)
     assert elapsed > 0.05 and longest_pause < elapsed / 2, (longest_pause, elapsed)
+
+
+def bytes_read_by(handle, monkeypatch):
+    """A list that collects the bytes each row read of `handle` returns."""
+    sizes = []
+    for method in ("read_rows", "gather_rows", "get_tensor"):
+        original = getattr(type(handle), method)
+
+        def counted(self, *args, _original=original, **kwargs):
+            result = _original(self, *args, **kwargs)
+            sizes.append(result.nbytes)
+            return result
+        monkeypatch.setattr(type(handle), method, counted)
+    return sizes
+
+
+def proc_read_bytes() -> int:
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+def test_pread_narrowed_gather_reads_each_distinct_row_once(tmp_path, monkeypatch):
+    rows, width = 8, 1 << 18                       # 1 MiB rows
+    full = np.arange(rows * width, dtype=np.float32).reshape(rows, width)
+    path = tmp_path / "wide.safetensors"
+    fastst.save_file({"w": full}, path)
+    with fastst.safe_open(path, backend="pread") as f:
+        s = f.get_slice("w")
+        read = {}
+        for repeats in (1, 64):
+            index = (np.full(repeats, 5), slice(2, 4))
+            sizes = bytes_read_by(f, monkeypatch)
+            before = proc_read_bytes()
+            got = s[index]
+            read[repeats] = (sum(sizes), proc_read_bytes() - before)
+            monkeypatch.undo()
+            np.testing.assert_array_equal(got, full[index])
+        assert read[1][0] == read[64][0] == width * 4     # the row, once
+        assert read[64][1] < 2 * read[1][1]              # as the kernel counts it too
+        mixed = (np.array([7, 1, 7, -1, 1, 0]), slice(None, None, 1000))
+        sizes = bytes_read_by(f, monkeypatch)
+        np.testing.assert_array_equal(s[mixed], full[mixed])
+        assert sum(sizes) == 3 * width * 4               # rows 0, 1 and 7
+
+
+@pytest.mark.parametrize("batch_bytes", [1, 64, 1 << 30])
+def test_narrowed_gathers_read_in_batches_give_numpys_answer(tmp_path, monkeypatch,
+                                                             batch_bytes):
+    import fastst._slicing
+    monkeypatch.setattr(fastst._slicing, "GATHER_BATCH_BYTES", batch_bytes)
+    full = np.arange(20 * 6, dtype=np.int16).reshape(20, 2, 3)
+    path = tmp_path / "b.safetensors"
+    fastst.save_file({"t": full}, path)
+    with fastst.safe_open(path, backend="pread") as f:
+        for index in [(np.array([3, 19, 3, 0, -20]), 1), (np.array([4, 4]), slice(None), 2),
+                      (np.array([], np.int64), 0), (np.array([2, 1]), ..., None, slice(1, None))]:
+            np.testing.assert_array_equal(f.get_slice("t")[index], full[index])
+            assert f.get_slice("t")[index].shape == full[index].shape
+
+
+def test_pread_gather_of_empty_rows_of_an_unrepresentable_count(tmp_path):
+    path = tmp_path / "z.safetensors"
+    path.write_bytes(raw_file({"z": {"dtype": "U8", "shape": [1, 2**62, 0],
+                                     "data_offsets": [0, 0]}}))
+    handles = [fastst.safe_open(path, backend=backend) for backend in ("mmap", "pread")]
+    for index in [(np.array([0, 0]), slice(None, 3)), (np.zeros(64, np.int64), 5),
+                  (np.array([0, -1]), slice(2**62 - 2, None), slice(None))]:
+        mapped, read = (handle.get_slice("z")[index] for handle in handles)
+        assert mapped.shape == read.shape and mapped.dtype == read.dtype == np.uint8
+        assert read.size == 0
+    for handle in handles:        # 2 * 2**62 rows cannot be one array, either way
+        with pytest.raises(fastst.SafetensorError, match=f"{path}.*'z'"):
+            handle.get_slice("z")[np.array([0, 0])]
+        handle.close()
+
+
+OUT_OF_RANGE = [
+    5, -6, np.int64(7), np.uint8(9), (0, 6), (slice(None), -7), (1, 2, 3),
+    np.array([0, 5]), np.array([-6]), np.array([2**63], np.uint64), [0, 5], (np.array([1]), 9),
+    (np.array([1, 2]), np.array([0, 6])), np.array([[0], [5]]), np.ones(4, bool),
+    (Ellipsis, 6), (None, 5), 1.5,
+]
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("index", OUT_OF_RANGE, ids=repr)
+def test_out_of_range_indices_raise_safetensor_index_error(tmp_path, backend, index):
+    path = tmp_path / "r.safetensors"
+    full = np.arange(30, dtype=np.float32).reshape(5, 6)
+    fastst.save_file({"grid": full}, path)
+    with pytest.raises(IndexError):
+        full[index]
+    with fastst.safe_open(path, backend=backend) as f:
+        with pytest.raises(fastst.SafetensorIndexError) as error:
+            f.get_slice("grid")[index]
+    assert isinstance(error.value, IndexError) and isinstance(error.value, fastst.SafetensorError)
+    assert str(path) in str(error.value) and "'grid'" in str(error.value)
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_index_into_a_0d_tensor_raises_safetensor_index_error(tmp_path, backend):
+    path = tmp_path / "s.safetensors"
+    fastst.save_file({"scalar": np.float64(2.5)}, path)
+    with fastst.safe_open(path, backend=backend) as f:
+        assert f.get_slice("scalar")[()] == 2.5
+        for index in (0, slice(None), np.array([0])):
+            with pytest.raises(fastst.SafetensorIndexError, match="'scalar'"):
+                f.get_slice("scalar")[index]

@@ -367,6 +367,10 @@ def test_sub_byte_tensors_torch_cannot_hold(tmp_path):
     with fastst.safe_open(odd, framework="pt") as f:
         with pytest.raises(fastst.SafetensorError, match="packs two values a byte along the last dim"):
             f.get_tensor("x")
+        with pytest.raises(fastst.SafetensorError, match=f"^{odd}: tensor 'x': F4"):
+            f.get_tensors()
+        with pytest.raises(fastst.SafetensorError, match=f"^{odd}: tensor 'x': F4"):
+            f.get_slice("x")[...]
     f6 = _handmade(tmp_path, "F6_E2M3", [2, 4], bytes(range(6)))
     with fastst.safe_open(f6, framework="pt") as f:
         got = f.get_tensor("x")

@@ -1,4 +1,7 @@
-"""The public API's types, as mypy sees them through the shipped stubs."""
+"""The public API's types, as mypy sees them: revealed types of correct calls,
+and errors on wrong ones. One mypy run checks every file (mypy reads torch's
+and JAX's own types, which takes a while)."""
+import importlib.util
 import pathlib
 import re
 
@@ -6,26 +9,87 @@ import pytest
 
 mypy_api = pytest.importorskip("mypy.api")
 
-EXAMPLES = pathlib.Path(__file__).parent / "typing" / "examples.py"
+HERE = pathlib.Path(__file__).parent / "typing"
+EXAMPLES, FRAMEWORKS, MUST_FAIL = (HERE / name for name in
+                                   ("examples.py", "frameworks.py", "must_fail.py"))
+HAVE_FRAMEWORKS = all(importlib.util.find_spec(name) for name in ("torch", "jax"))
+needs_frameworks = pytest.mark.skipif(not HAVE_FRAMEWORKS, reason="needs torch and jax")
 
 ARRAY = "numpy.ndarray[tuple[Any, ...], numpy.dtype[Any]]"
-EXPECTED = [
-    ARRAY,
-    "list[str]",
-    "dict[str, str] | None",
-    "list[int]",
-    "Any",            # a NumPy array, or a torch/jax tensor under those frameworks
-    f"dict[str, {ARRAY}]",
-    "bytes",
-    f"dict[str, {ARRAY}]",
-    "fastst._core.SafetensorError",
-]
+TENSOR = "torch._tensor.Tensor"
+JAX_ARRAY = "jax._src.basearray.Array"
 
 
-def test_stubs_give_the_public_api_its_types(tmp_path):
-    out, err, status = mypy_api.run([
-        "--strict", "--no-incremental", "--cache-dir", str(tmp_path), str(EXAMPLES)])
-    revealed = re.findall(r'Revealed type is "([^"]+)"', out)
-    problems = [line for line in out.splitlines() if ": error:" in line]
-    assert problems == []
-    assert [r.replace("builtins.", "") for r in revealed] == EXPECTED
+@pytest.fixture(scope="module")
+def mypy_report(tmp_path_factory):
+    """mypy's output lines, by the file they are about."""
+    files = [EXAMPLES] + ([FRAMEWORKS, MUST_FAIL] if HAVE_FRAMEWORKS else [])
+    out, _, _ = mypy_api.run(["--strict", "--no-incremental", "--show-error-codes",
+                              "--cache-dir", str(tmp_path_factory.mktemp("mypy")),
+                              *map(str, files)])
+    report = {}
+    for line in out.splitlines():
+        path = line.split(":", 1)[0]
+        report.setdefault(pathlib.Path(path).name, []).append(line)
+    return report
+
+
+def revealed(lines):
+    found = [re.search(r'Revealed type is "([^"]+)"', line) for line in lines]
+    return [match.group(1).replace("builtins.", "") for match in found if match]
+
+
+def errors(lines):
+    return [line for line in lines if ": error:" in line]
+
+
+def test_fastst_itself_type_checks(mypy_report):
+    checked = {EXAMPLES.name, FRAMEWORKS.name, MUST_FAIL.name, "Success"}
+    assert [line for name, lines in mypy_report.items() if name not in checked
+            for line in lines if not line.startswith("Found ")] == []
+
+
+def test_numpy_api_types(mypy_report):
+    lines = mypy_report.get("examples.py", [])
+    assert errors(lines) == []
+    assert revealed(lines) == [
+        ARRAY,
+        "list[str]",
+        "dict[str, str] | None",
+        "list[int]",
+        ARRAY,
+        "list[int]",
+        "fastst._handle.NumpyHandle",
+        f"dict[str, {ARRAY}]",
+        "bytes",
+        f"dict[str, {ARRAY}]",
+        "fastst._core.SafetensorError",
+    ]
+
+
+@needs_frameworks
+def test_framework_handles_give_framework_types(mypy_report):
+    lines = mypy_report.get("frameworks.py", [])
+    assert errors(lines) == []
+    assert revealed(lines) == [
+        f"fastst._handle.FrameworkHandle[{TENSOR}]",
+        TENSOR,
+        TENSOR,
+        f"dict[str, {TENSOR}]",
+        "list[str]",
+        JAX_ARRAY,
+        JAX_ARRAY,
+        TENSOR,
+        f"dict[str, {TENSOR}]",
+        f"dict[str, {JAX_ARRAY}]",
+        "dict[str, torch._C.dtype | None]",
+    ]
+
+
+@needs_frameworks
+def test_wrong_calls_are_type_errors(mypy_report):
+    source = MUST_FAIL.read_text().splitlines()
+    marked = {number for number, text in enumerate(source, 1) if text.endswith("# error")}
+    reported = {int(line.split(":")[1]) for line in errors(mypy_report.get("must_fail.py", []))}
+    assert len(marked) == 9
+    assert reported == marked

@@ -1,0 +1,229 @@
+"""safe_open: a validated file whose tensors come out as NumPy arrays, or, through
+a framework adapter's converter chosen once at opening, as torch or JAX tensors."""
+from __future__ import annotations
+
+import importlib
+from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterator, List, Literal, Optional,
+                    Union, overload)
+
+from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
+from ._files import PathLike
+from ._slicing import Converter, SafeSlice, T
+
+if TYPE_CHECKING:   # none of these is imported when fastst is
+    import jax  # type: ignore[import-not-found, unused-ignore]
+    import numpy.typing as npt
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+__all__ = ["FrameworkHandle", "NumpyHandle", "safe_open"]
+
+Backend = Literal["mmap", "pread"]
+NUMPY_FRAMEWORKS = ("np", "numpy")
+# framework name -> the fastst module that adapts NumPy arrays to it (imported on use)
+ADAPTERS = {"pt": "torch", "torch": "torch", "pytorch": "torch", "jax": "jax", "flax": "jax"}
+
+
+class NumpyHandle(Reader):
+    """An open safetensors file whose tensors are NumPy arrays: zero-copy views of
+    the file's private map (backend ``"mmap"``), or fresh memory read when asked
+    (backend ``"pread"``). What ``safe_open(..., framework="np")`` returns.
+
+    Its reading methods are the compiled Reader's own: ``get_tensor``,
+    ``get_tensors``, ``copy_tensors``, ``read_into``, ``read_rows``,
+    ``gather_rows``, ``info``, ``keys``, ``offset_keys``, ``metadata``, and the
+    mapping protocol (``f[name]``, ``name in f``, ``len(f)``, iteration).
+    """
+
+    def __enter__(self) -> NumpyHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def get_slice(self, name: str) -> SafeSlice[npt.NDArray[Any]]:
+        """A lazy handle on tensor `name` that NumPy indexing reads from."""
+        return SafeSlice(self, name)
+
+    def __repr__(self) -> str:
+        return _describe(self)
+
+
+class FrameworkHandle(Generic[T]):
+    """An open safetensors file whose tensors come out as another framework's
+    (torch, JAX): each NumPy array the file gives passes through the converter
+    chosen when the file was opened. What ``safe_open(..., framework="pt")`` (or
+    ``"jax"``) returns.
+    """
+
+    def __init__(self, reader: NumpyHandle, convert: Converter[T]) -> None:
+        self._reader = reader
+        self._convert = _naming_the_file(convert, reader.source)
+        self._infos: Dict[str, TensorInfo] = {}   # filled as tensors are asked for
+
+    def get_tensor(self, name: str, *, out: None = None) -> T:
+        """The tensor `name`, as the framework's tensor."""
+        if out is not None:
+            raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
+        array = self._reader.get_tensor(name)
+        return self._convert(array, name, self._info(name))
+
+    def __getitem__(self, name: str) -> T:
+        return self.get_tensor(name)
+
+    def get_tensors(self) -> Dict[str, T]:
+        """Every tensor, in buffer order."""
+        convert = self._convert
+        return {name: convert(array, name, self._info(name))
+                for name, array in self._reader.get_tensors().items()}
+
+    def _info(self, name: str) -> TensorInfo:
+        info = self._infos.get(name)
+        if info is None:
+            info = self._infos[name] = self._reader.info(name)
+        return info
+
+    def get_slice(self, name: str) -> SafeSlice[T]:
+        """A lazy handle on tensor `name`: indexing reads the part it selects."""
+        return SafeSlice(self._reader, name, self._convert)
+
+    def keys(self) -> List[str]:
+        """Tensor names, sorted."""
+        return self._reader.keys()
+
+    def offset_keys(self) -> List[str]:
+        """Tensor names in buffer order."""
+        return self._reader.offset_keys()
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The ``__metadata__`` str->str map, or None when the file has none."""
+        return self._reader.metadata()
+
+    def info(self, name: str) -> TensorInfo:
+        """What the header says of tensor `name` (see ``fastst.TensorInfo``)."""
+        return self._info(name)
+
+    @property
+    def source(self) -> str:
+        return self._reader.source
+
+    @property
+    def backend(self) -> str:
+        return self._reader.backend
+
+    @property
+    def closed(self) -> bool:
+        return self._reader.closed
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._reader
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._reader)
+
+    def __enter__(self) -> FrameworkHandle[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return _describe(self._reader)
+
+
+def _naming_the_file(convert: Converter[T], source: str) -> Converter[T]:
+    """`convert`, with the file's name put before the errors it raises (an
+    adapter knows the tensor, not the file)."""
+    def converted(array: npt.NDArray[Any], name: str, info: TensorInfo) -> T:
+        try:
+            return convert(array, name, info)
+        except SafetensorError as error:
+            raise type(error)(f"{source}: {error}") from None
+    return converted
+
+
+def _describe(reader: Reader) -> str:
+    state = "closed" if reader.closed else f"{len(reader)} tensors"
+    return f"<fastst.safe_open {reader.source!r} ({state})>"
+
+
+@overload
+def safe_open(filename: PathLike, framework: Literal["np", "numpy"] = "np",
+              device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> NumpyHandle: ...
+@overload
+def safe_open(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
+              device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+              ) -> FrameworkHandle[torch.Tensor]: ...
+@overload
+def safe_open(filename: PathLike, framework: Literal["jax", "flax"],
+              device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+              ) -> FrameworkHandle[jax.Array]: ...
+def safe_open(filename: PathLike,
+              framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
+              device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+    """Open a safetensors file lazily: validate its header, map it, and hand out
+    its tensors, zero-copy where the framework allows.
+
+    Parameters
+    ----------
+    filename : str, bytes or os.PathLike
+    framework : {"np", "numpy", "pt", "torch", "pytorch", "jax", "flax"}
+        ``"np"``/``"numpy"`` (default): NumPy arrays, from a ``NumpyHandle``.
+        ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
+        ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``).
+        torch and JAX tensors come from a ``FrameworkHandle``, with the same
+        reading methods; only these import their framework.
+    device : str, int, torch.device or jax.Device
+        ``"cpu"`` (default; the only one for NumPy), or where the framework should
+        put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).
+    backend : {"mmap", "pread"}
+        ``"mmap"`` (default) maps the file privately: arrays are views, writable,
+        and writes never reach the file. ``"pread"`` reads each tensor into fresh
+        memory when asked, for files that may change while open.
+    max_header_size : int
+        Largest header accepted, in bytes (100,000,000 by default).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"w": np.eye(2, dtype=np.float32)}, path)
+    >>> with fastst.safe_open(path, framework="np") as f:
+    ...     f.keys(), f.get_tensor("w").sum(), f.get_slice("w")[1].tolist()
+    (['w'], np.float32(2.0), [0.0, 1.0])
+    """
+    if framework in NUMPY_FRAMEWORKS:
+        _check_numpy_device(device)
+        convert = None
+    else:
+        convert = framework_converter(framework, device)
+    reader = NumpyHandle()
+    reader.open_file(filename, backend, max_header_size=max_header_size)
+    return reader if convert is None else FrameworkHandle(reader, convert)
+
+
+def framework_converter(framework: str, device: Any) -> Converter[Any]:
+    """The converter of `framework`'s adapter for `device`: a function of
+    (NumPy array, tensor name, TensorInfo) that returns the framework's tensor."""
+    module = ADAPTERS.get(framework) if isinstance(framework, str) else None
+    if module is None:
+        raise SafetensorError(
+            f"unknown framework {framework!r}; use 'np', 'pt' (torch) or 'jax'/'flax'")
+    converter: Converter[Any] = importlib.import_module(f"fastst.{module}").converter(device)
+    return converter
+
+
+def _check_numpy_device(device: Any) -> None:
+    if device != "cpu":
+        raise SafetensorError(f"NumPy arrays live on the CPU; device must be 'cpu', "
+                              f"got {device!r}")

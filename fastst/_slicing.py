@@ -1,0 +1,224 @@
+"""SafeSlice: one tensor of an open file, read through NumPy indexing.
+
+With the mmap backend (and buffers) an index applies to the tensor's view and
+touches only the pages it reaches. With the pread backend an index is turned into
+the rows it needs, and only those rows are read.
+"""
+from __future__ import annotations
+
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple, TypeVar, Union
+
+import numpy as np
+
+from ._core import (
+    Reader,
+    SafetensorError,
+    SafetensorIndexError,
+    TensorInfo,
+    dtype_bits,
+    numpy_dtype,
+)
+
+if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
+    import numpy.typing as npt
+
+T = TypeVar("T")
+Index = Union[int, "np.integer[Any]", slice, EllipsisType, None, List[Any], "npt.NDArray[Any]",
+              Tuple[Any, ...]]
+# A framework's converter: (NumPy array, tensor name, the tensor's TensorInfo) -> its tensor
+Converter = Callable[["npt.NDArray[Any]", str, TensorInfo], T]
+
+# Distinct rows a narrowed pread gather reads at once: bounds its memory whatever the row size.
+GATHER_BATCH_BYTES = 16 << 20
+
+
+class SafeSlice(Generic[T]):
+    """One tensor of an open file, read through NumPy indexing.
+
+    ``f.get_slice(name)[index]`` returns exactly ``f.get_tensor(name)[index]``: with
+    the default mmap backend it is a view that touches only the pages the index
+    reaches. An index out of range raises SafetensorIndexError (an IndexError too).
+    """
+
+    def __init__(self, reader: Reader, name: str,
+                 convert: Optional[Converter[T]] = None) -> None:
+        self._reader = reader
+        self._name = name
+        self._info = reader.info(name)
+        self._convert = convert
+        self._packed = dtype_bits(self._info.dtype) < 8
+
+    def get_shape(self) -> List[int]:
+        """The tensor's shape as the header states it (a list of ints)."""
+        return list(self._info.shape)
+
+    def get_dtype(self) -> str:
+        """The tensor's header dtype code, e.g. ``"F32"``."""
+        return self._info.dtype
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self._info.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._info.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return numpy_dtype(self._info.dtype)
+
+    def __len__(self) -> int:
+        if not self._info.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return int(self._info.shape[0])
+
+    def __getitem__(self, index: Index) -> T:
+        try:
+            array = self._select(index)
+        except SafetensorError:
+            raise
+        except (IndexError, ValueError) as error:   # NumPy's, for this index
+            kind = SafetensorIndexError if isinstance(error, IndexError) else SafetensorError
+            raise kind(f"{self._reader.source}: tensor {self._name!r}: {error}") from None
+        if self._convert is None:
+            return array  # type: ignore[return-value]  # T is the NumPy array here
+        return self._convert(array, self._name, self._info)
+
+    def _select(self, index: Any) -> npt.NDArray[Any]:
+        array_shape = self._info.array_shape
+        if array_shape is None:   # get_tensor says why
+            return self._reader.get_tensor(self._name)
+        if self._packed and self._selects_all_packed(index):
+            index = Ellipsis   # the whole tensor, however many axes the index named
+        if self._reader.backend == "pread":
+            return self._read_selected(index, array_shape)
+        result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
+        return result
+
+    def _selects_all_packed(self, index: Any) -> bool:
+        """Sub-byte tensors surface as packed bytes: indices may select along the
+        leading axes, but not inside the packed last axis (nor inside a tensor packed
+        flat, whose axes do not survive packing). True when the index selects everything."""
+        parts = index if isinstance(index, tuple) else (index,)
+        if all(_selects_everything(part) for part in parts):
+            return True
+        shape, array_shape = self._info.shape, self._info.array_shape or ()
+        if (len(array_shape) != len(shape) or len(parts) >= len(shape)
+                or any(part is Ellipsis for part in parts)):
+            raise SafetensorError(
+                f"{self._reader.source}: tensor {self._name!r} ({self._info.dtype}) is stored "
+                f"packed; index only its leading axes")
+        return False
+
+    def _read_selected(self, index: Any, shape: Tuple[int, ...]) -> npt.NDArray[Any]:
+        """pread backend: read only the rows `index` selects along the first axis."""
+        gather = _as_gather(index, shape)
+        if gather is not None:
+            return self._gather(*gather)
+        rows = _rows_needed(index, shape)
+        if rows is None:
+            result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
+            return result
+        first, last, local_index = rows
+        part: npt.NDArray[Any] = self._reader.read_rows(self._name, first, last)
+        return part[local_index]  # type: ignore[no-any-return]
+
+    def _gather(self, rows: npt.NDArray[Any], rest: Tuple[Any, ...]) -> npt.NDArray[Any]:
+        """Rows `rows` (in range), each then narrowed by `rest`. A plain gather reads
+        what it returns; a narrowed one reads each distinct row once, a batch at a
+        time, and narrows it before reading the next batch."""
+        if not rest:
+            gathered: npt.NDArray[Any] = self._reader.gather_rows(self._name, rows)
+            return gathered
+        distinct, inverse = np.unique(rows, return_inverse=True)
+        narrowed = [self._reader.gather_rows(self._name, batch)[(slice(None),) + rest]
+                    for batch in _batches(distinct, self._row_bytes())]
+        joined = narrowed[0] if len(narrowed) == 1 else np.concatenate(narrowed)
+        return joined[inverse]
+
+    def _row_bytes(self) -> int:
+        shape = self._info.array_shape or ()
+        return int(np.prod(shape[1:], dtype=object)) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"<fastst.SafeSlice {self._name!r} {self._info.dtype} {self._info.shape}>"
+
+
+def _selects_everything(part: Any) -> bool:
+    return part is Ellipsis or (isinstance(part, slice) and part == slice(None))
+
+
+def _batches(rows: npt.NDArray[Any], row_bytes: int) -> List[npt.NDArray[Any]]:
+    """`rows` cut into pieces of at most GATHER_BATCH_BYTES (one row at least);
+    one empty piece when there are no rows."""
+    per_batch = max(1, GATHER_BATCH_BYTES // row_bytes) if row_bytes else max(1, rows.size)
+    return [rows[start:start + per_batch] for start in range(0, max(rows.size, 1), per_batch)]
+
+
+def _as_gather(index: Any, shape: Tuple[int, ...]
+               ) -> Optional[Tuple[npt.NDArray[Any], Tuple[Any, ...]]]:
+    """An index led by a 1-d integer array (or list), followed by basic indices
+    only (ints, slices, Ellipsis, None): (its rows, in range, as intp; the rest).
+    None when it is not one."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if not shape or not parts:
+        return None
+    head, rest = parts[0], parts[1:]
+    if isinstance(head, list):
+        try:
+            head = np.asarray(head)
+        except ValueError:   # ragged: NumPy's own indexing says what is wrong
+            return None
+    if not (isinstance(head, np.ndarray) and head.ndim == 1 and head.dtype.kind in "iu"
+            and all(_is_basic(part) for part in rest)):
+        return None
+    return _rows_in_range(head, shape[0]), rest
+
+
+def _is_basic(part: Any) -> bool:
+    if isinstance(part, (bool, np.bool_)):
+        return False
+    return part is None or part is Ellipsis or isinstance(part, (slice, int, np.integer))
+
+
+def _rows_needed(index: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, Any]]:
+    """For an index whose first part selects along axis 0 (an int, a slice or an
+    integer array), the rows [first, last) it touches and the same index relative
+    to them; None when the whole tensor is needed."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if not shape or not parts:
+        return None
+    head, rest, n = parts[0], parts[1:], shape[0]
+    if isinstance(head, slice):
+        rows = range(*head.indices(n))
+        if not rows:
+            return 0, 0, (slice(0, 0),) + rest
+        first, last = min(rows[0], rows[-1]), max(rows[0], rows[-1]) + 1
+        stop = rows.stop - first
+        return first, last, (slice(rows.start - first, stop if stop >= 0 else None,
+                                   rows.step),) + rest
+    if isinstance(head, (int, np.integer)) and not isinstance(head, (bool, np.bool_)):
+        row = int(head) + n if head < 0 else int(head)
+        if not 0 <= row < n:
+            raise IndexError(f"index {int(head)} is out of bounds for axis 0 with size {n}")
+        return row, row + 1, (0,) + rest
+    if isinstance(head, np.ndarray) and head.dtype.kind in "iu" and head.size:
+        rows_array = _rows_in_range(head, n)
+        first, last = int(rows_array.min()), int(rows_array.max()) + 1
+        return first, last, (rows_array - first,) + rest
+    return None
+
+
+def _rows_in_range(rows: npt.NDArray[Any], n: int) -> npt.NDArray[Any]:
+    """Integer row indices with negatives counted from the end, as intp (so that
+    adding n cannot wrap a narrow dtype); IndexError when one falls outside [0, n)."""
+    if rows.dtype.kind == "u" and rows.size and rows.max() > np.iinfo(np.intp).max:
+        raise IndexError(f"index {int(rows.max())} is out of bounds for axis 0 with size {n}")
+    as_intp = rows.astype(np.intp)
+    as_intp = np.where(as_intp < 0, as_intp + n, as_intp)
+    if as_intp.size and (as_intp.min() < 0 or as_intp.max() >= n):
+        bad = rows.reshape(-1)[int(np.argmax((as_intp < 0) | (as_intp >= n)))]
+        raise IndexError(f"index {int(bad)} is out of bounds for axis 0 with size {n}")
+    return as_intp

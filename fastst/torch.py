@@ -163,7 +163,12 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     copied or read until used, writes stay in this process, and the tensors stay
     valid however long they live. On another device each tensor is moved there.
     ``backend="pread"`` reads each tensor into memory of its own instead.
+    A CUDA device gets one allocation holding every tensor, streamed from the file.
     """
+    target = _target_device(device)
+    if target is not None and target.type == "cuda":
+        from . import _cuda   # only when CUDA is asked for
+        return _cuda.load_file(filename, target, backend=backend)
     with _api.safe_open(filename, framework="pt", device=device, backend=backend) as f:
         tensors: Any = f.get_tensors()   # torch tensors: the handle converts its views
         return tensors  # type: ignore[no-any-return]

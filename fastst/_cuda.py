@@ -22,10 +22,11 @@ import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
 
-# Measured on an H100 (bench/gpu.py): 16 MiB chunks through a ring of 8 reached the
-# link's speed with a hot page cache and the disk's with a cold one.
-CHUNK_BYTES = 16 << 20
-RING_BUFFERS = 8
+# Measured on an H100 (bench/gpu.py, bench/RESULTS.md): 16 threads with 8 MiB each
+# read a hot page cache about as fast as 16 MiB each, and faster than 8 threads;
+# the ring stays at 128 MiB of pinned memory.
+CHUNK_BYTES = 8 << 20
+RING_BUFFERS = 16
 
 
 class TensorSpec(NamedTuple):
@@ -97,23 +98,16 @@ def tensor_at(specs: Sequence[TensorSpec], offset: int) -> TensorSpec:
     raise ValueError(f"offset {offset} lies in no tensor")
 
 
-class ShortRead(Exception):
-    """The file ended at `position` (a file offset) before a read was complete."""
-
-    def __init__(self, position: int) -> None:
-        super().__init__(position)
-        self.position = position
-
-
-def read_exactly(fd: int, buffer: memoryview, offset: int) -> None:
-    """Fill `buffer` from `fd` at `offset` (reads may come back short; a read of
-    nothing means the file ends there)."""
+def read_into(fd: int, buffer: memoryview, offset: int) -> int:
+    """Fill `buffer` from `fd` at `offset`; the bytes read, fewer only where the
+    file ends (a read may come back short; one that reads nothing is the end)."""
     done = 0
     while done < len(buffer):
         count = os.preadv(fd, [buffer[done:]], offset + done)
         if count == 0:
-            raise ShortRead(offset + done)
+            break
         done += count
+    return done
 
 
 class Ring(Protocol):
@@ -155,10 +149,14 @@ def stream_file(fd: int, data_start: int, total: int, ring: Ring,
                 if errors:
                     return
                 ring.wait(k)
-                read_exactly(fd, ring.buffers[k][:stop - start], data_start + start)
+                count = read_into(fd, ring.buffers[k][:stop - start], data_start + start)
+                if count < stop - start:
+                    errors.append(on_short_read(data_start + start + count))
+                    return
                 ring.send(k, stop - start, start)
-        except ShortRead as short:
-            errors.append(on_short_read(short.position))
+        except OSError as error:
+            # its traceback holds the reading frame, and so the pinned buffer
+            errors.append(error.with_traceback(None))
         except BaseException as error:   # raised in the calling thread
             errors.append(error)
 
@@ -212,7 +210,7 @@ class PinnedRing:
     def release(self) -> None:
         self.buffers = []
         self.parts = []
-        del self.pinned
+        del self.pinned, self.dest
 
 
 def device_buffer(nbytes: int, device: torch.device, source: str) -> torch.Tensor:
@@ -276,9 +274,13 @@ def load_through(filename: Any, backend: str,
                 f"truncated after its header was read")
 
         if total:
-            ring = make_ring(dest, total)
             try:
-                stream_file(file.fileno(), data_start, total, ring, truncated)
-            finally:
-                ring.release()
+                ring = make_ring(dest, total)
+                try:
+                    stream_file(file.fileno(), data_start, total, ring, truncated)
+                finally:
+                    ring.release()
+            except BaseException:
+                del dest   # the traceback keeps this frame, not the device memory
+                raise
     return tensor_views(dest, specs)

@@ -199,9 +199,8 @@ ROWS: Dict[str, Tuple[str, Callable[[str], None]]] = {
 
 
 # ring shapes of fastst's loader tried by --sweep: (chunk MiB, buffers = threads)
-SHAPES = [(4, 16), (4, 32), (8, 8), (8, 16), (16, 4), (16, 8), (16, 16), (32, 4), (32, 8),
-          (64, 4)]
-COLD_SHAPES = [(4, 32), (8, 16), (16, 8), (16, 16)]
+SHAPES = [(8, 8), (8, 16), (16, 8), (16, 16), (32, 8), (32, 16)]
+COLD_SHAPES = [(16, 8), (16, 16)]
 
 
 def timed(fn: Callable[[], None], repeats: int, before: Callable[[], object]) -> List[float]:

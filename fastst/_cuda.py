@@ -22,10 +22,10 @@ import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
 
-# Measured on an H100 (bench/gpu.py, bench/RESULTS.md): 16 threads with 8 MiB each
-# read a hot page cache about as fast as 16 MiB each, and faster than 8 threads;
-# the ring stays at 128 MiB of pinned memory.
-CHUNK_BYTES = 8 << 20
+# Measured on an H100 (bench/gpu.py, bench/RESULTS.md): of the ring shapes tried,
+# 16 threads reading 16 MiB each were the fastest with a hot page cache on two
+# machines, and as fast as any plain read with a cold one.
+CHUNK_BYTES = 16 << 20
 RING_BUFFERS = 16
 
 
@@ -198,7 +198,9 @@ class PinnedRing:
         torch.cuda.set_stream(self.stream)   # the current stream is per thread
 
     def wait(self, k: int) -> None:
-        self.events[k].synchronize()
+        # mostly the copy ended long ago: a query spares a round of the GIL
+        if not self.events[k].query():
+            self.events[k].synchronize()
 
     def send(self, k: int, nbytes: int, start: int) -> None:
         self.dest[start:start + nbytes].copy_(self.parts[k][:nbytes], non_blocking=True)

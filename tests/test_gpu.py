@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -275,11 +276,26 @@ def test_cpu_loads_never_import_the_cuda_module(every_dtype):
 # ---------------------------------------------------------------------------
 
 def pinned_in_use() -> int:
-    """Pinned bytes allocated and not freed. A freed block whose copies have
-    finished is counted free at the pinned allocator's next call: make one."""
+    """Pinned bytes held by live tensors (torch's pinned cache keeps freed blocks
+    for reuse). A freed block that copies have used is counted free at the pinned
+    allocator's next call once they have finished: make one."""
     torch.cuda.synchronize()
     torch.empty(1, dtype=torch.uint8, pin_memory=True)
-    return torch.cuda.host_memory_stats()["allocated_bytes.current"]
+    return torch.cuda.host_memory_stats()["active_bytes.current"]
+
+
+@pytest.fixture
+def ring_buffers(monkeypatch):
+    """Weak references to the pinned memory of every ring a load makes."""
+    refs = []
+
+    class Recording(_cuda.PinnedRing):
+        def __init__(self, *args):
+            super().__init__(*args)
+            refs.append(weakref.ref(self.pinned))
+
+    monkeypatch.setattr(_cuda, "PinnedRing", Recording)
+    return refs
 
 
 @needs_cuda
@@ -302,10 +318,11 @@ def test_odd_alignments_and_chunk_sizes_on_the_device(every_dtype, misaligned, c
 
 
 @needs_cuda
-def test_tensors_share_one_device_allocation(every_dtype):
+def test_tensors_share_one_device_allocation_and_no_ring(every_dtype, ring_buffers):
     got = ft.load_file(every_dtype, device="cuda")
     storages = {t.untyped_storage().data_ptr() for t in got.values() if t.numel()}
     assert len(storages) == 1
+    assert len(ring_buffers) == 1 and ring_buffers[0]() is None
 
 
 @needs_cuda
@@ -325,7 +342,7 @@ def test_four_gib_round_trip(tmp_path):
 
 
 @needs_cuda
-def test_truncated_on_the_device_frees_the_pinned_ring(tmp_path, monkeypatch):
+def test_truncated_on_the_device_frees_the_pinned_ring(tmp_path, monkeypatch, ring_buffers):
     path = tmp_path / "cut.safetensors"
     ft.save_file({"a": torch.ones(8 * MiB), "b": torch.ones(8 * MiB)}, path)
     with fastst.safe_open(path) as f:
@@ -342,6 +359,7 @@ def test_truncated_on_the_device_frees_the_pinned_ring(tmp_path, monkeypatch):
     with pytest.raises(fastst.SafetensorError, match=rf"tensor 'b' .* ends at byte {cut}"):
         _cuda.load_file(path, torch.device("cuda"), chunk_bytes=MiB, buffers=4)
     assert pinned_in_use() == pinned     # while the error and its traceback live on
+    assert len(ring_buffers) == 1 and ring_buffers[0]() is None
     assert torch.cuda.memory_allocated() == allocated
 
 

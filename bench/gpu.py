@@ -254,8 +254,8 @@ def measure_rss(key: str, path: str, small: str) -> Optional[int]:
 def machine() -> Dict[str, str]:
     props = torch.cuda.get_device_properties(DEVICE)
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True).stdout.strip()
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        driver = subprocess.run(query, capture_output=True, text=True).stdout.strip()
     except OSError:
         driver = "?"
     with open("/proc/meminfo") as meminfo:

@@ -7,7 +7,8 @@ asynchronous copy on a stream of the load's own, and refills it once the CUDA ev
 recorded after that copy has passed. Disk reads, the kernel's copies out of the page
 cache and transfers over the link overlap, and host memory holds the ring, never
 the file. Each tensor is a view of the device allocation where its offset is a
-multiple of its element size, else a copy of its bytes.
+multiple of its element size, else a copy of its bytes; the allocation is freed
+with the last tensor viewing it.
 
 ``fastst.torch`` imports this module only when a CUDA device is asked for.
 """
@@ -22,9 +23,9 @@ import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
 
-# Measured on an H100 (bench/gpu.py, bench/RESULTS.md): of the ring shapes tried,
-# 16 threads reading 16 MiB each were the fastest with a hot page cache on two
-# machines, and as fast as any plain read with a cold one.
+# Measured on H100 machines (bench/gpu.py, bench/RESULTS.md): of the ring shapes
+# tried, 16 threads reading 16 MiB each were the fastest, or within noise of it, with
+# a hot page cache in three runs, and as fast as a plain read with a cold one.
 CHUNK_BYTES = 16 << 20
 RING_BUFFERS = 16
 
@@ -189,7 +190,7 @@ class PinnedRing:
         # one allocation for the whole ring, cut into the threads' buffers
         self.pinned = torch.empty(buffer_bytes * count, dtype=torch.uint8, pin_memory=True)
         self.parts = list(self.pinned.split(buffer_bytes))
-        self.buffers = [memoryview(part.numpy()) for part in self.parts]
+        self.buffers: Sequence[memoryview] = [memoryview(part.numpy()) for part in self.parts]
         # blocking: a waiting thread sleeps rather than spin on a core the readers need
         self.events = [torch.cuda.Event(blocking=True) for _ in range(count)]
 

@@ -19,6 +19,7 @@ import threading
 from typing import (Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Protocol, Sequence,
                     Tuple)
 
+import numpy as np
 import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
@@ -129,14 +130,16 @@ class Ring(Protocol):
     def release(self) -> None: ...
 
 
-def stream_file(fd: int, data_start: int, total: int, ring: Ring,
-                on_short_read: Callable[[int], Exception]) -> None:
-    """Read the tensor buffer [data_start, data_start + total) of `fd` through
-    `ring`, one thread per ring buffer, chunk i by thread i % threads.
+def stream(read: Callable[[memoryview, int], int], total: int, ring: Ring,
+           on_short_read: Callable[[int], Exception]) -> None:
+    """Move `total` bytes through `ring`, one thread per ring buffer, chunk i by
+    thread i % threads; ``read(buffer, start)`` fills `buffer` with the bytes from
+    `start` on and returns how many it read, fewer only where the source ends.
 
-    A read that ends early raises ``on_short_read(position)``; the first error of
-    any thread stops the others and is raised once all have stopped and every copy
-    already started has finished, so the ring may then be freed.
+    A read that ends early raises ``on_short_read(offset)``, the offset of the
+    first byte missing; the first error of any thread stops the others and is
+    raised once all have stopped and every copy already started has finished, so
+    the ring may then be freed.
     """
     size = len(ring.buffers[0]) if ring.buffers else 0
     chunks = plan_chunks(total, size) if size else []
@@ -150,9 +153,9 @@ def stream_file(fd: int, data_start: int, total: int, ring: Ring,
                 if errors:
                     return
                 ring.wait(k)
-                count = read_into(fd, ring.buffers[k][:stop - start], data_start + start)
+                count = read(ring.buffers[k][:stop - start], start)
                 if count < stop - start:
-                    errors.append(on_short_read(data_start + start + count))
+                    errors.append(on_short_read(start + count))
                     return
                 ring.send(k, stop - start, start)
         except OSError as error:
@@ -238,6 +241,40 @@ def tensor_views(dest: torch.Tensor, specs: Iterable[TensorSpec]) -> Dict[str, t
     return tensors
 
 
+# tensors smaller than this go with a plain .to(device): starting the threads would
+# cost more than the copy
+STAGED_MIN_BYTES = 16 << 20
+
+
+def to_device(tensor: torch.Tensor, device: torch.device, *,
+              chunk_bytes: int = CHUNK_BYTES, buffers: int = RING_BUFFERS) -> torch.Tensor:
+    """A copy of the contiguous CPU tensor `tensor` on the CUDA `device`, its bytes
+    copied by threads into the pinned ring (out of the file's map, for a tensor
+    that views one) and on to the device. Chunks shrink so that every thread has
+    one."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes < STAGED_MIN_BYTES:
+        return tensor.to(device)
+    raw = tensor.reshape(-1).view(torch.uint8).numpy()
+    dest = device_buffer(nbytes, device, f"a tensor of {nbytes} bytes")
+
+    def read(buffer: memoryview, start: int) -> int:
+        np.copyto(np.frombuffer(buffer, np.uint8), raw[start:start + len(buffer)])
+        return len(buffer)
+
+    def unreachable(offset: int) -> Exception:
+        return AssertionError(f"a copy from memory ended early, at byte {offset}")
+
+    per_thread = -(-nbytes // buffers)
+    chunk = min(chunk_bytes, -(-per_thread // 4096) * 4096)
+    ring = PinnedRing(dest, *ring_shape(nbytes, chunk, buffers))
+    try:
+        stream(read, nbytes, ring, unreachable)
+    finally:
+        ring.release()
+    return dest.view(tensor.dtype).reshape(tensor.shape)
+
+
 def load_file(filename: Any, device: torch.device, *, backend: str = "mmap",
               chunk_bytes: int = CHUNK_BYTES, buffers: int = RING_BUFFERS
               ) -> Dict[str, torch.Tensor]:
@@ -266,10 +303,14 @@ def load_through(filename: Any, backend: str,
     with open(filename, "rb") as file:
         dest = make_dest(total, source)
 
-        def truncated(position: int) -> SafetensorError:
+        def read(buffer: memoryview, start: int) -> int:
+            return read_into(file.fileno(), buffer, data_start + start)
+
+        def truncated(offset: int) -> SafetensorError:
             # a read past the end shows where it started; the first byte missing
             # is where the file now ends
-            position = max(data_start, min(position, os.fstat(file.fileno()).st_size))
+            position = max(data_start, min(data_start + offset,
+                                           os.fstat(file.fileno()).st_size))
             spec = tensor_at(specs, position - data_start)
             return SafetensorError(
                 f"{source}: tensor {spec.name!r} (file bytes {data_start + spec.begin}.."
@@ -280,7 +321,7 @@ def load_through(filename: Any, backend: str,
             try:
                 ring = make_ring(dest, total)
                 try:
-                    stream_file(file.fileno(), data_start, total, ring, truncated)
+                    stream(read, total, ring, truncated)
                 finally:
                     ring.release()
             except BaseException:

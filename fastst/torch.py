@@ -84,12 +84,17 @@ def converter(device: Any = "cpu") -> Callable[[npt.NDArray[Any], str, Entry], t
 
     On the CPU the tensor views the array's memory; read-only arrays (views of
     ``bytes``) are copied, since torch tensors are always writable. Any other
-    device gets a copy, moved there with ``.to(device)``.
+    device gets a copy, moved there with ``.to(device)``; on a CUDA device large
+    tensors go through a ring of pinned buffers filled by several threads.
     """
     target = _target_device(device)
+    if target is not None and target.type == "cuda":
+        from . import _cuda   # only when CUDA is asked for
 
     def convert(array: npt.NDArray[Any], name: str, entry: Entry) -> torch.Tensor:
         tensor = _tensor_of(array, name, entry)
+        if target is not None and target.type == "cuda":
+            return _cuda.to_device(tensor, target)   # large ones through the pinned ring
         return tensor if target is None else tensor.to(target)
 
     return convert

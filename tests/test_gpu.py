@@ -384,3 +384,30 @@ def test_per_tensor_handle_and_load_model_on_the_device(tmp_path, every_dtype):
     assert ft.load_model(fresh, path, device="cuda") == ([], [])
     for name, tensor in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name].cpu(), tensor)
+
+
+@needs_cuda
+@pytest.mark.parametrize("nbytes, chunk_bytes, buffers", [
+    (16 * MiB, 16 * MiB, 16), (16 * MiB + 6, 16 * MiB, 16), (40 * MiB + 2, MiB, 3)])
+def test_large_tensors_go_to_the_device_through_the_ring(nbytes, chunk_bytes, buffers,
+                                                         ring_buffers):
+    host = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).view(torch.bfloat16)
+    host = host.reshape(2, -1)
+    got = _cuda.to_device(host, torch.device("cuda"), chunk_bytes=chunk_bytes, buffers=buffers)
+    assert got.device.type == "cuda" and got.dtype == torch.bfloat16 and got.shape == host.shape
+    assert bits(got) == bits(host)
+    assert len(ring_buffers) == 1 and ring_buffers[0]() is None
+
+
+@needs_cuda
+def test_handle_stages_large_tensors(tmp_path, ring_buffers):
+    path = tmp_path / "large.safetensors"
+    gen = torch.Generator().manual_seed(3)
+    want = {"big": torch.randn(4096, 2048, generator=gen).to(torch.bfloat16),   # 16 MiB
+            "fp8": torch.randn(5000, 4000, generator=gen).to(torch.float8_e4m3fn),
+            "small": torch.randn(10, generator=gen)}
+    ft.save_file(want, path)
+    with fastst.safe_open(path, framework="pt", device="cuda") as f:
+        got = f.get_tensors()
+    assert len(ring_buffers) == 2      # the two large ones
+    assert_same(got, {name: want[name] for name in got})

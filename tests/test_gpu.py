@@ -388,7 +388,7 @@ def test_per_tensor_handle_and_load_model_on_the_device(tmp_path, every_dtype):
 
 @needs_cuda
 @pytest.mark.parametrize("nbytes, chunk_bytes, buffers", [
-    (16 * MiB, 16 * MiB, 16), (16 * MiB + 6, 16 * MiB, 16), (40 * MiB + 2, MiB, 3)])
+    (16 * MiB, 16 * MiB, 16), (16 * MiB + 12, 16 * MiB, 16), (40 * MiB + 4, MiB, 3)])
 def test_large_tensors_go_to_the_device_through_the_ring(nbytes, chunk_bytes, buffers,
                                                          ring_buffers):
     host = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).view(torch.bfloat16)

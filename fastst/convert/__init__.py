@@ -1,0 +1,226 @@
+"""Safe conversion to safetensors of PyTorch checkpoints and NumPy archives, on a
+machine without torch, without running any code the checkpoint holds.
+
+* ``torch_to_safetensors(src, dst)``: a ``torch.save`` file (``.bin``, ``.pt``,
+  ``.pth``, zip or legacy format) -> a safetensors file. Its pickle is read by a
+  restricted unpickler that knows only the names a state dict needs (and refuses
+  any other with a SafetensorError naming it); storages are then read by byte
+  range, one tensor at a time, and written in C order, little-endian, with no
+  dtype cast. Tensors tied to another (same storage and layout) are written once,
+  the dropped names recorded in the metadata as ``save_model`` does.
+* ``numpy_to_safetensors(src, dst)``: a ``.npy`` or ``.npz`` file, read without
+  pickle.
+* ``convert(src, dst)``: either, by the file's contents; a directory converts every
+  checkpoint in it (a sharded ``pytorch_model.bin.index.json`` keeps its split).
+
+Each written tensor is checked against the bytes it came from (CRC-32 of what was
+read, and of what the file holds when read back).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set
+
+import numpy as np
+import orjson
+
+from .._core import SafetensorError
+from .._handle import safe_open
+from ._output import Declared, write_declared
+from ._torch import declare, flatten, tied_names, values_metadata
+from ._torch_files import open_checkpoint
+
+__all__ = ["ConversionReport", "torch_to_safetensors", "numpy_to_safetensors", "convert",
+           "convert_directory", "is_torch_checkpoint", "safetensors_name"]
+
+Progress = Optional[Callable[[int], None]]
+
+
+@dataclass
+class ConversionReport:
+    """What one conversion did: files, counts, bytes, tied names dropped, time."""
+    source: str
+    destination: str
+    tensors: int = 0
+    bytes: int = 0
+    dropped: Dict[str, str] = field(default_factory=dict)   # dropped name -> name kept
+    seconds: float = 0.0
+    verified: bool = False
+
+
+def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
+                         verify: bool = True, fsync: bool = False,
+                         progress: Progress = None) -> ConversionReport:
+    """Convert the torch checkpoint `src` to the safetensors file `dst`.
+
+    `key` picks one entry of a nested checkpoint (``"state_dict"``, ``"model"``,
+    or a ``/``-separated path); without it every tensor is converted, named by
+    its path in the nest (a flat state dict keeps its names). Leaves that are not
+    tensors go into the metadata as JSON under ``fastst.convert.values``. With
+    `verify` (the default) the file is read back and each tensor's CRC-32
+    compared with that of the bytes read from `src`. `progress` is called with
+    each number of bytes written.
+    """
+    start = time.perf_counter()
+    source = os.fsdecode(src)
+    with open_checkpoint(source) as checkpoint:
+        tensors, values = flatten(checkpoint.tree, source, key)
+        if not tensors:
+            raise SafetensorError(f"{source}: the checkpoint holds no tensors")
+        dropped = tied_names(tensors)
+        declared = [declare(checkpoint, name, ref) for name, ref in tensors
+                    if name not in dropped]
+        metadata = {"format": "pt", **values_metadata(values)}
+        for name, kept in dropped.items():
+            metadata.setdefault(name, kept)
+        checksums = write_declared(os.fsdecode(dst), declared, metadata, fsync=fsync,
+                                   progress=progress)
+    if verify:
+        verify_checksums(dst, checksums)
+    return ConversionReport(source, os.fsdecode(dst), len(declared),
+                            sum(t.nbytes for t in declared), dropped,
+                            time.perf_counter() - start, verify)
+
+
+def verify_checksums(filename: Any, checksums: Dict[str, int]) -> None:
+    """Read each tensor of `filename` back and compare its CRC-32 with `checksums`."""
+    with safe_open(filename, backend="pread") as reader:
+        names = set(reader.keys())
+        if names != set(checksums):
+            raise SafetensorError(f"{os.fsdecode(filename)}: holds {len(names)} tensors, "
+                                  f"{len(checksums)} were written")
+        for name, expected in checksums.items():
+            array = np.ascontiguousarray(reader.get_tensor(name))
+            if zlib.crc32(array.reshape(-1).view(np.uint8)) != expected:
+                raise SafetensorError(f"{os.fsdecode(filename)}: tensor {name!r} does not "
+                                      f"hold the bytes read from the source")
+
+
+def numpy_to_safetensors(src: Any, dst: Any, *, verify: bool = True, fsync: bool = False,
+                         progress: Progress = None) -> ConversionReport:
+    """Convert a ``.npy`` file (one tensor, named ``"array"``) or an ``.npz``
+    file (its arrays, by their names) to `dst`. Nothing is unpickled: object
+    arrays are refused."""
+    from ._npz import declared_arrays
+    start = time.perf_counter()
+    source = os.fsdecode(src)
+    with declared_arrays(source) as declared:
+        checksums = write_declared(os.fsdecode(dst), declared, None, fsync=fsync,
+                                   progress=progress)
+    if verify:
+        verify_checksums(dst, checksums)
+    return ConversionReport(source, os.fsdecode(dst), len(declared),
+                            sum(t.nbytes for t in declared), {}, time.perf_counter() - start,
+                            verify)
+
+
+NUMPY_MAGIC = b"\x93NUMPY"
+
+
+def is_numpy_file(path: str) -> bool:
+    """A ``.npy`` file, or a zip of ``.npy`` members (``.npz``)."""
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    if head == NUMPY_MAGIC:
+        return True
+    if head[:4] != b"PK\x03\x04":
+        return False
+    import zipfile
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile:
+        return False
+    return bool(names) and all(name.endswith(".npy") for name in names)
+
+
+def is_torch_checkpoint(path: str) -> bool:
+    """Whether `path` looks like a ``torch.save`` file (by its first bytes)."""
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    return head[:4] == b"PK\x03\x04" and not is_numpy_file(path) or head[:1] == b"\x80"
+
+
+def convert(src: Any, dst: Any = None, **options: Any) -> List[ConversionReport]:
+    """Convert a file or a directory (see ``convert_directory``); a file's kind
+    (torch or NumPy) is told by its contents. `dst` defaults to `src` with the
+    ``.safetensors`` suffix (``pytorch_model.bin`` -> ``model.safetensors``)."""
+    source = os.fsdecode(src)
+    if os.path.isdir(source):
+        return convert_directory(source, dst, **options)
+    target = os.fsdecode(dst) if dst is not None else os.path.join(
+        os.path.dirname(source), safetensors_name(os.path.basename(source)))
+    if os.path.isdir(target):
+        target = os.path.join(target, safetensors_name(os.path.basename(source)))
+    if is_numpy_file(source):
+        options.pop("key", None)
+        return [numpy_to_safetensors(source, target, **options)]
+    return [torch_to_safetensors(source, target, **options)]
+
+
+def safetensors_name(name: str) -> str:
+    """The safetensors file name for checkpoint `name`, as the hub names them:
+    ``pytorch_model-00001-of-00002.bin`` -> ``model-00001-of-00002.safetensors``."""
+    stem, _ = os.path.splitext(name)
+    if stem.startswith("pytorch_model"):
+        stem = "model" + stem[len("pytorch_model"):]
+    return stem + ".safetensors"
+
+
+CHECKPOINT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".npz", ".npy")
+INDEX_SUFFIX = ".bin.index.json"
+
+
+def convert_directory(src: str, dst: Optional[str] = None, **options: Any
+                      ) -> List[ConversionReport]:
+    """Convert every checkpoint file in directory `src` into `dst` (default:
+    `src` itself); other files (``config.json``, tokenizers) are copied when `dst`
+    is another directory. A ``*.bin.index.json`` becomes a
+    ``*.safetensors.index.json`` naming the converted shards."""
+    target = src if dst is None else os.fsdecode(dst)
+    os.makedirs(target, exist_ok=True)
+    reports: List[ConversionReport] = []
+    indexes = []
+    for name in sorted(os.listdir(src)):
+        path = os.path.join(src, name)
+        if not os.path.isfile(path):
+            continue
+        if name.endswith(INDEX_SUFFIX):
+            indexes.append((path, os.path.join(target, name[:-len(INDEX_SUFFIX)].replace(
+                "pytorch_model", "model") + ".safetensors.index.json")))
+        elif name.endswith(CHECKPOINT_SUFFIXES) and (is_torch_checkpoint(path)
+                                                      or is_numpy_file(path)):
+            reports += convert(path, os.path.join(target, safetensors_name(name)), **options)
+        elif not os.path.samefile(src, target):
+            shutil.copy2(path, os.path.join(target, name))
+    dropped = {name for report in reports for name in report.dropped}
+    for path, index_target in indexes:
+        _convert_index(path, index_target, dropped)
+    return reports
+
+
+def _convert_index(path: str, target: str, dropped: Set[str]) -> None:
+    """The index of a sharded checkpoint, naming the converted shards; names
+    written once as tied weights are left out of the weight map."""
+    with open(path, "rb") as fh:
+        try:
+            index = orjson.loads(fh.read())
+        except orjson.JSONDecodeError as error:
+            raise SafetensorError(f"{path}: not JSON ({error})") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            type(k) is str and type(v) is str for k, v in weight_map.items()):
+        raise SafetensorError(f"{path}: no weight_map of names to files")
+    for shard in set(weight_map.values()):
+        if os.path.basename(shard) != shard:
+            raise SafetensorError(f"{path}: shard {shard!r} is not a file of the same folder")
+    index = {"metadata": index.get("metadata", {}),
+             "weight_map": {name: safetensors_name(shard) for name, shard in weight_map.items()
+                            if name not in dropped}}
+    with open(target, "wb") as fh:
+        fh.write(orjson.dumps(index, option=orjson.OPT_INDENT_2) + b"\n")
+

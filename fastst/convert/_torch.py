@@ -1,0 +1,142 @@
+"""A torch checkpoint -> safetensors, without torch and without running its pickle:
+the tensors of the (possibly nested) object, tied weights kept once, each tensor
+read by byte range and written in C order, little-endian."""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import orjson
+
+from .._core import SafetensorError
+from ._output import Declared
+from ._torch_files import CHUNK, Checkpoint
+from ._torch_pickle import TensorRef
+
+__all__ = ["flatten", "tied_names", "declare", "MAX_DEPTH", "VALUES_KEY"]
+
+MAX_DEPTH = 256
+VALUES_KEY = "fastst.convert.values"    # metadata key of the non-tensor leaves, as JSON
+
+
+def _name_part(key: Any) -> str:
+    """A dict key or list index as one part of a path: `/` and `%` escaped."""
+    if type(key) is str:
+        return key.replace("%", "%25").replace("/", "%2F")
+    if type(key) is int:
+        return str(key)
+    return "#" + repr(key)
+
+
+def flatten(tree: Any, source: str, key: Optional[str] = None
+            ) -> Tuple[List[Tuple[str, TensorRef]], Dict[str, Any]]:
+    """The tensors of `tree` named by their path (parts joined by ``/``; a flat
+    dict of tensors keeps its names), and its other leaves by path.
+
+    With `key`, only ``tree[key]`` is converted (a ``/``-separated path for deeper
+    nests)."""
+    if key is not None:
+        for part in key.split("/"):
+            if not isinstance(tree, dict) or part not in tree:
+                raise SafetensorError(f"{source}: the checkpoint has no key {key!r} (top-level "
+                                      f"keys: {_keys(tree)})")
+            tree = tree[part]
+    if isinstance(tree, TensorRef):
+        return [("tensor", tree)], {}
+    if not isinstance(tree, (dict, list, tuple)):
+        raise SafetensorError(f"{source}: the checkpoint holds a {type(tree).__name__}, not "
+                              f"tensors")
+    tensors: List[Tuple[str, TensorRef]] = []
+    values: Dict[str, Any] = {}
+    stack: List[Tuple[str, Any, int]] = [("", tree, 0)]
+    while stack:
+        path, node, depth = stack.pop()
+        if isinstance(node, TensorRef):
+            tensors.append((path, node))
+        elif isinstance(node, (dict, list, tuple)):
+            if depth >= MAX_DEPTH:
+                raise SafetensorError(f"{source}: the checkpoint nests deeper than {MAX_DEPTH}")
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            children = [(_joined(path, _name_part(k)), v, depth + 1) for k, v in items]
+            stack.extend(reversed(children))
+        elif path:
+            values[path] = node
+    return tensors, values
+
+
+def _joined(path: str, part: str) -> str:
+    return part if not path else f"{path}/{part}"
+
+
+def _keys(tree: Any) -> str:
+    if not isinstance(tree, dict):
+        return f"none: it is a {type(tree).__name__}"
+    shown = [repr(k) for k in list(tree)[:10]]
+    return ", ".join(shown) + (", ..." if len(tree) > 10 else "")
+
+
+def tied_names(tensors: List[Tuple[str, TensorRef]]) -> Dict[str, str]:
+    """Names whose tensor is another's exactly (same storage, dtype, offset, shape
+    and stride: tied weights) -> the name kept, the first in sorted order, as
+    ``save_model`` keeps it."""
+    by_layout: Dict[Tuple[Any, ...], List[str]] = {}
+    for name, ref in tensors:
+        if ref.numel:
+            by_layout.setdefault(ref.layout(), []).append(name)
+    dropped: Dict[str, str] = {}
+    for names in by_layout.values():
+        kept, *others = sorted(names)
+        for name in others:
+            dropped[name] = kept
+    return dropped
+
+
+def values_metadata(values: Dict[str, Any]) -> Dict[str, str]:
+    """The non-tensor leaves (epoch, step, hyperparameters) as one JSON entry."""
+    if not values:
+        return {}
+    return {VALUES_KEY: orjson.dumps(values, default=repr,
+                                     option=orjson.OPT_NON_STR_KEYS).decode()}
+
+
+def _byte_order_dtype(code: str, itemsize: int) -> Tuple[np.dtype, np.dtype]:
+    """Big- and little-endian NumPy dtypes of the width of `code`, for swapping."""
+    if code == "C64":
+        return np.dtype(">c8"), np.dtype("<c8")
+    return np.dtype(f">u{itemsize}"), np.dtype(f"<u{itemsize}")
+
+
+def declare(checkpoint: Checkpoint, name: str, ref: TensorRef) -> Declared:
+    """The Declared tensor `name` of `checkpoint`: header entry, and its bytes."""
+    begin, end = ref.byte_span()
+    byte_range = checkpoint.ranges[ref.storage.key]
+    if end > ref.storage.nbytes or end > byte_range.size:
+        raise SafetensorError(
+            f"{checkpoint.source}: tensor {name!r} (shape {list(ref.shape)}, stride "
+            f"{list(ref.stride)}, offset {ref.offset}) reaches byte {end} of storage "
+            f"{ref.storage.key!r}, which holds {byte_range.size}")
+    swap = checkpoint.big_endian and ref.itemsize > 1
+    if ref.is_contiguous() and not swap:
+        def chunks() -> Iterator[memoryview]:
+            buffer = bytearray(min(CHUNK, end - begin))
+            for position in range(begin, end, CHUNK):
+                view = memoryview(buffer)[:min(CHUNK, end - position)]
+                byte_range.read_into(position, view)
+                yield view
+    else:
+        def chunks() -> Iterator[memoryview]:
+            span = np.empty(end - begin, np.uint8)
+            byte_range.read_into(begin, memoryview(span))
+            big, little = _byte_order_dtype(ref.code, ref.itemsize)
+            typed = span.view(big if swap else little)
+            array = np.lib.stride_tricks.as_strided(
+                typed, ref.shape, tuple(step * ref.itemsize for step in ref.stride),
+                writeable=False)
+            compact = np.ascontiguousarray(array.astype(little, copy=False))
+            yield memoryview(compact.reshape(-1).view(np.uint8))
+    return Declared(name, ref.code, ref.header_shape(), ref.nbytes, chunks)
+
+
+def timer() -> float:
+    return time.perf_counter()

@@ -1,0 +1,235 @@
+"""fastst.convert: checkpoints written by real torch, converted without it, equal
+byte for byte to what torch.load + fastst.torch.save_file writes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import fastst
+from fastst.convert import convert, numpy_to_safetensors, torch_to_safetensors
+
+torch = pytest.importorskip("torch")
+import fastst.torch as fastst_torch  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PT_FORMAT = {"format": "pt"}
+
+# Every torch dtype the format has a code for, from THE dtype table.
+TORCH_DTYPES = {row.code: getattr(torch, row.torch) for row in fastst.DTYPES
+                if row.torch and hasattr(torch, row.torch)}
+
+
+def random_tensor(dtype, shape, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = torch.randint(0, 256, (count * torch.empty((), dtype=dtype).element_size(),),
+                        dtype=torch.uint8, generator=generator)
+    if dtype == torch.bool:
+        raw &= 1
+    return raw.view(dtype).reshape(shape)
+
+
+def file_bytes(path):
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def assert_same_as_reference(tmp_path, state, converted, metadata=PT_FORMAT):
+    reference = tmp_path / "reference.safetensors"
+    fastst_torch.save_file(state, reference, metadata=dict(metadata))
+    assert file_bytes(converted) == file_bytes(reference)
+
+
+def transformer_state(layers=2, width=16, vocab=32):
+    state = {"embed.weight": torch.randn(vocab, width)}
+    for k in range(layers):
+        prefix = f"layers.{k}."
+        state[prefix + "attn.qkv.weight"] = torch.randn(3 * width, width)
+        state[prefix + "attn.qkv.bias"] = torch.randn(3 * width)
+        state[prefix + "mlp.up.weight"] = torch.randn(4 * width, width).to(torch.bfloat16)
+        state[prefix + "norm.weight"] = torch.ones(width, dtype=torch.float16)
+    state["step"] = torch.tensor(7)
+    return state
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_transformer_state_dict_is_byte_identical(tmp_path, legacy):
+    state = transformer_state()
+    src = tmp_path / "pytorch_model.bin"
+    torch.save(state, src, _use_new_zipfile_serialization=not legacy)
+    report = torch_to_safetensors(src, tmp_path / "model.safetensors")
+    assert report.tensors == len(state) and report.verified and not report.dropped
+    assert report.bytes == sum(t.numel() * t.element_size() for t in state.values())
+    assert_same_as_reference(tmp_path, state, tmp_path / "model.safetensors")
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_every_dtype(tmp_path, legacy):
+    state = {code.lower(): random_tensor(dtype, (3, 4), seed=k)
+             for k, (code, dtype) in enumerate(TORCH_DTYPES.items())}
+    src = tmp_path / "all.pt"
+    torch.save(state, src, _use_new_zipfile_serialization=not legacy)
+    torch_to_safetensors(src, tmp_path / "all.safetensors")
+    with fastst.safe_open(tmp_path / "all.safetensors") as reader:
+        assert {reader.info(name).dtype for name in reader.keys()} == set(TORCH_DTYPES)
+    assert_same_as_reference(tmp_path, state, tmp_path / "all.safetensors")
+
+
+def test_views_are_written_compactly_in_c_order(tmp_path):
+    base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+    state = {"transposed": torch.randn(5, 7).t(), "offset": base[2:4],
+             "strided": base[::2, 1::3], "expanded": torch.randn(3, 1).expand(3, 4),
+             "scalar_view": base[1, 2], "empty": base[:0], "bf16_t": torch.randn(4, 6).to(
+                 torch.bfloat16).t()}
+    src = tmp_path / "views.pt"
+    torch.save(state, src)
+    torch_to_safetensors(src, tmp_path / "views.safetensors")
+    loaded = fastst_torch.load_file(tmp_path / "views.safetensors")
+    for name, tensor in state.items():
+        assert torch.equal(loaded[name], tensor.contiguous()), name
+    contiguous = {name: tensor.contiguous() for name, tensor in state.items()}
+    assert_same_as_reference(tmp_path, contiguous, tmp_path / "views.safetensors")
+
+
+def test_tied_weights_are_kept_once_and_recorded(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight
+    src = tmp_path / "tied.bin"
+    torch.save(model.state_dict(), src)
+    report = torch_to_safetensors(src, tmp_path / "tied.safetensors")
+    assert report.dropped == {"1.weight": "0.weight"}
+    reference = tmp_path / "reference.safetensors"
+    fastst_torch.save_model(model, reference, metadata=dict(PT_FORMAT))
+    assert file_bytes(tmp_path / "tied.safetensors") == file_bytes(reference)
+
+
+def test_views_sharing_a_storage_that_differ_are_each_written(tmp_path):
+    base = torch.randn(4, 4)
+    state = {"whole": base, "row": base[1], "rows": base[1:3]}
+    src = tmp_path / "shared.pt"
+    torch.save(state, src)
+    report = torch_to_safetensors(src, tmp_path / "shared.safetensors")
+    assert report.dropped == {}
+    loaded = fastst_torch.load_file(tmp_path / "shared.safetensors")
+    for name, tensor in state.items():
+        assert torch.equal(loaded[name], tensor)
+
+
+def test_nested_checkpoint_flattened_or_picked(tmp_path):
+    inner = transformer_state(layers=1)
+    checkpoint = {"model": inner, "epoch": 3, "optimizer": {"lr": 0.5}, "note": "x/y"}
+    src = tmp_path / "nested.ckpt"
+    torch.save(checkpoint, src)
+
+    torch_to_safetensors(src, tmp_path / "picked.safetensors", key="model")
+    assert_same_as_reference(tmp_path, inner, tmp_path / "picked.safetensors")
+
+    torch_to_safetensors(src, tmp_path / "all.safetensors")
+    with fastst.safe_open(tmp_path / "all.safetensors") as reader:
+        assert set(reader.keys()) == {f"model/{name}" for name in inner}
+        values = reader.metadata()["fastst.convert.values"]
+    assert '"epoch":3' in values and '"optimizer/lr":0.5' in values
+
+    with pytest.raises(fastst.SafetensorError, match="no key 'state_dict'"):
+        torch_to_safetensors(src, tmp_path / "x.safetensors", key="state_dict")
+
+
+def test_optimizer_state(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    src = tmp_path / "optim.pt"
+    torch.save(optimizer.state_dict(), src)
+    torch_to_safetensors(src, tmp_path / "optim.safetensors")
+    loaded = fastst_torch.load_file(tmp_path / "optim.safetensors")
+    state = optimizer.state_dict()["state"]
+    assert set(loaded) == {f"state/{k}/{field}" for k in state for field in state[k]}
+    for k in state:
+        for field, tensor in state[k].items():
+            assert torch.equal(loaded[f"state/{k}/{field}"], tensor)
+
+
+def test_parameters_and_big_endian_marker(tmp_path):
+    state = {"p": torch.nn.Parameter(torch.randn(3, 3))}
+    src = tmp_path / "param.pt"
+    torch.save(state, src)
+    torch_to_safetensors(src, tmp_path / "param.safetensors")
+    assert torch.equal(fastst_torch.load_file(tmp_path / "param.safetensors")["p"], state["p"])
+
+
+def test_converter_runs_where_torch_cannot_be_imported(tmp_path):
+    state = transformer_state()
+    src = tmp_path / "pytorch_model.bin"
+    torch.save(state, src)
+    fastst_torch.save_file(state, tmp_path / "reference.safetensors", metadata=dict(PT_FORMAT))
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["torch"] = None          # `import torch` raises ImportError
+        from fastst.convert import torch_to_safetensors
+        torch_to_safetensors({str(src)!r}, {str(tmp_path / "out.safetensors")!r})
+        try:
+            import torch
+        except ImportError:
+            print("no torch")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "no torch"
+    assert file_bytes(tmp_path / "out.safetensors") == file_bytes(
+        tmp_path / "reference.safetensors")
+
+
+def test_npy_and_npz(tmp_path, rng):
+    arrays = {"a": rng.standard_normal((3, 4)).astype(np.float32),
+              "fortran": np.asfortranarray(rng.standard_normal((5, 6))),
+              "big": np.arange(6, dtype=">i4").reshape(2, 3), "flags": np.array([True, False])}
+    np.savez(tmp_path / "plain.npz", **arrays)
+    np.savez_compressed(tmp_path / "packed.npz", **arrays)
+    expected = {name: np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<")))
+                for name, a in arrays.items()}
+    for name in ("plain", "packed"):
+        numpy_to_safetensors(tmp_path / f"{name}.npz", tmp_path / f"{name}.safetensors")
+        assert file_bytes(tmp_path / f"{name}.safetensors") == fastst.save(expected)
+    np.save(tmp_path / "one.npy", arrays["fortran"])
+    convert(tmp_path / "one.npy")
+    loaded = fastst.load_file(tmp_path / "one.safetensors")
+    assert np.array_equal(loaded["array"], arrays["fortran"])
+
+
+def test_npz_with_objects_is_refused(tmp_path):
+    np.savez(tmp_path / "objects.npz", o=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(fastst.SafetensorError, match="Python objects"):
+        numpy_to_safetensors(tmp_path / "objects.npz", tmp_path / "o.safetensors")
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_directory_with_sharded_index(tmp_path):
+    src, dst = tmp_path / "hub", tmp_path / "out"
+    src.mkdir()
+    first = {"a.weight": torch.randn(4, 4), "a.bias": torch.randn(4)}
+    second = {"b.weight": torch.randn(2, 4)}
+    torch.save(first, src / "pytorch_model-00001-of-00002.bin")
+    torch.save(second, src / "pytorch_model-00002-of-00002.bin")
+    index = {"metadata": {"total_size": 96},
+             "weight_map": {**{n: "pytorch_model-00001-of-00002.bin" for n in first},
+                            **{n: "pytorch_model-00002-of-00002.bin" for n in second}}}
+    import json
+    (src / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    (src / "config.json").write_text('{"hidden": 4}')
+    reports = convert(src, dst)
+    assert len(reports) == 2
+    assert sorted(os.listdir(dst)) == ["config.json", "model-00001-of-00002.safetensors",
+                                       "model-00002-of-00002.safetensors",
+                                       "model.safetensors.index.json"]
+    written = json.loads((dst / "model.safetensors.index.json").read_text())
+    assert written["weight_map"] == {
+        **{n: "model-00001-of-00002.safetensors" for n in first},
+        **{n: "model-00002-of-00002.safetensors" for n in second}}
+    assert_same_as_reference(tmp_path, second, dst / "model-00002-of-00002.safetensors")

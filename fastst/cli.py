@@ -1,4 +1,5 @@
-"""The ``fastst`` command line: ``fastst inspect FILE...`` and ``fastst demo``."""
+"""The ``fastst`` command line: ``fastst inspect FILE...``, ``fastst convert SRC
+[DST]`` and ``fastst demo``."""
 from __future__ import annotations
 
 import argparse
@@ -302,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the largest header accepted, in bytes "
                               f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
 
+    _add_convert(commands)
+
     demo = commands.add_parser(
         "demo", help="save, open and time a sample checkpoint against pickle and np.savez",
         description="Build a sample transformer-shaped checkpoint in NumPy, save it with "
@@ -323,6 +326,98 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     return run_demo(args.size_mb, args.dir, out)
 
 
+# ---------------------------------------------------------------------------
+# convert
+# ---------------------------------------------------------------------------
+
+def _add_convert(commands: Any) -> None:
+    convert = commands.add_parser(
+        "convert", help="convert PyTorch checkpoints and .npy/.npz files to safetensors",
+        description="Convert a torch.save checkpoint (.bin, .pt, .pth: zip or legacy "
+                    "format) or a .npy/.npz file to safetensors, without torch and without "
+                    "running the checkpoint's pickle. A directory converts every checkpoint "
+                    "in it (a sharded pytorch_model.bin.index.json keeps its split) and "
+                    "copies the other files. No dtype is cast. Exit status: 0 when every "
+                    "file converted, 1 when one could not be, 2 for a usage error.")
+    convert.add_argument("src", metavar="SRC", help="a checkpoint file or a directory")
+    convert.add_argument("dst", metavar="DST", nargs="?", default=None,
+                         help="the output file or directory (default: beside SRC, "
+                              "pytorch_model.bin -> model.safetensors)")
+    convert.add_argument("--key", default=None,
+                         help="convert only this entry of a nested checkpoint "
+                              "(state_dict, model; a/b for deeper ones)")
+    convert.add_argument("--max-shard-size", type=_shard_size, default=None, metavar="SIZE",
+                         help="split the output into files of at most SIZE (5GB, 500MiB, "
+                              "bytes) with an index.json")
+    convert.add_argument("--verify", action="store_true",
+                         help="also compare every tensor with torch.load(weights_only=True) "
+                              "(needs torch)")
+    convert.add_argument("--no-progress", action="store_true",
+                         help="no progress bar (it is shown when stderr is a terminal)")
+
+
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _shard_size(text: str) -> int:
+    number = text.rstrip("BbIiKkMmGgTt")
+    unit = text[len(number):].upper()
+    try:
+        value = int(float(number) * SIZE_UNITS[unit])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 5GB, 500MiB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+class _ProgressBar:
+    """A bar over bytes written, redrawn on stderr at most every percent."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.shown = max(total, 1), 0, -1
+
+    def __call__(self, nbytes: int) -> None:
+        self.done += nbytes
+        percent = self.done * 100 // self.total
+        if percent != self.shown:
+            self.shown = percent
+            filled = percent * 30 // 100
+            sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {percent:3d}% "
+                             f"{human_size(self.done)}")
+            sys.stderr.flush()
+
+
+def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
+    from . import convert as converter   # imported on use
+
+    options: Dict[str, Any] = {"key": args.key, "verify_torch": args.verify,
+                               "max_shard_size": args.max_shard_size}
+    if not args.no_progress and sys.stderr.isatty():
+        options["progress"] = _ProgressBar(_source_bytes(args.src))
+    try:
+        reports = converter.convert(args.src, args.dst, **options)
+    finally:
+        if "progress" in options:
+            sys.stderr.write("\n")
+    rows = [[_shown(os.path.basename(r.destination)), str(r.tensors), human_size(r.bytes),
+             str(len(r.dropped)), f"{r.seconds:.2f} s"] for r in reports]
+    lines = format_table(["file", "tensors", "bytes", "shared dropped", "time"], rows,
+                         [False, True, True, True, True])
+    total = sum(r.bytes for r in reports)
+    lines.append(f"{len(reports)} file(s), {sum(r.tensors for r in reports)} tensors, "
+                 f"{human_size(total)}, verified")
+    out.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _source_bytes(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
+    return os.stat(path).st_size
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``fastst`` command line; returns the exit status."""
     parser = build_parser()
@@ -331,7 +426,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exit_:     # --help, --version and usage errors
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 2)
-    command = _cmd_inspect if args.command == "inspect" else _cmd_demo
+    command = {"inspect": _cmd_inspect, "convert": _cmd_convert}.get(args.command, _cmd_demo)
     try:
         return command(args, sys.stdout)
     except SafetensorError as error:

@@ -23,7 +23,7 @@ import shutil
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import orjson
@@ -53,7 +53,8 @@ class ConversionReport:
 
 
 def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
-                         verify: bool = True, fsync: bool = False,
+                         verify: bool = True, verify_torch: bool = False,
+                         max_shard_size: Optional[int] = None, fsync: bool = False,
                          progress: Progress = None) -> ConversionReport:
     """Convert the torch checkpoint `src` to the safetensors file `dst`.
 
@@ -62,8 +63,13 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     its path in the nest (a flat state dict keeps its names). Leaves that are not
     tensors go into the metadata as JSON under ``fastst.convert.values``. With
     `verify` (the default) the file is read back and each tensor's CRC-32
-    compared with that of the bytes read from `src`. `progress` is called with
-    each number of bytes written.
+    compared with that of the bytes read from `src`; with `verify_torch`, also
+    with the tensors ``torch.load(src, weights_only=True)`` gives (torch needed).
+    With `max_shard_size` (bytes) the tensors are split, in order, into
+    ``<stem>-00001-of-0000N.safetensors`` files of at most that size each (a
+    larger tensor alone in its file) and ``<stem>.safetensors.index.json``
+    names the file of each tensor. `progress` is called with each number of
+    bytes written.
     """
     start = time.perf_counter()
     source = os.fsdecode(src)
@@ -77,13 +83,71 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
         metadata = {"format": "pt", **values_metadata(values)}
         for name, kept in dropped.items():
             metadata.setdefault(name, kept)
-        checksums = write_declared(os.fsdecode(dst), declared, metadata, fsync=fsync,
-                                   progress=progress)
-    if verify:
-        verify_checksums(dst, checksums)
+        shards = split_into_shards(os.fsdecode(dst), declared, max_shard_size)
+        for filename, part in shards:
+            checksums = write_declared(filename, part, metadata, fsync=fsync,
+                                       progress=progress)
+            if verify:
+                verify_checksums(filename, checksums)
+    if len(shards) > 1:
+        write_index(os.fsdecode(dst), shards, metadata)
+    if verify_torch:
+        verify_against_torch(source, [name for name, _ in shards], key)
     return ConversionReport(source, os.fsdecode(dst), len(declared),
                             sum(t.nbytes for t in declared), dropped,
-                            time.perf_counter() - start, verify)
+                            time.perf_counter() - start, verify or verify_torch)
+
+
+def split_into_shards(dst: str, declared: List[Declared], max_shard_size: Optional[int]
+                      ) -> List[Tuple[str, List[Declared]]]:
+    """The files to write and the tensors of each: one file, or shards of at
+    most `max_shard_size` bytes of tensor data filled in order."""
+    if max_shard_size is None:
+        return [(dst, declared)]
+    if max_shard_size <= 0:
+        raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
+    groups: List[List[Declared]] = [[]]
+    size = 0
+    for tensor in declared:
+        if groups[-1] and size + tensor.nbytes > max_shard_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(tensor)
+        size += tensor.nbytes
+    if len(groups) == 1:
+        return [(dst, declared)]
+    stem = dst[:-len(".safetensors")] if dst.endswith(".safetensors") else dst
+    return [(f"{stem}-{k:05d}-of-{len(groups):05d}.safetensors", group)
+            for k, group in enumerate(groups, 1)]
+
+
+def write_index(dst: str, shards: List[Tuple[str, List[Declared]]],
+                metadata: Dict[str, str]) -> None:
+    """The ``index.json`` of a sharded checkpoint, as the hub lays it out."""
+    stem = dst[:-len(".safetensors")] if dst.endswith(".safetensors") else dst
+    index = {"metadata": {"total_size": sum(t.nbytes for _, part in shards for t in part)},
+             "weight_map": {t.name: os.path.basename(filename)
+                            for filename, part in shards for t in part}}
+    with open(stem + ".safetensors.index.json", "wb") as fh:
+        fh.write(orjson.dumps(index, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None:
+    """Compare every tensor of `files` with what ``torch.load(src,
+    weights_only=True)`` gives for it, byte for byte."""
+    import torch     # only here: the conversion itself never imports torch
+
+    tree = torch.load(src, map_location="cpu", weights_only=True)
+    expected = dict(flatten(tree, src, key, tensor_type=torch.Tensor)[0])
+    for filename in files:
+        with safe_open(filename, backend="pread") as reader:
+            for name in reader.keys():
+                tensor = expected[name].detach().contiguous().reshape(-1)
+                reference = tensor.view(torch.uint8).numpy() if tensor.numel() else b""
+                got = np.ascontiguousarray(reader.get_tensor(name)).reshape(-1).view(np.uint8)
+                if got.tobytes() != bytes(reference):
+                    raise SafetensorError(f"{filename}: tensor {name!r} differs from what "
+                                          f"torch.load gives for {src}")
 
 
 def verify_checksums(filename: Any, checksums: Dict[str, int]) -> None:

@@ -29,21 +29,25 @@ def _name_part(key: Any) -> str:
     return "#" + repr(key)
 
 
-def flatten(tree: Any, source: str, key: Optional[str] = None
-            ) -> Tuple[List[Tuple[str, TensorRef]], Dict[str, Any]]:
+def flatten(tree: Any, source: str, key: Optional[str] = None,
+            tensor_type: Any = TensorRef) -> Tuple[List[Tuple[str, Any]], Dict[str, Any]]:
     """The tensors of `tree` named by their path (parts joined by ``/``; a flat
     dict of tensors keeps its names), and its other leaves by path.
 
     With `key`, only ``tree[key]`` is converted (a ``/``-separated path for deeper
-    nests)."""
+    nests). `tensor_type` is what counts as a tensor (torch.Tensor to name the
+    tensors of ``torch.load`` the same way)."""
     if key is not None:
         for part in key.split("/"):
             if not isinstance(tree, dict) or part not in tree:
                 raise SafetensorError(f"{source}: the checkpoint has no key {key!r} (top-level "
                                       f"keys: {_keys(tree)})")
             tree = tree[part]
-    if isinstance(tree, TensorRef):
+    if isinstance(tree, tensor_type):
         return [("tensor", tree)], {}
+    if isinstance(tree, dict) and all(
+            type(k) is str and isinstance(v, tensor_type) for k, v in tree.items()):
+        return list(tree.items()), {}       # a state dict: its names as they are
     if not isinstance(tree, (dict, list, tuple)):
         raise SafetensorError(f"{source}: the checkpoint holds a {type(tree).__name__}, not "
                               f"tensors")
@@ -52,7 +56,7 @@ def flatten(tree: Any, source: str, key: Optional[str] = None
     stack: List[Tuple[str, Any, int]] = [("", tree, 0)]
     while stack:
         path, node, depth = stack.pop()
-        if isinstance(node, TensorRef):
+        if isinstance(node, tensor_type):
             tensors.append((path, node))
         elif isinstance(node, (dict, list, tuple)):
             if depth >= MAX_DEPTH:

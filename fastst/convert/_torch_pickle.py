@@ -404,7 +404,8 @@ class BoundedFile:
         if size is None or size < 0:
             size = left
         if size > left:
-            raise _Refused(f"the pickle asks for {size} bytes, {left} are left")
+            raise _Refused(f"the pickle is truncated or asks for more than it holds: "
+                           f"{size} bytes wanted, {left} left")
         return self._raw.read(size)
 
     def readline(self) -> bytes:

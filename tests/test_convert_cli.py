@@ -1,0 +1,69 @@
+"""`fastst convert`: summary table, exit codes, --verify, --max-shard-size, --key."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import fastst
+from fastst.cli import main
+
+torch = pytest.importorskip("torch")
+import fastst.torch as fastst_torch  # noqa: E402
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    state = {"a": torch.randn(8, 8), "b": torch.randn(8), "c": torch.arange(16).reshape(4, 4)}
+    path = tmp_path / "pytorch_model.bin"
+    torch.save(state, path)
+    return path, state
+
+
+def test_convert_prints_a_summary_and_exits_0(tmp_path, checkpoint, capsys):
+    src, state = checkpoint
+    assert main(["convert", str(src), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "model.safetensors" in out and "1 file(s), 3 tensors" in out
+    loaded = fastst_torch.load_file(tmp_path / "model.safetensors")
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in state.items())
+
+
+def test_convert_into_shards(tmp_path, checkpoint, capsys):
+    src, state = checkpoint
+    assert main(["convert", str(src), str(tmp_path / "model.safetensors"),
+                 "--max-shard-size", "300B"]) == 0
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert files == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size()
+                                                  for t in state.values())
+    for name, filename in index["weight_map"].items():
+        assert torch.equal(fastst_torch.load_file(tmp_path / filename)[name], state[name])
+
+
+def test_refused_checkpoint_exits_1_and_writes_nothing(tmp_path, capsys):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    src = tmp_path / "evil.pt"
+    torch.save({"w": torch.ones(1), "x": Evil()}, src)
+    assert main(["convert", str(src), str(tmp_path / "out.safetensors")]) == 1
+    assert "refusing the global 'posix.system'" in capsys.readouterr().err
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_usage_errors_exit_2(tmp_path, checkpoint, capsys):
+    src, _ = checkpoint
+    assert main(["convert", str(src), "--max-shard-size", "lots"]) == 2
+    assert main(["convert"]) == 2
+
+
+def test_key_option(tmp_path, capsys):
+    src = tmp_path / "nested.pt"
+    torch.save({"state_dict": {"w": torch.ones(2)}, "epoch": 1}, src)
+    assert main(["convert", str(src), str(tmp_path / "out.safetensors"),
+                 "--key", "state_dict"]) == 0
+    assert list(fastst.load_file(tmp_path / "out.safetensors")) == ["w"]

@@ -233,3 +233,32 @@ def test_directory_with_sharded_index(tmp_path):
         **{n: "model-00001-of-00002.safetensors" for n in first},
         **{n: "model-00002-of-00002.safetensors" for n in second}}
     assert_same_as_reference(tmp_path, second, dst / "model-00002-of-00002.safetensors")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_a_1_gib_checkpoint_converts_in_bounded_memory(tmp_path):
+    """Peak RSS stays near the largest tensor (16 MiB) plus the interpreter, far
+    from the 1 GiB the checkpoint holds."""
+    src = tmp_path / "big.bin"
+    state = {f"layer.{k}": torch.full((4 << 20,), float(k)) for k in range(64)}
+    state["transposed"] = torch.randn(1024, 1024).t()
+    torch.save(state, src)
+    del state
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["torch"] = None
+        from fastst.convert import torch_to_safetensors
+        report = torch_to_safetensors({str(src)!r}, {str(tmp_path / "big.safetensors")!r})
+        # VmHWM: this process's own peak (ru_maxrss carries the parent's over exec)
+        with open("/proc/self/status") as status:
+            peak = [line for line in status if line.startswith("VmHWM:")][0].split()[1]
+        print(report.bytes, int(peak) // 1024)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    written, peak_mib = map(int, result.stdout.split())
+    assert written == (64 << 24) + (4 << 20)
+    assert peak_mib < 300, f"peak RSS {peak_mib} MiB"
+    with fastst.safe_open(tmp_path / "big.safetensors") as reader:
+        assert float(reader.get_tensor("layer.63")[-1]) == 63.0

@@ -420,7 +420,8 @@ def load_pickle(raw: Any, end: int, source: str,
     try:
         return unpickler.load()
     except SafetensorError as error:
-        raise type(error)(f"{source}: {error}") from None
+        kind = SafetensorError if isinstance(error, _Refused) else type(error)
+        raise kind(f"{source}: {error}") from None
     except RecursionError:
         raise SafetensorError(f"{source}: the pickle nests too deeply") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,

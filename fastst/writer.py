@@ -306,7 +306,10 @@ class StreamWriter:
                     f"{self.name}: tensor {name!r}: this file cannot be mapped for "
                     f"writing ({error}); use write()") from None
             self._maps.append(mapped)
-            array = np.ndarray(info.array_shape, dtype, buffer=mapped, offset=start - aligned)
+            # frombuffer holds an export of the map, so that close() cannot unmap it
+            # while the caller still holds the array.
+            array = np.frombuffer(mapped, dtype, (end - begin) // dtype.itemsize,
+                                  start - aligned).reshape(info.array_shape)
         self._mark(name, (0, end - begin))
         return array
 

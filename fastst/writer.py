@@ -535,15 +535,19 @@ def specs_of(source: Any) -> List[WriteSpec]:
 
 
 def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *,
-                    fsync: bool = False, header_padding: int = 0) -> bool:
+                    fsync: bool = False, header_padding: int = 0, in_place: bool = True) -> bool:
     """Replace the ``__metadata__`` of a safetensors file (None removes it).
 
-    When the new header fits in the old header's room (a header may end in
-    spaces, which ``header_padding`` on the writers reserves), only the header
-    bytes are rewritten, in place: the tensors are not touched. Otherwise the
-    file is rewritten atomically, the new header (with `header_padding` spaces of
-    room) followed by the tensor bytes copied in bounded memory. Returns True when
-    the edit was made in place.
+    When the new header, with `header_padding` bytes to spare, fits in the old
+    header's room (a header may end in spaces, which ``header_padding`` on the
+    writers reserves), only the header bytes are rewritten, in place: the
+    tensors are not touched. Otherwise the file is rewritten atomically: the new
+    header with `header_padding` spaces of room for later edits, then the tensor
+    bytes copied in bounded memory. Returns True when the edit was made in place.
+
+    An in-place edit is one write of the header bytes, not atomic: a reader, or
+    a crash, in the middle of it may see a header part old, part new. Where that
+    matters, pass ``in_place=False`` for an atomic rewrite.
     """
     reader = Reader()
     reader.open_file(filename, "pread")
@@ -552,7 +556,7 @@ def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *
         old_room = reader.data_start - 8
         plan = plan_write(specs, metadata, keep_order=True)
         _check_same_layout(reader, plan, specs)
-        if len(plan.prefix.rstrip(b" ")) - 8 <= old_room:
+        if in_place and len(plan.prefix.rstrip(b" ")) - 8 + header_padding <= old_room:
             _rewrite_header(plan_write(specs, metadata, keep_order=True, header_size=old_room),
                             filename, fsync)
             return True

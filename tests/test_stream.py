@@ -3,7 +3,6 @@ in pieces or in place; atomic, bounded in memory, identical to save_file."""
 import array as array_module
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import safetensors.numpy
 import fastst
 from conftest import WRITABLE_DTYPES, random_array, time_with_longest_pause
 from fastst.writer import WriteSpec
+from test_hardening import check_kills_leave_a_whole_file
 
 
 def declared(tensors):
@@ -351,24 +351,7 @@ while True:
 
 
 def test_a_stream_killed_at_random_moments_never_corrupts_the_old_file(tmp_path):
-    path = tmp_path / "model.safetensors"
-    fastst.save_file({"w": np.full(8 << 20, 0, dtype=np.float32), "v": np.array([0])}, path)
-    rng = random.Random(11)
-    for _ in range(12):
-        child = subprocess.Popen([sys.executable, "-c", STREAMER, str(path)],
-                                 stdout=subprocess.PIPE)
-        assert child.stdout.readline().strip() == b"ready"
-        time.sleep(rng.uniform(0, 0.4))
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        child.stdout.close()
-        loaded = fastst.load_file(path)
-        version = int(loaded["v"][0])
-        assert version in (0, 1, 2)
-        assert (loaded["w"] == version).all()
-    leftovers = [name for name in os.listdir(tmp_path) if name != "model.safetensors"]
-    assert all(name.startswith(".model.safetensors.") and name.endswith(".fastst-tmp")
-               for name in leftovers)
+    check_kills_leave_a_whole_file(tmp_path, STREAMER, rounds=12, seed=11)
 
 
 def test_chunk_writes_release_the_gil(tmp_path):

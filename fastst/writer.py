@@ -186,7 +186,8 @@ def _bytes_at(name: str, address: int, length: int) -> np.ndarray:
     if address == 0:
         raise SafetensorError(f"tensor {name!r}: data_ptr is NULL but data_len is {length}")
     import ctypes
-    return np.frombuffer((ctypes.c_char * length).from_address(address), dtype=np.uint8)
+    return np.frombuffer(memoryview((ctypes.c_char * length).from_address(address)).cast("B"),
+                         dtype=np.uint8)
 
 
 # ---------------------------------------------------------------------------
@@ -267,11 +268,11 @@ class StreamWriter:
 
     def names(self) -> List[str]:
         """The declared tensors, in file order."""
-        return self._plan.names()  # type: ignore[no-any-return]
+        return self._plan.names()
 
     def info(self, name: str) -> TensorInfo:
         """Tensor `name` as declared: dtype code, shape, data_offsets, array_shape."""
-        return self._plan.info(name)  # type: ignore[no-any-return]
+        return self._plan.info(name)
 
     def write(self, name: str, array: Any, start_row: int = 0) -> None:
         """Write `array` as tensor `name` whole, or as its rows from `start_row` on."""

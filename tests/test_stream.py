@@ -123,7 +123,8 @@ def test_pieces_from_buffers_torch_and_other_layouts(tmp_path):
     bf16 = torch.arange(6, dtype=torch.bfloat16)
     path = tmp_path / "sources.safetensors"
     specs = [("a", torch.float32, (6, 4)), ("b", "float32", (3,)), ("c", "F64", (2, 2)),
-             ("bf", torch.bfloat16, (6,)), ("u", np.uint8, (5,))]
+             ("bf", torch.bfloat16, (6,)), ("u", np.uint8, (5,)),
+             ("f4", torch.float4_e2m1fn_x2, (2, 3))]   # torch's shape: pairs of 4-bit floats
     with fastst.StreamWriter(path, specs) as writer:
         writer.write("a", torch.from_numpy(values[:3]))
         writer.write("a", values[3:].astype(">f4"), start_row=3)        # big-endian rows
@@ -133,6 +134,8 @@ def test_pieces_from_buffers_torch_and_other_layouts(tmp_path):
             writer.write("bf", bf16)                                     # NumPy has no bfloat16 view
         writer.write_bytes("bf", bf16.view(torch.uint8).numpy())
         writer.write("u", b"\x01\x02\x03\x04\x05")
+        assert writer.info("f4").shape == [2, 6]
+        writer.write_bytes("f4", bytes(range(6)))
     loaded = fastst.torch.load_file(path)
     assert torch.equal(loaded["a"], torch.from_numpy(values))
     assert loaded["b"].tolist() == [1, 2, 3]
@@ -258,6 +261,30 @@ def test_invalid_declarations_are_refused_and_create_nothing(tmp_path, specs, er
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("padding", [-1, 1.5, True, 10**9])
+def test_invalid_header_padding_is_refused(tmp_path, padding):
+    with pytest.raises(fastst.SafetensorError, match="header_padding must be an integer"):
+        fastst.StreamWriter(tmp_path / "x.safetensors", {}, header_padding=padding)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_threads_fill_one_file_together(tmp_path, rng):
+    import threading
+    full = rng.standard_normal((64, 1000)).astype(np.float32)
+    path = tmp_path / "threads.safetensors"
+    with fastst.StreamWriter(path, {"x": ("F32", full.shape)}) as writer:
+        def fill(first):
+            for row in range(first, 64, 4):
+                writer.write("x", full[row:row + 1], start_row=row)
+
+        threads = [threading.Thread(target=fill, args=(first,)) for first in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert path.read_bytes() == fastst.save({"x": full})
+
+
 def test_header_padding_leaves_aligned_room_that_both_readers_accept(tmp_path):
     path = tmp_path / "padded.safetensors"
     with fastst.StreamWriter(path, {"a": ("F32", (2,))}, header_padding=1000) as writer:
@@ -286,16 +313,26 @@ def test_save_file_from_an_open_file_reads_one_tensor_at_a_time(tmp_path, tensor
     source, copy = tmp_path / "source.safetensors", tmp_path / "copy.safetensors"
     fastst.save_file(tensors, source, {"k": "v"})
 
-    class CountingReads(fastst.safe_open):
-        reads = []
+    class CountingReads:
+        """A lazy mapping over an open file that records each read."""
+
+        def __init__(self, handle):
+            self.handle, self.reads = handle, []
+
+        def keys(self):
+            return self.handle.keys()
 
         def __getitem__(self, name):
             self.reads.append(name)
-            return super().__getitem__(name)
+            return self.handle.get_tensor(name)
 
-    with CountingReads(source, backend="pread") as handle:
-        fastst.save_file_from(fastst.writer.specs_of(handle), handle, copy, handle.metadata())
-        assert CountingReads.reads == handle.offset_keys()
+    with fastst.safe_open(source, backend="pread") as handle:
+        lazy = CountingReads(handle)
+        fastst.save_file_from(fastst.writer.specs_of(handle), lazy, copy, handle.metadata())
+        assert lazy.reads == handle.offset_keys()
+    assert copy.read_bytes() == source.read_bytes()
+    with fastst.safe_open(source) as handle:   # an open file is itself a lazy mapping
+        fastst.save_file_from(fastst.writer.specs_of(handle), handle, copy, {"k": "v"})
     assert copy.read_bytes() == source.read_bytes()
 
 

@@ -83,10 +83,10 @@ cdef class WritePlan:
         """Tensor names in buffer (file) order."""
         return list(self._layout().names)
 
-    def info(self, name):
+    def info(self, name, str target="<plan>"):
         """Tensor `name`'s header entry, a TensorInfo as ``Reader.info`` gives it."""
         cdef _Header h = self._layout()
-        cdef Py_ssize_t i = self._position(name)
+        cdef Py_ssize_t i = self._position(name, target)
         cdef Entry* entry = &h.entries[i]
         return TensorInfo(DTYPE_CODES[entry.code], h.shape(i), (entry.begin, entry.end),
                           _array_shape(h, entry))
@@ -117,7 +117,7 @@ cdef class WritePlan:
         cdef uint64_t row_bytes = size // shape[0] if shape[0] else 0
         return self._write_at(fd, entry, first * row_bytes, array, rows * row_bytes, target)
 
-    def write_bytes(self, int fd, name, uint64_t start, data, str target="<file>"):
+    def write_bytes(self, int fd, name, object start, data, str target="<file>"):
         """Write the bytes of `data` (any C-contiguous buffer) at byte `start` of
         tensor `name`: for dtypes the caller has no array type for. Returns the
         byte range written, relative to the tensor."""
@@ -131,13 +131,14 @@ cdef class WritePlan:
         if not view.c_contiguous:
             raise SafetensorError(f"{target}: tensor {_shown(name)}: the bytes must be "
                                   f"C-contiguous")
+        first = _checked_position(target, name, "start", start)
         cdef uint64_t size = entry.end - entry.begin, length = view.nbytes
-        if start > size or length > size - start:
+        if first > size or length > size - first:
             raise SafetensorIndexError(
-                f"{target}: tensor {_shown(name)}: bytes [{start}, {start + length}) lie "
+                f"{target}: tensor {_shown(name)}: bytes [{first}, {first + length}) lie "
                 f"outside its {size} bytes")
         source = np.frombuffer(view.cast("B"), dtype=np.uint8)
-        return self._write_at(fd, entry, start, source, length, target)
+        return self._write_at(fd, entry, first, source, length, target)
 
     cdef tuple _write_at(self, int fd, Entry* entry, uint64_t start, cnp.ndarray source,
                          uint64_t length, str target):
@@ -176,10 +177,7 @@ cdef _check_piece_dtype(str target, object name, int code, object dtype):
 cdef tuple _checked_rows(str target, object name, tuple shape, tuple piece, object first_row):
     """(first row, row count) of a piece of shape `piece` written at `first_row` of
     a tensor whose NumPy shape is `shape`; raises when it does not fit."""
-    if (isinstance(first_row, (bool, np.bool_))
-            or not isinstance(first_row, (int, np.integer)) or first_row < 0):
-        raise SafetensorError(f"{target}: tensor {_shown(name)}: start_row must be an "
-                              f"integer >= 0, got {_shown(first_row)}")
+    first_row = _checked_position(target, name, "start_row", first_row)
     if not shape:
         if piece or first_row:
             raise SafetensorError(f"{target}: tensor {_shown(name)} is 0-d: write it whole, "
@@ -192,7 +190,15 @@ cdef tuple _checked_rows(str target, object name, tuple shape, tuple piece, obje
     if first_row > shape[0] - piece[0]:
         raise SafetensorIndexError(f"{target}: tensor {_shown(name)}: rows [{first_row}, "
                                    f"{first_row + piece[0]}) lie outside its {shape[0]} rows")
-    return int(first_row), piece[0]
+    return first_row, piece[0]
+
+
+cdef object _checked_position(str target, object name, str what, object value):
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+            or value < 0):
+        raise SafetensorError(f"{target}: tensor {_shown(name)}: {what} must be an integer "
+                              f">= 0, got {_shown(value)}")
+    return int(value)
 
 
 cdef char* _emit_array(cnp.ndarray item, char* dest, int fd, int64_t offset,

@@ -34,8 +34,8 @@ from ._core import (
 )
 from ._files import AtomicFile, PathLike, copy_range, write_atomically
 
-__all__ = ["StreamWriter", "TensorSpec", "WritePlan", "WriteSpec", "deserialize",
-           "plan_write", "save_file_from", "serialize", "serialize_file", "spec_of_array",
+__all__ = ["StreamWriter", "TensorSpec", "WritePlan", "WriteSpec", "declared_specs",
+           "deserialize", "plan_write", "save_file_from", "serialize", "serialize_file", "spec_of_array",
            "specs_of", "update_metadata", "write_atomically"]
 
 UINT64_MAX = (1 << 64) - 1
@@ -272,7 +272,7 @@ class StreamWriter:
 
     def info(self, name: str) -> TensorInfo:
         """Tensor `name` as declared: dtype code, shape, data_offsets, array_shape."""
-        return self._plan.info(name)
+        return self._plan.info(name, self.name)
 
     def write(self, name: str, array: Any, start_row: int = 0) -> None:
         """Write `array` as tensor `name` whole, or as its rows from `start_row` on."""
@@ -288,7 +288,7 @@ class StreamWriter:
     def view(self, name: str) -> np.ndarray:
         """A writable array over tensor `name`'s bytes in the file, to fill in place."""
         fd = self._open_fd()
-        info = self._plan.info(name)
+        info = self._plan.info(name, self.name)
         if info.array_shape is None:
             raise SafetensorError(f"{self.name}: tensor {name!r}: shape {info.shape} cannot "
                                   f"be a NumPy array; write its bytes with write_bytes")
@@ -319,7 +319,7 @@ class StreamWriter:
         gaps = {}
         with self._lock:
             for name, ranges in self._written.items():
-                begin, end = self._plan.info(name).data_offsets
+                begin, end = self._plan.info(name, self.name).data_offsets
                 missing = _gaps(ranges, end - begin)
                 if missing:
                     gaps[name] = missing
@@ -411,8 +411,8 @@ def _triple(item: Any) -> Tuple[Any, Any, Any]:
 
 def _code_and_shape(name: Any, dtype: Any, shape: Any) -> Tuple[str, Any]:
     """The header code and shape a declared dtype stands for."""
-    if isinstance(dtype, str) and not dtype.islower():
-        return dtype, shape    # a header code; plan_write says if it is unknown
+    if isinstance(dtype, str) and dtype.isupper():
+        return dtype, shape    # header codes are upper case; plan_write says if it is unknown
     text = str(dtype)
     if text.startswith("torch."):
         code = _CODE_OF_TORCH_NAME.get(text[len("torch."):])

@@ -228,8 +228,8 @@ cdef char* _emit(char* dest, int fd, int64_t offset, const char* data, size_t le
 
 def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
                bint keep_order=False):
-    """Validate WriteSpecs (or 4-tuples of the same fields; a source may be None
-    for a tensor declared only), order them as the format's writers do (or keep
+    """Validate WriteSpecs (or tuples of the same fields; a source left out or None
+    declares a tensor to be written later), order them as the format's writers do (or keep
     their order with `keep_order`), and build the header: a WritePlan.
 
     `header_padding` reserves that many more bytes of spaces after the header
@@ -239,7 +239,7 @@ def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
     entries = []
     seen = set()
     for spec in specs:
-        name, code, shape, source = spec
+        name, code, shape, source = _spec_fields(spec)
         rank, nbytes = _checked_spec(name, code, shape, source, seen)
         entries.append((-rank, name, tuple([int(dim) for dim in shape]), source, nbytes))
     if not keep_order:
@@ -262,6 +262,16 @@ def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
     plan.sources = sources
     plan.total_size = len(plan.prefix) + offset
     return plan
+
+
+cdef tuple _spec_fields(object spec):
+    """(name, code, shape, source) of a WriteSpec, a 4-tuple, or a 3-tuple that
+    declares a tensor without its data."""
+    fields = tuple(spec) if isinstance(spec, (tuple, list)) else None
+    if fields is None or not 3 <= len(fields) <= 4:
+        raise SafetensorTypeError(f"a spec is (name, dtype code, shape[, source]), got "
+                                  f"{_shown(fields) if fields is not None else type(spec).__name__}")
+    return fields if len(fields) == 4 else fields + (None,)
 
 
 cdef Py_ssize_t _checked_size(str what, object value) except -1:

@@ -494,7 +494,8 @@ def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
 
     `tensors` is an iterable of ``(name, tensor)`` pairs, in any order, or a lazy
     mapping (anything with ``keys()`` and ``[name]``, such as an open file), read
-    one name at a time in file order. Why `specs` as well: a safetensors file
+    one name at a time in file order; from a mapping only the declared tensors
+    are taken, so that specs can pick some tensors of a file. Why `specs` as well: a safetensors file
     starts with its header, which gives every tensor's dtype, shape and byte range,
     so every tensor's dtype and shape must be known before the first data byte has
     a place; without them the writer would have to hold every tensor (or write the

@@ -35,6 +35,21 @@ def tensors(rng):
     return out
 
 
+@pytest.mark.parametrize("spec", [("x", "F32"), ("x", "F32", (1,), None, 5), "xyz", 3])
+def test_a_spec_of_the_wrong_form_is_refused(spec):
+    with pytest.raises(fastst.SafetensorTypeError, match=r"a spec is \(name, dtype code"):
+        fastst.writer.plan_write([spec], None)
+
+
+def test_a_declared_plan_has_its_layout_but_no_data_to_write_whole():
+    plan = fastst.writer.plan_write([("w", "F32", (2, 3)), ("b", "U8", (4,), None)], {"k": "v"})
+    assert plan.names() == ["w", "b"]
+    assert plan.info("b") == ("U8", [4], (24, 28), (4,))
+    assert plan.total_size == plan.data_start + 28
+    with pytest.raises(fastst.SafetensorError, match="no data to write whole"):
+        plan.to_bytes()
+
+
 def test_chunks_in_any_order_write_the_bytes_save_file_writes(tmp_path, tensors):
     path = tmp_path / "stream.safetensors"
     pieces = [(name, start, array[start:start + 2]) for name, array in tensors.items()

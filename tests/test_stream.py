@@ -215,6 +215,20 @@ def test_misuse_is_refused_before_any_byte_is_written(tmp_path, misuse, error, m
     assert temp_files(tmp_path) == [] and not path.exists()
 
 
+def test_a_shape_numpy_cannot_hold_is_written_as_bytes(tmp_path):
+    path = tmp_path / "odd.safetensors"
+    with fastst.StreamWriter(path, {"z": ("U8", (0, 2**63))}) as writer:
+        assert writer.info("z").array_shape is None
+        with pytest.raises(fastst.SafetensorError, match="cannot be a NumPy array; write its "
+                                                         "bytes with write_bytes"):
+            writer.write("z", np.zeros((0, 1), np.uint8))
+        with pytest.raises(fastst.SafetensorError, match="cannot be a NumPy array"):
+            writer.view("z")
+        writer.write_bytes("z", b"")
+    assert fastst.writer.deserialize(path.read_bytes()) == [
+        ("z", {"dtype": "U8", "shape": [0, 2**63], "data": bytearray()})]
+
+
 def test_closing_with_tensors_unwritten_names_them_and_keeps_the_old_file(tmp_path):
     path = tmp_path / "model.safetensors"
     fastst.save_file({"old": np.ones(3)}, path)
@@ -358,7 +372,7 @@ def test_save_file_from_an_open_file_reads_one_tensor_at_a_time(tmp_path, tensor
 
 
 MEMORY_PROBE = """
-import resource, sys, numpy as np, fastst
+import resource, sys, ml_dtypes, numpy as np, orjson, fastst   # all a write loads, loaded
 path, mode, chunk_mib, chunks = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rows = (chunk_mib << 20) // 4096
 base = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10

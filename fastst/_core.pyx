@@ -7,6 +7,7 @@ been checked against the file's size.
 """
 import os
 import stat
+from collections import namedtuple
 from collections.abc import Mapping
 
 import numpy as np
@@ -51,8 +52,6 @@ cdef extern from "_fastst.h":
                                  int* ascii) noexcept nogil
     void fastst_transpose_rows(const char* src, char* dst, Py_ssize_t m, Py_ssize_t n,
                                Py_ssize_t row0, Py_ssize_t rows, int itemsize) noexcept nogil
-
-from collections import namedtuple
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
 cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS

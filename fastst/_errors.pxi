@@ -1,4 +1,4 @@
-# The error family, the one helper that raises a format error, and the one way a
+# The error family, the one function that raises a format error, and the one way a
 # value from a file is shown in a message (included by _core.pyx).
 
 class SafetensorError(ValueError):

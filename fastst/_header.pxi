@@ -665,7 +665,8 @@ cdef _Header _new_header(str source, uint64_t data_len):
 
 
 def _describe(_Header h):
-    """(names, dtype codes, shapes, offsets, metadata) of a parsed header."""
+    """(names, dtype codes, shapes, offsets, metadata) of a parsed header (a test hook,
+    like _parse_header_strictly)."""
     cdef Py_ssize_t i
     return (list(h.names), [DTYPE_CODES[h.entries[i].code] for i in range(h.n)],
             [h.shape(i) for i in range(h.n)],

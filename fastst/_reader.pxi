@@ -22,8 +22,9 @@ cdef class Reader:
     cdef int fd                  # pread backend only
     cdef int busy                # pread calls in flight, so close() cannot pull the fd away
     cdef object path             # mmap backend: the absolute path, reopened for copies
-    cdef object identity         # mmap backend: (st_dev, st_ino) of the mapped file
-    cdef uint64_t file_size      # mmap backend: the mapped size
+    cdef uint64_t file_dev       # mmap backend: st_dev, st_ino and size of the mapped file
+    cdef uint64_t file_ino
+    cdef uint64_t file_size
     cdef bint is_closed
     cdef uint64_t data_offset    # file offset of the tensor buffer
     cdef readonly str source
@@ -37,22 +38,23 @@ cdef class Reader:
         cdef uint64_t limit = _checked_limit(max_header_size)
         if not (type(backend) is str and backend in ("mmap", "pread")):
             raise SafetensorError(f"backend must be 'mmap' or 'pread', got {_shown(backend)}")
+        cdef bint use_pread = backend == "pread"
         # Imported now: reads must not need a free file descriptor.
         _numpy_dtypes()
-        if backend == "pread":
+        if use_pread:
             import threading    # large pread copies share the work among threads
         path = os.fspath(filename)
         self.source = os.fsdecode(path)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            self._open_fd(fd, backend == "pread", limit)
+            self._open_fd(fd, use_pread, limit)
         except BaseException:
             if self.fd != fd:
                 os.close(fd)
             raise
         if self.fd != fd:
             os.close(fd)    # the map needs no descriptor: a process may hold thousands
-            self.path = os.path.abspath(path)
+            self.path = path if _is_absolute(path) else os.path.abspath(path)
         self.is_closed = False
 
     cdef _open_fd(self, int fd, bint use_pread, uint64_t max_header_size):
@@ -83,7 +85,8 @@ cdef class Reader:
         if use_pread:
             self.fd = fd
         else:
-            self.identity = (info.st_dev, info.st_ino)
+            self.file_dev = info.st_dev
+            self.file_ino = info.st_ino
             self.file_size = size
 
     def open_buffer(self, data, *, max_header_size=DEFAULT_MAX_HEADER_SIZE,
@@ -297,7 +300,7 @@ cdef class Reader:
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             info = os.fstat(fd)
-            if (info.st_dev, info.st_ino) != self.identity:
+            if <uint64_t>info.st_dev != self.file_dev or <uint64_t>info.st_ino != self.file_ino:
                 _fail(self.source, "file was replaced since it was opened; open it again "
                                    "to read the new file")
             if <uint64_t>info.st_size < self.file_size:
@@ -390,9 +393,17 @@ cdef class Reader:
             os.close(self.fd)
 
 
+cdef inline bint _is_absolute(object path):
+    if type(path) is str:
+        return (<str>path).startswith("/")
+    return (<bytes>path).startswith(b"/")
+
+
 cdef uint64_t _checked_limit(object value) except? 0:
     """max_header_size as a C integer: a non-negative int (values past 2**64 - 1 set no
     limit)."""
+    if type(value) is int and 0 <= value <= UINT64_MAX:
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise SafetensorTypeError(f"max_header_size must be an integer, got "
                                   f"{type(value).__name__} {_shown(value)}")

@@ -1,4 +1,4 @@
-# Owners of the memory arrays view, and read plans: byte ranges copied with pread or
+# Owners of the memory that arrays view, and read plans: byte ranges copied with pread or
 # memcpy, the GIL released, shared by threads (included by _core.pyx).
 
 cdef class _Mapping:

@@ -235,7 +235,11 @@ class StreamWriter:
     def __init__(self, filename: PathLike, specs: Declared,
                  metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
                  header_padding: int = 0) -> None:
-        self._plan = plan_write(declared_specs(specs), metadata, header_padding=header_padding)
+        try:
+            self._plan = plan_write(declared_specs(specs), metadata,
+                                    header_padding=header_padding)
+        except SafetensorError as error:   # the same error, naming the file
+            raise type(error)(f"{os.fsdecode(filename)}: {error}") from None
         self._fsync = fsync
         self._lock = threading.Lock()
         self._written: Dict[str, List[List[int]]] = {name: [] for name in self._plan.names()}

@@ -291,8 +291,9 @@ def test_a_dropped_writer_removes_its_file(tmp_path):
     ({"__metadata__": ("F32", (1,))}, fastst.SafetensorError, "reserved"),
 ])
 def test_invalid_declarations_are_refused_and_create_nothing(tmp_path, specs, error, message):
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as caught:
         fastst.StreamWriter(tmp_path / "x.safetensors", specs)
+    assert str(caught.value).startswith(str(tmp_path / "x.safetensors") + ": ")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -122,20 +122,23 @@ def _unsigned_dims(shape: Any) -> List[int]:
 
 
 def serialize(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSpec]],
-              metadata: Optional[Dict[str, str]] = None) -> bytes:
+              metadata: Optional[Dict[str, str]] = None, *, header_padding: int = 0) -> bytes:
     """The bytes of a safetensors file holding the tensors described, as
     ``safetensors.serialize``: `tensor_dict` maps names to ``TensorSpec`` (raw
-    pointers, see its warning), or is a list of ``WriteSpec`` (arrays)."""
-    return plan_write(_write_specs(tensor_dict), metadata).to_bytes()
+    pointers, see its warning), or is a list of ``WriteSpec`` (arrays).
+    `header_padding` reserves room for later metadata edits (``update_metadata``)."""
+    return plan_write(_write_specs(tensor_dict), metadata,
+                      header_padding=header_padding).to_bytes()
 
 
 def serialize_file(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSpec]],
                    filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
-                   fsync: bool = False) -> None:
+                   fsync: bool = False, header_padding: int = 0) -> None:
     """Write the tensors described to `filename`, atomically (see ``save_file``),
     as ``safetensors.serialize_file``. A failure to write is a SafetensorError, as
-    there, with the OSError as its cause."""
-    plan = plan_write(_write_specs(tensor_dict), metadata)
+    there, with the OSError as its cause. `header_padding` reserves room for later
+    metadata edits (``update_metadata``)."""
+    plan = plan_write(_write_specs(tensor_dict), metadata, header_padding=header_padding)
     try:
         write_atomically(plan, filename, fsync=fsync)
     except OSError as error:

@@ -90,6 +90,15 @@ def test_a_streamed_file_with_header_padding_is_edited_in_place(tmp_path):
     assert fastst.load_file(path)["a"].tolist() == [1, 1, 1]
 
 
+def test_serialize_file_reserves_room_for_edits_in_place(tmp_path):
+    path = tmp_path / "room.safetensors"
+    specs = [WriteSpec("w", "F32", (4,), np.arange(4, dtype=np.float32))]
+    fastst.serialize_file(specs, path, {"a": "b"}, header_padding=512)
+    assert path.read_bytes() == fastst.serialize(specs, {"a": "b"}, header_padding=512)
+    assert fastst.update_metadata(path, {"a": "b" * 400}) is True
+    assert fastst.load_file(path)["w"].tolist() == [0, 1, 2, 3]
+
+
 def test_a_file_whose_tensors_are_not_in_writer_order_keeps_its_layout(tmp_path):
     # Another writer put the small tensor first; the edit must not move any byte.
     a, b = np.arange(4, dtype=np.uint8), np.arange(3, dtype=np.float64)

@@ -20,10 +20,13 @@ from ._core import (
     SafetensorTypeError,
     TensorInfo,
     TensorNotFoundError,
-    TensorSpec,
 )
 from . import numpy  # noqa: E402  (the module, as `safetensors.numpy` is)
 from . import writer  # noqa: E402
+from .writer import (  # noqa: E402
+    StreamWriter, TensorSpec, deserialize, save_file_from, serialize, serialize_file,
+    update_metadata,
+)
 
 __version__ = "0.1.0"
 
@@ -39,15 +42,21 @@ __all__ = [
     "SafetensorIndexError",
     "SafetensorNotImplementedError",
     "SafetensorTypeError",
+    "StreamWriter",
     "TensorInfo",
     "TensorNotFoundError",
     "TensorSpec",
+    "deserialize",
     "load",
     "load_file",
     "load_into",
     "safe_open",
     "save",
     "save_file",
+    "save_file_from",
+    "serialize",
+    "serialize_file",
+    "update_metadata",
     "numpy",
     "writer",
     "__version__",

@@ -25,7 +25,7 @@ import ml_dtypes
 from ._core import (DTYPES, Reader, SafetensorError, SafetensorNotImplementedError,
                     SafetensorTypeError, TensorInfo)
 from ._handle import Backend, safe_open
-from .writer import TensorSpec, WritePlan, plan_write, write_atomically
+from .writer import WritePlan, WriteSpec, plan_write, write_atomically
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
            "storage_ptr", "storage_size", "TORCH_DTYPES"]
@@ -206,7 +206,7 @@ def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]
                             metadata)
 
 
-def _spec_of(name: Any, tensor: torch.Tensor) -> TensorSpec:
+def _spec_of(name: Any, tensor: torch.Tensor) -> WriteSpec:
     """What to write for `tensor`: its header code and shape, and a NumPy view of
     its bytes on the CPU."""
     if tensor.device.type == "meta":
@@ -221,7 +221,7 @@ def _spec_of(name: Any, tensor: torch.Tensor) -> TensorSpec:
             raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
                              f"last dim to hold its two values")
         shape[-1] *= 2
-    return TensorSpec(name, code, shape, _bytes_of(tensor))
+    return WriteSpec(name, code, shape, _bytes_of(tensor))
 
 
 def _bytes_of(tensor: torch.Tensor) -> npt.NDArray[Any]:

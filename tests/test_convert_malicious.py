@@ -50,10 +50,10 @@ def pickled(tree) -> bytes:
     return buffer.getvalue()
 
 
-def write_archive(path, data_pkl: bytes, storages=(), extra=(), compress=()):
+def write_archive(path, data_pkl: bytes, storages=(), extra=(), compress=(), order="little"):
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("archive/data.pkl", data_pkl)
-        archive.writestr("archive/byteorder", "little")
+        archive.writestr("archive/byteorder", order)
         for key, data in storages:
             method = zipfile.ZIP_DEFLATED if key in compress else zipfile.ZIP_STORED
             archive.writestr(f"archive/data/{key}", data, compress_type=method)
@@ -95,6 +95,22 @@ def test_a_valid_crafted_checkpoint_converts(tmp_path):
     src = write_archive(tmp_path / "ok.pt", data, [("0", bytes(range(16)))])
     torch_to_safetensors(src, tmp_path / "out.safetensors")
     assert fastst.load_file(tmp_path / "out.safetensors")["w"].tobytes() == bytes(range(16))
+
+
+def test_a_big_endian_checkpoint_is_written_little_endian(tmp_path):
+    import numpy as np
+    values = np.arange(6, dtype=">f4").reshape(2, 3)
+    complex_values = np.array([1 + 2j, -3.5j], dtype=">c8")
+    data = pickled({"w": FakeTensor(FakeStorage("0", torch.FloatStorage, 6), 0, (3, 2), (1, 3)),
+                    "c": FakeTensor(FakeStorage("1", torch.ComplexFloatStorage, 2), 0, (2,),
+                                    (1,))})
+    src = write_archive(tmp_path / "big.pt", data, [("0", values.tobytes()),
+                                                    ("1", complex_values.tobytes())],
+                        order="big")
+    torch_to_safetensors(src, tmp_path / "out.safetensors")
+    loaded = fastst.load_file(tmp_path / "out.safetensors")
+    assert loaded["w"].dtype == np.dtype("<f4") and np.array_equal(loaded["w"], values.T)
+    assert np.array_equal(loaded["c"], complex_values)
 
 
 @pytest.mark.parametrize("func,args", [

@@ -262,3 +262,17 @@ def test_a_1_gib_checkpoint_converts_in_bounded_memory(tmp_path):
     assert peak_mib < 300, f"peak RSS {peak_mib} MiB"
     with fastst.safe_open(tmp_path / "big.safetensors") as reader:
         assert float(reader.get_tensor("layer.63")[-1]) == 63.0
+
+
+def test_verification_names_a_tensor_that_differs_from_its_source(tmp_path):
+    from fastst.convert._npz import declared_arrays
+    from fastst.convert._output import verify_written
+
+    np.savez(tmp_path / "a.npz", x=np.arange(1000, dtype=np.int32), y=np.ones(3))
+    numpy_to_safetensors(tmp_path / "a.npz", tmp_path / "a.safetensors")
+    data = bytearray(file_bytes(tmp_path / "a.safetensors"))
+    data[-100] ^= 1                        # a byte of x, the last tensor in the file
+    (tmp_path / "a.safetensors").write_bytes(bytes(data))
+    with declared_arrays(str(tmp_path / "a.npz")) as declared:
+        with pytest.raises(fastst.SafetensorError, match="tensor 'x' differs from its source"):
+            verify_written(str(tmp_path / "a.safetensors"), declared)

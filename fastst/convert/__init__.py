@@ -13,15 +13,13 @@ machine without torch, without running any code the checkpoint holds.
 * ``convert(src, dst)``: either, by the file's contents; a directory converts every
   checkpoint in it (a sharded ``pytorch_model.bin.index.json`` keeps its split).
 
-Each written tensor is checked against the bytes it came from (CRC-32 of what was
-read, and of what the file holds when read back).
+Each written tensor is read back and compared with the bytes its source gives.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -30,7 +28,7 @@ import orjson
 
 from .._core import SafetensorError
 from .._handle import safe_open
-from ._output import Declared, write_declared
+from ._output import Declared, verify_written, write_declared
 from ._torch import declare, flatten, tied_names, values_metadata
 from ._torch_files import open_checkpoint
 
@@ -62,8 +60,8 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     or a ``/``-separated path); without it every tensor is converted, named by
     its path in the nest (a flat state dict keeps its names). Leaves that are not
     tensors go into the metadata as JSON under ``fastst.convert.values``. With
-    `verify` (the default) the file is read back and each tensor's CRC-32
-    compared with that of the bytes read from `src`; with `verify_torch`, also
+    `verify` (the default) the file is read back and each tensor compared
+    with the bytes read again from `src`; with `verify_torch`, also
     with the tensors ``torch.load(src, weights_only=True)`` gives (torch needed).
     With `max_shard_size` (bytes) the tensors are split, in order, into
     ``<stem>-00001-of-0000N.safetensors`` files of at most that size each (a
@@ -85,10 +83,9 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
             metadata.setdefault(name, kept)
         shards = split_into_shards(os.fsdecode(dst), declared, max_shard_size)
         for filename, part in shards:
-            checksums = write_declared(filename, part, metadata, fsync=fsync,
-                                       progress=progress)
+            write_declared(filename, part, metadata, fsync=fsync, progress=progress)
             if verify:
-                verify_checksums(filename, checksums)
+                verify_written(filename, part)
     if len(shards) > 1:
         write_index(os.fsdecode(dst), shards, metadata)
     if verify_torch:
@@ -150,20 +147,6 @@ def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None
                                           f"torch.load gives for {src}")
 
 
-def verify_checksums(filename: Any, checksums: Dict[str, int]) -> None:
-    """Read each tensor of `filename` back and compare its CRC-32 with `checksums`."""
-    with safe_open(filename, backend="pread") as reader:
-        names = set(reader.keys())
-        if names != set(checksums):
-            raise SafetensorError(f"{os.fsdecode(filename)}: holds {len(names)} tensors, "
-                                  f"{len(checksums)} were written")
-        for name, expected in checksums.items():
-            array = np.ascontiguousarray(reader.get_tensor(name))
-            if zlib.crc32(array.reshape(-1).view(np.uint8)) != expected:
-                raise SafetensorError(f"{os.fsdecode(filename)}: tensor {name!r} does not "
-                                      f"hold the bytes read from the source")
-
-
 def numpy_to_safetensors(src: Any, dst: Any, *, verify: bool = True, fsync: bool = False,
                          progress: Progress = None) -> ConversionReport:
     """Convert a ``.npy`` file (one tensor, named ``"array"``) or an ``.npz``
@@ -173,10 +156,9 @@ def numpy_to_safetensors(src: Any, dst: Any, *, verify: bool = True, fsync: bool
     start = time.perf_counter()
     source = os.fsdecode(src)
     with declared_arrays(source) as declared:
-        checksums = write_declared(os.fsdecode(dst), declared, None, fsync=fsync,
-                                   progress=progress)
-    if verify:
-        verify_checksums(dst, checksums)
+        write_declared(os.fsdecode(dst), declared, None, fsync=fsync, progress=progress)
+        if verify:
+            verify_written(os.fsdecode(dst), declared)
     return ConversionReport(source, os.fsdecode(dst), len(declared),
                             sum(t.nbytes for t in declared), {}, time.perf_counter() - start,
                             verify)

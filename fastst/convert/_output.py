@@ -4,12 +4,15 @@ file order, each chunk written as it comes: memory holds one chunk (or, for a
 strided view, one tensor), never the file."""
 from __future__ import annotations
 
-import zlib
-from typing import Callable, Dict, Iterator, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
+
+from .._core import SafetensorError
+from .._handle import safe_open
 from ..writer import StreamWriter
 
-__all__ = ["Declared", "write_declared"]
+__all__ = ["Declared", "write_declared", "verify_written"]
 
 Progress = Optional[Callable[[int], None]]
 
@@ -26,26 +29,40 @@ class Declared(NamedTuple):
 
 def write_declared(filename: str, tensors: Sequence[Declared],
                    metadata: Optional[Mapping[str, str]], *, fsync: bool = False,
-                   progress: Progress = None) -> Dict[str, int]:
-    """Write `tensors` to `filename` atomically; returns each tensor's CRC-32 as
-    written."""
+                   progress: Progress = None) -> None:
+    """Write `tensors` to `filename` atomically."""
     by_name = {tensor.name: tensor for tensor in tensors}
-    checksums: Dict[str, int] = {}
     declared = [(tensor.name, tensor.code, tensor.shape) for tensor in tensors]
     with StreamWriter(filename, declared, metadata, fsync=fsync) as writer:
         for name in writer.names():
-            checksums[name] = _fill(writer, by_name[name], progress)
-    return checksums
+            _fill(writer, by_name[name], progress)
 
 
-def _fill(writer: StreamWriter, tensor: Declared, progress: Progress) -> int:
-    checksum = position = 0
+def _fill(writer: StreamWriter, tensor: Declared, progress: Progress) -> None:
+    position = 0
     for chunk in tensor.chunks():
         writer.write_bytes(tensor.name, chunk, position)
-        checksum = zlib.crc32(chunk, checksum)
         position += len(chunk)
         if progress is not None:
             progress(len(chunk))
     if position != tensor.nbytes:
         raise AssertionError(f"tensor {tensor.name!r}: {position} bytes for {tensor.nbytes}")
-    return checksum
+
+
+def verify_written(filename: str, tensors: Sequence[Declared]) -> None:
+    """Read every tensor of `filename` back and compare it, chunk by chunk, with
+    the bytes its source gives again: a SafetensorError names the first that
+    differs. Memory: one tensor and one chunk."""
+    with safe_open(filename, backend="pread") as reader:
+        if set(reader.keys()) != {tensor.name for tensor in tensors}:
+            raise SafetensorError(f"{filename}: does not hold the tensors written to it")
+        for tensor in tensors:
+            written = np.ascontiguousarray(reader.get_tensor(tensor.name)).reshape(-1)
+            written = written.view(np.uint8)
+            position = 0
+            for chunk in tensor.chunks():
+                source = np.frombuffer(chunk, np.uint8)
+                if not np.array_equal(written[position:position + len(source)], source):
+                    raise SafetensorError(f"{filename}: tensor {tensor.name!r} differs from "
+                                          f"its source from byte {position} on")
+                position += len(source)

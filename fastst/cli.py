@@ -380,7 +380,7 @@ class _ProgressBar:
 
     def __call__(self, nbytes: int) -> None:
         self.done += nbytes
-        percent = self.done * 100 // self.total
+        percent = min(self.done * 100 // self.total, 100)   # views can outgrow the source
         if percent != self.shown:
             self.shown = percent
             filled = percent * 30 // 100

@@ -97,6 +97,21 @@ def test_a_valid_crafted_checkpoint_converts(tmp_path):
     assert fastst.load_file(tmp_path / "out.safetensors")["w"].tobytes() == bytes(range(16))
 
 
+def test_a_compressed_member_is_read_as_a_stream(tmp_path):
+    payload = os.urandom(4096)
+    data = pickled({"w": FakeTensor(FakeStorage("0", torch.FloatStorage, 1024), 0, (32, 32),
+                                    (1, 32)),
+                    "tail": FakeTensor(FakeStorage("0", torch.FloatStorage, 1024), 1000, (24,),
+                                       (1,))})
+    src = write_archive(tmp_path / "deflated.pt", data, [("0", payload)], compress={"0"})
+    torch_to_safetensors(src, tmp_path / "out.safetensors")
+    import numpy as np
+    loaded = fastst.load_file(tmp_path / "out.safetensors")
+    values = np.frombuffer(payload, np.float32)
+    assert loaded["w"].tobytes() == values.reshape(32, 32).T.tobytes()
+    assert loaded["tail"].tobytes() == values[1000:].tobytes()
+
+
 def test_a_big_endian_checkpoint_is_written_little_endian(tmp_path):
     import numpy as np
     values = np.arange(6, dtype=">f4").reshape(2, 3)

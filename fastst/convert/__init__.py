@@ -26,8 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import numpy as np
 import orjson
 
-from .._core import SafetensorError
-from .._handle import safe_open
+from .. import SafetensorError, safe_open
 from ._output import Declared, verify_written, write_declared
 from ._torch import declare, flatten, tied_names, values_metadata
 from ._torch_files import open_checkpoint

@@ -9,7 +9,7 @@ from typing import Any, Iterator, List, Tuple
 
 import numpy as np
 
-from .._core import SafetensorError
+from .. import SafetensorError
 from ..writer import spec_of_array
 from ._output import Declared
 from ._torch_files import CHUNK
@@ -54,7 +54,7 @@ def _declared(name: str, shape: Tuple[int, ...], dtype: np.dtype, source: str,
     def chunks() -> Iterator[memoryview]:
         flat = _in_c_order(load()).reshape(-1).view(np.uint8)
         for position in range(0, flat.size, CHUNK):
-            yield memoryview(flat[position:position + CHUNK])
+            yield flat[position:position + CHUNK].data
 
     return Declared(name, code, tuple(shape), count * dtype.itemsize, chunks)
 
@@ -70,7 +70,8 @@ def declared_arrays(source: str) -> Iterator[List[Declared]]:
             shape, _, dtype = _header(fh, source)
 
         def load() -> np.ndarray:
-            return np.load(source, mmap_mode="r", allow_pickle=False)
+            mapped: np.ndarray = np.load(source, mmap_mode="r", allow_pickle=False)
+            return mapped
 
         yield [_declared(NPY_NAME, shape, dtype, source, load)]
         return
@@ -95,7 +96,8 @@ def _member_loader(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str)
     def load() -> np.ndarray:
         with archive.open(info) as member:
             try:
-                return np.lib.format.read_array(member, allow_pickle=False)
+                array: np.ndarray = np.lib.format.read_array(member, allow_pickle=False)
+                return array
             except ValueError as error:
                 raise SafetensorError(f"{source}: member {info.filename!r}: {error}") from None
     return load

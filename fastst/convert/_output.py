@@ -8,8 +8,7 @@ from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, 
 
 import numpy as np
 
-from .._core import SafetensorError
-from .._handle import safe_open
+from .. import SafetensorError, safe_open
 from ..writer import StreamWriter
 
 __all__ = ["Declared", "write_declared", "verify_written"]

@@ -3,18 +3,17 @@ the tensors of the (possibly nested) object, tied weights kept once, each tensor
 read by byte range and written in C order, little-endian."""
 from __future__ import annotations
 
-import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import orjson
 
-from .._core import SafetensorError
+from .. import SafetensorError
 from ._output import Declared
 from ._torch_files import CHUNK, Checkpoint
 from ._torch_pickle import TensorRef
 
-__all__ = ["flatten", "tied_names", "declare", "MAX_DEPTH", "VALUES_KEY"]
+__all__ = ["flatten", "tied_names", "declare", "values_metadata", "MAX_DEPTH", "VALUES_KEY"]
 
 MAX_DEPTH = 256
 VALUES_KEY = "fastst.convert.values"    # metadata key of the non-tensor leaves, as JSON
@@ -131,16 +130,13 @@ def declare(checkpoint: Checkpoint, name: str, ref: TensorRef) -> Declared:
     else:
         def chunks() -> Iterator[memoryview]:
             span = np.empty(end - begin, np.uint8)
-            byte_range.read_into(begin, memoryview(span))
+            byte_range.read_into(begin, span.data)
             big, little = _byte_order_dtype(ref.code, ref.itemsize)
             typed = span.view(big if swap else little)
             array = np.lib.stride_tricks.as_strided(
                 typed, ref.shape, tuple(step * ref.itemsize for step in ref.stride),
                 writeable=False)
             compact = np.ascontiguousarray(array.astype(little, copy=False))
-            yield memoryview(compact.reshape(-1).view(np.uint8))
+            yield compact.reshape(-1).view(np.uint8).data
     return Declared(name, ref.code, ref.header_shape(), ref.nbytes, chunks)
 
-
-def timer() -> float:
-    return time.perf_counter()

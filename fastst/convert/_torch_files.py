@@ -9,9 +9,9 @@ import io
 import os
 import struct
 import zipfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
-from .._core import SafetensorError
+from .. import SafetensorError
 from ._torch_pickle import UNTYPED, StorageRef, load_pickle
 
 __all__ = ["Checkpoint", "open_checkpoint", "MAX_PICKLE_BYTES", "MAX_COMPRESSION_RATIO"]
@@ -40,21 +40,32 @@ class ByteRange:
 
 
 class CompressedMember:
-    """A compressed zip member, decompressed as it is read."""
+    """A compressed zip member, decompressed as it is read. The stream stays open
+    between reads, so that reading a tensor chunk after chunk decompresses each
+    byte once; only a read that goes back starts again from the member's start."""
 
     def __init__(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
         self.archive, self.info, self.size = archive, info, info.file_size
+        self._member: Any = None
 
     def read_into(self, begin: int, out: memoryview) -> None:
-        with self.archive.open(self.info) as member:
-            member.seek(begin)
-            view = out
-            while len(view):
-                data = member.read(min(len(view), CHUNK))
-                if not data:
-                    raise SafetensorError(f"zip member {self.info.filename!r} ends early")
-                view[:len(data)] = data
-                view = view[len(data):]
+        if self._member is None or self._member.tell() > begin:
+            if self._member is not None:
+                self._member.close()
+            self._member = self.archive.open(self.info)
+        self._member.seek(begin)        # forward: decompresses only what lies between
+        view = out
+        while len(view):
+            data = self._member.read(min(len(view), CHUNK))
+            if not data:
+                raise SafetensorError(f"zip member {self.info.filename!r} ends early")
+            view[:len(data)] = data
+            view = view[len(data):]
+
+    def close(self) -> None:
+        if self._member is not None:
+            self._member.close()
+            self._member = None
 
 
 class Checkpoint:
@@ -67,7 +78,7 @@ class Checkpoint:
         self.big_endian = False
         self.storages: Dict[str, StorageRef] = {}
         self.ranges: Dict[str, Any] = {}
-        self.untyped: set = set()       # keys first referenced as torch.UntypedStorage
+        self.untyped: Set[str] = set()       # keys first referenced as torch.UntypedStorage
         self._fd: Optional[int] = None
         self._archive: Optional[zipfile.ZipFile] = None
 
@@ -95,6 +106,9 @@ class Checkpoint:
                                       f"bytes, {ref.nbytes} are referenced")
 
     def close(self) -> None:
+        for found in self.ranges.values():
+            if isinstance(found, CompressedMember):
+                found.close()
         if self._archive is not None:
             self._archive.close()
             self._archive = None

@@ -25,7 +25,7 @@ import struct
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .._core import DTYPES, SafetensorError, SafetensorTypeError
+from .. import DTYPES, SafetensorError, SafetensorTypeError
 
 __all__ = ["StorageRef", "TensorRef", "RestrictedUnpickler", "load_pickle", "UNTYPED",
            "MAX_DIMS"]
@@ -317,7 +317,7 @@ def _refuse_opcode(name: str) -> Callable[[Any], None]:
     return refuse
 
 
-def _load_reduce(self: "RestrictedUnpickler") -> None:
+def _load_reduce(self: Any) -> None:
     stack = self.stack
     args = stack.pop()
     func = stack[-1]
@@ -326,7 +326,7 @@ def _load_reduce(self: "RestrictedUnpickler") -> None:
     stack[-1] = func(*args)
 
 
-def _load_build(self: "RestrictedUnpickler") -> None:
+def _load_build(self: Any) -> None:
     stack = self.stack
     state = stack.pop()
     target = stack[-1]
@@ -337,7 +337,7 @@ def _load_build(self: "RestrictedUnpickler") -> None:
 
 
 _BASE = pickle._Unpickler       # the pure-Python unpickler: its opcodes can be replaced
-_DISPATCH = dict(_BASE.dispatch)
+_DISPATCH: Dict[int, Any] = dict(_BASE.dispatch)
 _DISPATCH[pickle.REDUCE[0]] = _load_reduce
 _DISPATCH[pickle.BUILD[0]] = _load_build
 for _name in ("INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4", "NEXT_BUFFER",
@@ -345,7 +345,7 @@ for _name in ("INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4", "NEX
     _DISPATCH[getattr(pickle, _name)[0]] = _refuse_opcode(_name)
 
 
-class RestrictedUnpickler(_BASE):  # type: ignore[misc, valid-type]
+class RestrictedUnpickler(_BASE):
     """The pickle of a torch checkpoint, run with the allowed globals only.
 
     `storage` is called as ``storage(key, code, numel)`` for every storage
@@ -406,10 +406,12 @@ class BoundedFile:
         if size > left:
             raise _Refused(f"the pickle is truncated or asks for more than it holds: "
                            f"{size} bytes wanted, {left} left")
-        return self._raw.read(size)
+        data: bytes = self._raw.read(size)
+        return data
 
     def readline(self) -> bytes:
-        return self._raw.readline(max(self._end - self._raw.tell(), 0))
+        line: bytes = self._raw.readline(max(self._end - self._raw.tell(), 0))
+        return line
 
 
 def load_pickle(raw: Any, end: int, source: str,

@@ -4,12 +4,14 @@ file order, each chunk written as it comes: memory holds one chunk (or, for a
 strided view, one tensor), never the file."""
 from __future__ import annotations
 
+import os
 from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import SafetensorError, safe_open
 from ..writer import StreamWriter
+from ._torch_files import ByteRange
 
 __all__ = ["Declared", "write_declared", "verify_written"]
 
@@ -51,17 +53,25 @@ def _fill(writer: StreamWriter, tensor: Declared, progress: Progress) -> None:
 def verify_written(filename: str, tensors: Sequence[Declared]) -> None:
     """Read every tensor of `filename` back and compare it, chunk by chunk, with
     the bytes its source gives again: a SafetensorError names the first that
-    differs. Memory: one tensor and one chunk."""
+    differs. Memory: two chunks (or one strided tensor and a chunk)."""
     with safe_open(filename, backend="pread") as reader:
         if set(reader.keys()) != {tensor.name for tensor in tensors}:
             raise SafetensorError(f"{filename}: does not hold the tensors written to it")
+        starts = {tensor.name: reader.data_start + reader.info(tensor.name).data_offsets[0]
+                  for tensor in tensors}
+    buffer = np.empty(0, np.uint8)
+    with open(filename, "rb", buffering=0) as written:
+        whole_file = ByteRange(written.fileno(), 0, os.fstat(written.fileno()).st_size)
         for tensor in tensors:
-            written = np.ascontiguousarray(reader.get_tensor(tensor.name)).reshape(-1)
-            written = written.view(np.uint8)
-            position = 0
+            position = starts[tensor.name]
             for chunk in tensor.chunks():
                 source = np.frombuffer(chunk, np.uint8)
-                if not np.array_equal(written[position:position + len(source)], source):
-                    raise SafetensorError(f"{filename}: tensor {tensor.name!r} differs from "
-                                          f"its source from byte {position} on")
-                position += len(source)
+                if buffer.size < source.size:
+                    buffer = np.empty(source.size, np.uint8)
+                back = buffer[:source.size]
+                whole_file.read_into(position, back.data)
+                if not np.array_equal(back, source):
+                    raise SafetensorError(
+                        f"{filename}: tensor {tensor.name!r} differs from its source from "
+                        f"byte {position - starts[tensor.name]} on")
+                position += source.size

@@ -96,11 +96,12 @@ def test_views_are_written_compactly_in_c_order(tmp_path):
     assert_same_as_reference(tmp_path, contiguous, tmp_path / "views.safetensors")
 
 
-def test_tied_weights_are_kept_once_and_recorded(tmp_path):
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_tied_weights_are_kept_once_and_recorded(tmp_path, legacy):
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
     model[1].weight = model[0].weight
     src = tmp_path / "tied.bin"
-    torch.save(model.state_dict(), src)
+    torch.save(model.state_dict(), src, _use_new_zipfile_serialization=not legacy)
     report = torch_to_safetensors(src, tmp_path / "tied.safetensors")
     assert report.dropped == {"1.weight": "0.weight"}
     reference = tmp_path / "reference.safetensors"

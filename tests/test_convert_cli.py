@@ -67,3 +67,22 @@ def test_key_option(tmp_path, capsys):
     assert main(["convert", str(src), str(tmp_path / "out.safetensors"),
                  "--key", "state_dict"]) == 0
     assert list(fastst.load_file(tmp_path / "out.safetensors")) == ["w"]
+
+
+def test_convert_npz(tmp_path, capsys):
+    import numpy as np
+    np.savez(tmp_path / "arrays.npz", x=np.arange(5), y=np.eye(2))
+    assert main(["convert", str(tmp_path / "arrays.npz"), "--verify"]) == 0
+    loaded = fastst.load_file(tmp_path / "arrays.safetensors")
+    assert np.array_equal(loaded["x"], np.arange(5)) and np.array_equal(loaded["y"], np.eye(2))
+    assert main(["convert", str(tmp_path / "arrays.npz"), "--max-shard-size", "1MB"]) == 1
+    assert "--max-shard-size is for torch checkpoints" in capsys.readouterr().err
+
+
+def test_progress_bar_counts_bytes(capsys):
+    from fastst.cli import _ProgressBar
+    bar = _ProgressBar(2048)
+    bar(1024)
+    bar(2048)       # more than the source: views can write more than they read
+    err = capsys.readouterr().err
+    assert " 50% 1.0 KiB" in err and "100% 3.0 KiB" in err

@@ -202,7 +202,11 @@ def convert(src: Any, dst: Any = None, **options: Any) -> List[ConversionReport]
     if os.path.isdir(target):
         target = os.path.join(target, safetensors_name(os.path.basename(source)))
     if is_numpy_file(source):
+        if options.pop("max_shard_size", None) is not None:
+            raise SafetensorError(f"{source}: a .npy/.npz file is converted to one file; "
+                                  f"--max-shard-size is for torch checkpoints")
         options.pop("key", None)
+        options.pop("verify_torch", None)   # no torch.load to compare with
         return [numpy_to_safetensors(source, target, **options)]
     return [torch_to_safetensors(source, target, **options)]
 

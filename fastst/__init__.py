@@ -24,6 +24,7 @@ from ._core import (
 )
 from . import numpy  # noqa: E402  (the module, as `safetensors.numpy` is)
 from . import writer  # noqa: E402
+from .state import load_state, save_state  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -45,9 +46,11 @@ __all__ = [
     "load",
     "load_file",
     "load_into",
+    "load_state",
     "safe_open",
     "save",
     "save_file",
+    "save_state",
     "numpy",
     "writer",
     "__version__",

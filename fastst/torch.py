@@ -28,7 +28,7 @@ from ._handle import Backend, safe_open
 from .writer import TensorSpec, WritePlan, plan_write, write_atomically
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
-           "storage_ptr", "storage_size", "TORCH_DTYPES"]
+           "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -192,11 +192,11 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
 def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]]
           ) -> WritePlan:
     _check_for_save(tensors)
-    return plan_write([_spec_of(name, tensor) for name, tensor in tensors.items()],
+    return plan_write([spec_of_tensor(name, tensor) for name, tensor in tensors.items()],
                             metadata)
 
 
-def _spec_of(name: Any, tensor: torch.Tensor) -> TensorSpec:
+def spec_of_tensor(name: Any, tensor: torch.Tensor) -> TensorSpec:
     """What to write for `tensor`: its header code and shape, and a NumPy view of
     its bytes on the CPU."""
     if tensor.device.type == "meta":

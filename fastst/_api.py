@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
-from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, WritePlan, plan_write, spec_of_array
+from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, WritePlan, spec_of_array
 from ._files import PathLike, write_atomically
 from ._handle import Backend, safe_open
+from .integrity import plan_with_checksums
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
@@ -57,33 +58,38 @@ def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
 
 
 def save(tensors: Mapping[str, npt.NDArray[Any]],
-         metadata: Optional[Mapping[str, str]] = None) -> bytes:
+         metadata: Optional[Mapping[str, str]] = None, *, checksum: Optional[str] = None
+         ) -> bytes:
     """Serialize tensors into the bytes of a safetensors file.
 
     The bytes are those huggingface safetensors writes for the same input (which
     orders several metadata keys at random; fastst sorts them), and the same
-    whatever the insertion order of `tensors` and `metadata`.
+    whatever the insertion order of `tensors` and `metadata`. With `checksum`
+    (``"xxh3_64"`` or ``"xxh3_128"``) each tensor's checksum goes into the metadata
+    (see ``fastst.integrity``).
     """
-    return _plan(tensors, metadata).to_bytes()
+    return _plan(tensors, metadata, checksum).to_bytes()
 
 
 def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
-              metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False) -> None:
+              metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
+              checksum: Optional[str] = None) -> None:
     """Write tensors to `filename` atomically.
 
     The file is written beside the target under a temporary name
     (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the old
     file or the new one, never a mix, and a failed save leaves the old file as it
     was. With ``fsync=True`` the file and its directory are flushed to disk before
-    returning, so the new file also survives a power loss.
+    returning, so the new file also survives a power loss. `checksum` is that
+    of ``save``.
     """
-    write_atomically(_plan(tensors, metadata), filename, fsync=fsync)
+    write_atomically(_plan(tensors, metadata, checksum), filename, fsync=fsync)
 
 
 def _plan(tensors: Mapping[str, npt.NDArray[Any]],
-          metadata: Optional[Mapping[str, str]]) -> WritePlan:
+          metadata: Optional[Mapping[str, str]], checksum: Optional[str] = None) -> WritePlan:
     specs = [spec_of_array(name, array) for name, array in _as_dict(tensors).items()]
-    return plan_write(specs, metadata)
+    return plan_with_checksums(specs, metadata, checksum)
 
 
 def _as_dict(tensors: Mapping[str, Any]) -> Dict[str, Any]:

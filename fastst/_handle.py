@@ -155,21 +155,22 @@ def _describe(reader: Reader) -> str:
 @overload
 def safe_open(filename: PathLike, framework: Literal["np", "numpy"] = "np",
               device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> NumpyHandle: ...
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
+              ) -> NumpyHandle: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
               ) -> FrameworkHandle[torch.Tensor]: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["jax", "flax"],
               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
               ) -> FrameworkHandle[jax.Array]: ...
 def safe_open(filename: PathLike,
               framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
               device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
               ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
     """Open a safetensors file lazily: validate its header, map it, and hand out
     its tensors, zero-copy where the framework allows.
@@ -192,6 +193,9 @@ def safe_open(filename: PathLike,
         memory when asked, for files that may change while open.
     max_header_size : int
         Largest header accepted, in bytes (100,000,000 by default).
+    verify : bool
+        Check each tensor's checksum (see ``fastst.integrity``) the first time it
+        is read; a file without checksums is refused.
 
     Examples
     --------
@@ -207,9 +211,14 @@ def safe_open(filename: PathLike,
         convert = None
     else:
         convert = framework_converter(framework, device)
-    reader = NumpyHandle()
+    reader = NumpyHandle() if not verify else _verifying_handle()
     reader.open_file(filename, backend, max_header_size=max_header_size)
     return reader if convert is None else FrameworkHandle(reader, convert)
+
+
+def _verifying_handle() -> NumpyHandle:
+    from .integrity import VerifyingHandle     # imported on use: it is rarely asked for
+    return VerifyingHandle()
 
 
 def framework_converter(framework: str, device: Any) -> Converter[Any]:

@@ -37,10 +37,10 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 import numpy as np
 
-from ._core import (SafetensorError, SafetensorTypeError, TensorSpec, plan_write,
-                    spec_of_array)
+from ._core import SafetensorError, SafetensorTypeError, TensorSpec, spec_of_array
 from ._files import PathLike, write_atomically
 from ._handle import Backend, safe_open
+from .integrity import plan_with_checksums
 
 __all__ = ["STATE_KEY", "STATE_VERSION", "MAX_DEPTH", "save_state", "load_state",
            "state_to_tensors", "state_from_tensors", "tensor_specs"]
@@ -58,26 +58,27 @@ SCALAR_TAGS = ("float", "int", "bytes")    # scalars that JSON numbers and strin
 
 
 def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, str]] = None,
-               *, fsync: bool = False) -> None:
+               *, fsync: bool = False, checksum: Optional[str] = None) -> None:
     """Write the nested state `tree` to `filename` atomically (see the module's doc).
 
-    `metadata` (str to str) goes into ``__metadata__`` beside the tree; `fsync` is
-    that of ``fastst.save_file``.
+    `metadata` (str to str) goes into ``__metadata__`` beside the tree; `fsync`
+    and `checksum` are those of ``fastst.save_file``.
     """
     tensors, state_metadata = state_to_tensors(tree, metadata)
-    write_atomically(plan_write(tensor_specs(tensors), state_metadata), filename, fsync=fsync)
+    plan = plan_with_checksums(tensor_specs(tensors), state_metadata, checksum)
+    write_atomically(plan, filename, fsync=fsync)
 
 
 def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
-               backend: Backend = "mmap") -> Any:
+               backend: Backend = "mmap", verify: bool = False) -> Any:
     """The tree ``save_state`` wrote to `filename`, arrays as `framework`'s tensors
     (views of the file's map for NumPy and torch on the CPU); `framework`,
-    `device` and `backend` are those of ``fastst.safe_open``.
+    `device`, `backend` and `verify` are those of ``fastst.safe_open``.
 
     Nothing in the file is run: no pickle, no eval, no import it names.
     """
     with safe_open(filename, framework, device,  # type: ignore[call-overload]
-                   backend=backend) as handle:
+                   backend=backend, verify=verify) as handle:
         return state_from_tensors(handle.metadata(), handle.get_tensor, handle.keys(),
                                   handle.source)
 

@@ -25,7 +25,8 @@ import ml_dtypes
 from ._core import (DTYPES, Reader, SafetensorError, SafetensorNotImplementedError,
                     SafetensorTypeError, TensorInfo)
 from ._handle import Backend, safe_open
-from .writer import TensorSpec, WritePlan, plan_write, write_atomically
+from .integrity import plan_with_checksums
+from .writer import TensorSpec, WritePlan, write_atomically
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
            "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES"]
@@ -171,29 +172,32 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------
 
 
-def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None, *,
+         checksum: Optional[str] = None) -> bytes:
     """The bytes of a safetensors file holding `tensors`, identical to what
     ``safetensors.torch.save`` gives for the same tensors.
 
     Tensors may live on any device and need not be contiguous; tensors that share
-    memory raise RuntimeError (see ``save_model``).
+    memory raise RuntimeError (see ``save_model``). `checksum` is that of
+    ``fastst.save``.
     """
-    return _plan(tensors, metadata).to_bytes()
+    return _plan(tensors, metadata, checksum).to_bytes()
 
 
 def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
-              metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False) -> None:
+              metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False,
+              checksum: Optional[str] = None) -> None:
     """Write `tensors` to `filename` atomically (as ``fastst.save_file`` does, with
-    its `fsync` option), in the bytes ``safetensors.torch.save_file`` writes. Each
-    tensor is written straight from its memory."""
-    write_atomically(_plan(tensors, metadata), filename, fsync=fsync)
+    its `fsync` and `checksum` options), in the bytes ``safetensors.torch.save_file``
+    writes. Each tensor is written straight from its memory."""
+    write_atomically(_plan(tensors, metadata, checksum), filename, fsync=fsync)
 
 
-def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]]
-          ) -> WritePlan:
+def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]],
+          checksum: Optional[str] = None) -> WritePlan:
     _check_for_save(tensors)
-    return plan_write([spec_of_tensor(name, tensor) for name, tensor in tensors.items()],
-                            metadata)
+    specs = [spec_of_tensor(name, tensor) for name, tensor in tensors.items()]
+    return plan_with_checksums(specs, metadata, checksum)
 
 
 def spec_of_tensor(name: Any, tensor: torch.Tensor) -> TensorSpec:

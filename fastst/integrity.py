@@ -34,6 +34,8 @@ CHECKSUM_KEY = "fastst.checksums"
 ALGORITHMS = {"xxh3_64": 16, "xxh3_128": 32}
 HEX = re.compile(r"[0-9a-f]+")
 BLOCK_BYTES = 64 << 20     # hashed per step: the unit of progress, and of copies made
+PARALLEL_MIN_BYTES = 32 << 20   # below this, threads cost more than they save
+MAX_THREADS = 8
 PROGRESS_MIN_BYTES = 256 << 20
 
 
@@ -97,19 +99,38 @@ def with_checksums(specs: Sequence[TensorSpec], metadata: Optional[Mapping[str, 
     result = dict(metadata or {})
     if CHECKSUM_KEY in result:
         raise ValueError(f"metadata key {CHECKSUM_KEY!r} is reserved for checksums")
-    digests = {spec[0]: digest_of(spec[3], algorithm) for spec in specs}
+    digests = dict(zip([spec[0] for spec in specs], _digests_of([spec[3] for spec in specs],
+                                                                algorithm)))
     result[CHECKSUM_KEY] = orjson.dumps(
         {"algorithm": algorithm, "tensors": dict(sorted(digests.items()))}).decode()
     return result
+
+
+def _digests_of(arrays: List[npt.NDArray[Any]], algorithm: str) -> List[str]:
+    """The digest of each array; xxhash releases the GIL, so large work is spread
+    over threads, a tensor each."""
+    threads = min(_usable_cores(), len(arrays), MAX_THREADS)
+    if threads < 2 or sum(array.nbytes for array in arrays) < PARALLEL_MIN_BYTES:
+        return [digest_of(array, algorithm) for array in arrays]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(lambda array: digest_of(array, algorithm), arrays))
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):     # Linux: the cores this process may run on
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def plan_with_checksums(specs: Sequence[TensorSpec], metadata: Optional[Mapping[str, str]],
                         algorithm: Optional[str]) -> WritePlan:
     """The WritePlan of `specs`, its metadata holding their checksums unless
     `algorithm` is None."""
-    if algorithm is not None:
-        metadata = with_checksums(specs, metadata, algorithm)
-    return plan_write(specs, metadata)
+    plan = plan_write(specs, metadata)      # checks the specs before they are hashed
+    if algorithm is None:
+        return plan
+    return plan_write(specs, with_checksums(specs, metadata, algorithm))
 
 
 # ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 import fastst
+import fastst.integrity
 from fastst import SafetensorError, safe_open
 from fastst.cli import main
 from fastst.integrity import CHECKSUM_KEY, digest_of, verify_file, verify_path
@@ -53,6 +54,15 @@ def test_checksums_are_of_the_bytes_as_stored(tmp_path, algorithm):
     assert fastst.save(ARRAYS, {"kept": "yes"}, checksum=algorithm) == path.read_bytes()
 
 
+def test_threads_give_the_digests_one_thread_gives(tmp_path, monkeypatch):
+    import fastst.integrity as integrity
+    monkeypatch.setattr(integrity, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(integrity, "_usable_cores", lambda: 4)
+    path = tmp_path / "c.safetensors"
+    fastst.save_file(ARRAYS, path, checksum="xxh3_64")
+    assert recorded(path)["tensors"] == stored_digests(path)
+
+
 def test_other_readers_ignore_the_checksums(tmp_path):
     path = tmp_path / "c.safetensors"
     fastst.save_file(ARRAYS, path, checksum="xxh3_64")
@@ -82,6 +92,12 @@ def test_checksum_arguments_are_checked(tmp_path):
         fastst.save({"a": np.zeros(1)}, checksum="md5")
     with pytest.raises(ValueError, match="reserved"):
         fastst.save({"a": np.zeros(1)}, {CHECKSUM_KEY: "x"}, checksum="xxh3_64")
+
+
+def test_specs_are_checked_before_they_are_hashed():
+    spec = fastst.TensorSpec("a", "F32", (3,), np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="needs 12 bytes but the source holds 8"):
+        fastst.integrity.plan_with_checksums([spec], None, "xxh3_64")
 
 
 def test_hashing_converts_one_block_at_a_time(monkeypatch):

@@ -68,7 +68,7 @@ def _choose_fastst(argv: Sequence[str]) -> Optional[str]:
                         ignore=shutil.ignore_patterns("__pycache__", "*.c", "*.pyx", "*.pxi"))
         FROZEN.append(frozen)
         git = _git_description(origin)
-        described = f"frozen copy of {origin}" + (f", {git}" if git else "")
+        described = "frozen copy of the checkout" + (f", {git}" if git else "")
         folder = frozen
         sys.path.insert(0, folder)
     saved = os.environ.get("PYTHONPATH")

@@ -71,12 +71,17 @@ def converter(device: Any = "cpu"
 
     On the CPU the tensor views the array's memory; read-only arrays (views of
     ``bytes``) are copied, since torch tensors are always writable. Any other
-    device gets a copy, moved there with ``.to(device)``.
+    device gets a copy, moved there with ``.to(device)``; on a CUDA device large
+    tensors go through a ring of pinned buffers filled by several threads.
     """
     target = _target_device(device)
+    if target is not None and target.type == "cuda":
+        from . import _cuda   # only when CUDA is asked for
 
     def convert(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
         tensor = _tensor_of(array, name, info)
+        if target is not None and target.type == "cuda":
+            return _cuda.to_device(tensor, target)   # large ones through the pinned ring
         return tensor if target is None else tensor.to(target)
 
     return convert
@@ -149,7 +154,12 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     copied or read until used, writes stay in this process, and the tensors stay
     valid however long they live. On another device each tensor is moved there.
     ``backend="pread"`` reads each tensor into memory of its own instead.
+    A CUDA device gets one allocation holding every tensor, streamed from the file.
     """
+    target = _target_device(device)
+    if target is not None and target.type == "cuda":
+        from . import _cuda   # only when CUDA is asked for
+        return _cuda.load_file(filename, target, backend=backend)
     with safe_open(filename, framework="pt", device=device, backend=backend) as f:
         return f.get_tensors()
 

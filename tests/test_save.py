@@ -174,3 +174,11 @@ def test_unsupported_dtypes_raise_an_error_of_both_families():
         fastst.save({"o": np.array([object()])})
     with pytest.raises(fastst.SafetensorError):
         fastst.save({"c": np.ones(2, np.complex128)})
+
+
+def test_saves_work_where_the_platform_has_no_posix_fallocate(tmp_path, monkeypatch):
+    # macOS has no os.posix_fallocate: the save must not depend on it.
+    monkeypatch.delattr(os, "posix_fallocate", raising=False)
+    path = tmp_path / "model.safetensors"
+    fastst.save_file({"w": np.arange(1000, dtype=np.float32)}, path, fsync=True)
+    assert np.array_equal(fastst.load_file(path)["w"], np.arange(1000, dtype=np.float32))

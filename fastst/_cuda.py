@@ -1,0 +1,330 @@
+"""Loading a safetensors file onto a CUDA device at the speed of the link.
+
+The file's tensor bytes go to one allocation on the device. Several threads read
+the file with ``os.preadv`` (which releases the GIL) into a small ring of pinned
+host buffers; each thread owns one buffer, copies it to the device with an
+asynchronous copy on a stream of the load's own, and refills it once the CUDA event
+recorded after that copy has passed. Disk reads, the kernel's copies out of the page
+cache and transfers over the link overlap, and host memory holds the ring, never
+the file. Each tensor is a view of the device allocation where its offset is a
+multiple of its element size, else a copy of its bytes; the allocation is freed
+with the last tensor viewing it.
+
+``fastst.torch`` imports this module only when a CUDA device is asked for.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import (Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Protocol, Sequence,
+                    Tuple)
+
+import numpy as np
+import torch
+
+from . import DTYPES, SafetensorError, TensorInfo, safe_open
+
+# Measured on H100 machines (bench/gpu.py, bench/RESULTS.md): of the ring shapes
+# tried, 16 threads reading 16 MiB each were the fastest, or within noise of it, with
+# a hot page cache in three runs, and as fast as a plain read with a cold one.
+CHUNK_BYTES = 16 << 20
+RING_BUFFERS = 16
+
+
+class TensorPlace(NamedTuple):
+    """Where one tensor lies in the tensor buffer, and what torch makes of it."""
+    name: str
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def is_view(self) -> bool:
+        """Whether the tensor can view the device buffer: torch needs a tensor's
+        offset in its storage to be a multiple of its element size."""
+        return self.begin % self.dtype.itemsize == 0
+
+
+# header code -> torch dtype; uint8 for packed codes torch has no dtype for (as
+# NumPy has them), None where this torch lacks the code's dtype
+_TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = {
+    row.code: torch.uint8 if row.torch is None else getattr(torch, row.torch, None)
+    for row in DTYPES
+}
+_FLOAT4 = "F4"
+
+
+def torch_dtype(code: str, name: str, source: str) -> torch.dtype:
+    dtype = _TORCH_DTYPES[code]
+    if dtype is None:
+        raise SafetensorError(f"{source}: tensor {name!r}: this torch ({torch.__version__}) "
+                              f"has no dtype for {code}")
+    return dtype
+
+
+def tensor_place(name: str, info: TensorInfo, source: str) -> TensorPlace:
+    """The torch dtype and shape of one header entry: packed sub-byte tensors take
+    the shape of their bytes (float4 packs two values a byte along the last dim)."""
+    code, shape, (begin, end), array_shape = info
+    if code == _FLOAT4 and (array_shape is None or len(array_shape) != len(shape)):
+        raise SafetensorError(
+            f"{source}: tensor {name!r}: F4 {shape} cannot be a torch.float4_e2m1fn_x2 "
+            f"tensor, which packs two values a byte along the last dim: that dim must be even")
+    torch_shape = tuple(shape if array_shape is None else array_shape)
+    return TensorPlace(name, torch_dtype(code, name, source), torch_shape, begin, end)
+
+
+def plan_chunks(total: int, chunk_bytes: int) -> List[Tuple[int, int]]:
+    """The tensor buffer's bytes [0, total) cut into [start, stop) ranges of
+    `chunk_bytes` each, the last one shorter."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    return [(start, min(start + chunk_bytes, total)) for start in range(0, total, chunk_bytes)]
+
+
+def ring_shape(total: int, chunk_bytes: int, buffers: int) -> Tuple[int, int]:
+    """(buffer bytes, buffer count) of a ring for a tensor buffer of `total` bytes:
+    no larger than the file needs, one buffer at least."""
+    if buffers <= 0:
+        raise ValueError(f"buffers must be positive, got {buffers}")
+    size = max(1, min(chunk_bytes, total))
+    return size, max(1, min(buffers, len(plan_chunks(total, chunk_bytes))))
+
+
+def tensor_at(specs: Sequence[TensorPlace], offset: int) -> TensorPlace:
+    """The tensor whose bytes hold tensor-buffer offset `offset`."""
+    for spec in specs:
+        if spec.begin <= offset < spec.end:
+            return spec
+    raise ValueError(f"offset {offset} lies in no tensor")
+
+
+def read_into(fd: int, buffer: memoryview, offset: int) -> int:
+    """Fill `buffer` from `fd` at `offset`; the bytes read, fewer only where the
+    file ends (a read may come back short; one that reads nothing is the end)."""
+    done = 0
+    while done < len(buffer):
+        count = os.preadv(fd, [buffer[done:]], offset + done)
+        if count == 0:
+            break
+        done += count
+    return done
+
+
+class Ring(Protocol):
+    """What the reading threads fill and hand on: one buffer per thread.
+
+    ``buffers[k]`` is thread k's buffer; ``send(k, nbytes, start)`` hands on its
+    first `nbytes` bytes, which belong at `start` in the tensor buffer;
+    ``wait(k)`` returns once buffer k may be refilled; ``finish()`` once every
+    byte handed on has arrived; ``start_thread()`` runs in each reading thread
+    before its first read.
+    """
+    buffers: Sequence[memoryview]
+
+    def start_thread(self) -> None: ...
+    def wait(self, k: int) -> None: ...
+    def send(self, k: int, nbytes: int, start: int) -> None: ...
+    def finish(self) -> None: ...
+    def release(self) -> None: ...
+
+
+def stream(read: Callable[[memoryview, int], int], total: int, ring: Ring,
+           on_short_read: Callable[[int], Exception]) -> None:
+    """Move `total` bytes through `ring`, one thread per ring buffer, chunk i by
+    thread i % threads; ``read(buffer, start)`` fills `buffer` with the bytes from
+    `start` on and returns how many it read, fewer only where the source ends.
+
+    A read that ends early raises ``on_short_read(offset)``, the offset of the
+    first byte missing; the first error of any thread stops the others and is
+    raised once all have stopped and every copy already started has finished, so
+    the ring may then be freed.
+    """
+    size = len(ring.buffers[0]) if ring.buffers else 0
+    chunks = plan_chunks(total, size) if size else []
+    threads = min(len(ring.buffers), len(chunks))
+    errors: List[BaseException] = []
+
+    def lane(k: int) -> None:
+        try:
+            ring.start_thread()
+            for start, stop in chunks[k::threads]:
+                if errors:
+                    return
+                ring.wait(k)
+                count = read(ring.buffers[k][:stop - start], start)
+                if count < stop - start:
+                    errors.append(on_short_read(start + count))
+                    return
+                ring.send(k, stop - start, start)
+        except OSError as error:
+            # its traceback holds the reading frame, and so the pinned buffer
+            errors.append(error.with_traceback(None))
+        except BaseException as error:   # raised in the calling thread
+            errors.append(error)
+
+    workers = [threading.Thread(target=lane, args=(k,), name=f"fastst-read-{k}", daemon=True)
+               for k in range(threads)]
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    except BaseException as error:   # KeyboardInterrupt while joining: stop the lanes
+        errors.append(error)
+        for worker in workers:
+            if worker.ident is not None:
+                worker.join()
+        raise
+    finally:
+        ring.finish()
+    if errors:
+        raise errors[0]
+
+
+class PinnedRing:
+    """A ring of pinned host buffers copied into `dest` (a CUDA uint8 tensor) on a
+    stream of its own, each buffer released by the event recorded after its copy."""
+
+    def __init__(self, dest: torch.Tensor, buffer_bytes: int, count: int) -> None:
+        self.dest = dest
+        self.stream = torch.cuda.Stream(dest.device)
+        # one allocation for the whole ring, cut into the threads' buffers
+        self.pinned = torch.empty(buffer_bytes * count, dtype=torch.uint8, pin_memory=True)
+        self.parts = list(self.pinned.split(buffer_bytes))
+        self.buffers: Sequence[memoryview] = [memoryview(part.numpy()) for part in self.parts]
+        # blocking: a waiting thread sleeps rather than spin on a core the readers need
+        self.events = [torch.cuda.Event(blocking=True) for _ in range(count)]
+
+    def start_thread(self) -> None:
+        torch.cuda.set_device(self.dest.device)
+        torch.cuda.set_stream(self.stream)   # the current stream is per thread
+
+    def wait(self, k: int) -> None:
+        # mostly the copy ended long ago: a query spares a round of the GIL
+        if not self.events[k].query():
+            self.events[k].synchronize()
+
+    def send(self, k: int, nbytes: int, start: int) -> None:
+        self.dest[start:start + nbytes].copy_(self.parts[k][:nbytes], non_blocking=True)
+        self.events[k].record(self.stream)
+
+    def finish(self) -> None:
+        self.stream.synchronize()
+
+    def release(self) -> None:
+        self.buffers = []
+        self.parts = []
+        del self.pinned, self.dest
+
+
+def device_buffer(nbytes: int, device: torch.device, source: str) -> torch.Tensor:
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    except torch.cuda.OutOfMemoryError as error:
+        free, _ = torch.cuda.mem_get_info(device)
+        raise torch.cuda.OutOfMemoryError(
+            f"{source}: its tensors need {nbytes} bytes on {device}, which has {free} bytes "
+            f"free") from error
+
+
+def tensor_views(dest: torch.Tensor, specs: Iterable[TensorPlace]) -> Dict[str, torch.Tensor]:
+    """Each tensor as a view of the uint8 tensor buffer `dest`, or as a copy of its
+    bytes where its offset does not suit its element size."""
+    tensors = {}
+    for spec in specs:
+        raw = dest[spec.begin:spec.end]
+        if not spec.is_view:
+            raw = raw.clone()
+        tensors[spec.name] = raw.view(spec.dtype).reshape(spec.shape)
+    return tensors
+
+
+# tensors smaller than this go with a plain .to(device): starting the threads would
+# cost more than the copy
+STAGED_MIN_BYTES = 16 << 20
+
+
+def to_device(tensor: torch.Tensor, device: torch.device, *,
+              chunk_bytes: int = CHUNK_BYTES, buffers: int = RING_BUFFERS) -> torch.Tensor:
+    """A copy of the contiguous CPU tensor `tensor` on the CUDA `device`, its bytes
+    copied by threads into the pinned ring (out of the file's map, for a tensor
+    that views one) and on to the device. Chunks shrink so that every thread has
+    one."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes < STAGED_MIN_BYTES:
+        return tensor.to(device)
+    raw = tensor.reshape(-1).view(torch.uint8).numpy()
+    dest = device_buffer(nbytes, device, f"a tensor of {nbytes} bytes")
+
+    def read(buffer: memoryview, start: int) -> int:
+        np.copyto(np.frombuffer(buffer, np.uint8), raw[start:start + len(buffer)])
+        return len(buffer)
+
+    def unreachable(offset: int) -> Exception:
+        return AssertionError(f"a copy from memory ended early, at byte {offset}")
+
+    per_thread = -(-nbytes // buffers)
+    chunk = min(chunk_bytes, -(-per_thread // 4096) * 4096)
+    ring = PinnedRing(dest, *ring_shape(nbytes, chunk, buffers))
+    try:
+        stream(read, nbytes, ring, unreachable)
+    finally:
+        ring.release()
+    return dest.view(tensor.dtype).reshape(tensor.shape)
+
+
+def load_file(filename: Any, device: torch.device, *, backend: str = "mmap",
+              chunk_bytes: int = CHUNK_BYTES, buffers: int = RING_BUFFERS
+              ) -> Dict[str, torch.Tensor]:
+    """Every tensor of `filename` on the CUDA `device`, read through a ring of
+    `buffers` pinned buffers of `chunk_bytes` each (see the module's docstring)."""
+    def make_dest(total: int, source: str) -> torch.Tensor:
+        return device_buffer(total, device, source)
+
+    def make_ring(dest: torch.Tensor, total: int) -> PinnedRing:
+        return PinnedRing(dest, *ring_shape(total, chunk_bytes, buffers))
+
+    return load_through(filename, backend, make_dest, make_ring)
+
+
+def load_through(filename: Any, backend: str,
+                 make_dest: Callable[[int, str], torch.Tensor],
+                 make_ring: Callable[[torch.Tensor, int], Ring]) -> Dict[str, torch.Tensor]:
+    """Read the header, allocate the tensor buffer with ``make_dest(bytes, source)``,
+    stream the file into it through ``make_ring(dest, bytes)`` and return the
+    tensors, in file order."""
+    with safe_open(filename, backend=backend) as reader:
+        source = reader.source
+        data_start = reader.data_start
+        specs = [tensor_place(name, reader.info(name), source) for name in reader.offset_keys()]
+    total = max((spec.end for spec in specs), default=0)
+    with open(filename, "rb") as file:
+        dest = make_dest(total, source)
+
+        def read(buffer: memoryview, start: int) -> int:
+            return read_into(file.fileno(), buffer, data_start + start)
+
+        def truncated(offset: int) -> SafetensorError:
+            # a read past the end shows where it started; the first byte missing
+            # is where the file now ends
+            position = max(data_start, min(data_start + offset,
+                                           os.fstat(file.fileno()).st_size))
+            spec = tensor_at(specs, position - data_start)
+            return SafetensorError(
+                f"{source}: tensor {spec.name!r} (file bytes {data_start + spec.begin}.."
+                f"{data_start + spec.end}) is cut short: the file ends at byte {position}, "
+                f"truncated after its header was read")
+
+        if total:
+            try:
+                ring = make_ring(dest, total)
+                try:
+                    stream(read, total, ring, truncated)
+                finally:
+                    ring.release()
+            except BaseException:
+                del dest   # the traceback keeps this frame, not the device memory
+                raise
+    return tensor_views(dest, specs)

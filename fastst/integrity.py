@@ -412,8 +412,8 @@ def report_lines(report: Dict[str, Any]) -> List[str]:
         status = "ok" if file["ok"] else "FAILED"
         what = (f"{file['checked']} checksums ({file['checksum']})" if file["checksum"]
                 else "structure only: the file has no checksums")
-        lines.append(f"{file['file']}: {status}: {file['tensors']} tensors, "
-                     f"{file['bytes']} bytes, {what}")
+        count = f"{file['tensors']} tensor{'' if file['tensors'] == 1 else 's'}"
+        lines.append(f"{file['file']}: {status}: {count}, {file['bytes']} bytes, {what}")
         lines += [f"  {file['file']}: " + (f"tensor {e['tensor']!r}: " if e["tensor"] else "")
                   + e["error"] for e in file["errors"]]
     lines += [f"{e['file']}: {e['error']}" for e in report["errors"]]

@@ -77,6 +77,16 @@ def test_tensor_names_are_readable_escaped_paths_any_reader_opens(tmp_path):
                             "#x6b"])
 
 
+def test_int_and_str_keys_of_one_dict_get_distinct_names(tmp_path):
+    tree = {0: np.zeros(1), "0": np.ones(1), -1: np.zeros(2), "-1": np.ones(2),
+            None: np.zeros(3), "#None": np.ones(3), "None": np.full(1, 5)}
+    path = tmp_path / "state.safetensors"
+    save_state(path, tree)
+    assert sorted(fastst.load_file(path)) == sorted(
+        ["0", "%30", "-1", "%2D1", "#None", "%23None", "None"])
+    assert_same_tree(load_state(path), tree)
+
+
 def test_metadata_keeps_user_entries_and_a_versioned_tree(tmp_path):
     path = tmp_path / "state.safetensors"
     save_state(path, {"x": 1}, metadata={"format": "pt"})

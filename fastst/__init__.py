@@ -22,10 +22,13 @@ from ._core import (
     SafetensorTypeError,
     TensorInfo,
     TensorNotFoundError,
-    TensorSpec,
 )
 from . import numpy  # noqa: E402  (the module, as `safetensors.numpy` is)
 from . import writer  # noqa: E402
+from .writer import (  # noqa: E402
+    StreamWriter, TensorSpec, deserialize, save_file_from, serialize, serialize_file,
+    update_metadata,
+)
 
 __version__ = "0.1.0"
 
@@ -54,9 +57,11 @@ __all__ = [
     "SafetensorIndexError",
     "SafetensorNotImplementedError",
     "SafetensorTypeError",
+    "StreamWriter",
     "TensorInfo",
     "TensorNotFoundError",
     "TensorSpec",
+    "deserialize",
     "load",
     "load_file",
     "load_into",
@@ -65,6 +70,10 @@ __all__ = [
     "save",
     "save_file",
     "save_state",
+    "save_file_from",
+    "serialize",
+    "serialize_file",
+    "update_metadata",
     "numpy",
     "writer",
     "__version__",

@@ -18,7 +18,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping,
 
 import numpy as np
 
-from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorSpec, WritePlan, plan_write
+from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WriteSpec, WritePlan, plan_write
 from ._handle import NumpyHandle
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def _stored_bytes(array: npt.NDArray[Any]) -> Iterator[npt.NDArray[np.uint8]]:
         yield block.reshape(-1).view(np.uint8)
 
 
-def with_checksums(specs: Sequence[TensorSpec], metadata: Optional[Mapping[str, str]],
+def with_checksums(specs: Sequence[WriteSpec], metadata: Optional[Mapping[str, str]],
                    algorithm: str) -> Dict[str, str]:
     """`metadata` plus the checksum entry for the tensors `specs` describe."""
     import orjson
@@ -99,8 +99,12 @@ def with_checksums(specs: Sequence[TensorSpec], metadata: Optional[Mapping[str, 
     result = dict(metadata or {})
     if CHECKSUM_KEY in result:
         raise ValueError(f"metadata key {CHECKSUM_KEY!r} is reserved for checksums")
-    digests = dict(zip([spec[0] for spec in specs], _digests_of([spec[3] for spec in specs],
-                                                                algorithm)))
+    sources = [spec[3] for spec in specs if spec[3] is not None]
+    if len(sources) < len(specs):
+        name = next(spec[0] for spec in specs if spec[3] is None)
+        raise ValueError(f"tensor {name!r}: checksums need each tensor's data before the "
+                         f"header is written")
+    digests = dict(zip([spec[0] for spec in specs], _digests_of(sources, algorithm)))
     result[CHECKSUM_KEY] = orjson.dumps(
         {"algorithm": algorithm, "tensors": dict(sorted(digests.items()))}).decode()
     return result
@@ -123,7 +127,7 @@ def _usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def plan_with_checksums(specs: Sequence[TensorSpec], metadata: Optional[Mapping[str, str]],
+def plan_with_checksums(specs: Sequence[WriteSpec], metadata: Optional[Mapping[str, str]],
                         algorithm: Optional[str]) -> WritePlan:
     """The WritePlan of `specs`, its metadata holding their checksums unless
     `algorithm` is None."""

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 import numpy as np
 
-from ._core import SafetensorError, SafetensorTypeError, TensorSpec, spec_of_array
+from ._core import SafetensorError, SafetensorTypeError, WriteSpec, spec_of_array
 from ._files import PathLike, write_atomically
 from ._handle import Backend, safe_open
 from .integrity import plan_with_checksums
@@ -204,8 +204,8 @@ def _where(path: str) -> str:
     return repr(path) if path else "the root"
 
 
-def tensor_specs(tensors: Mapping[str, Any]) -> List[TensorSpec]:
-    """The TensorSpecs that write `tensors` (NumPy arrays and scalars, torch
+def tensor_specs(tensors: Mapping[str, Any]) -> List[WriteSpec]:
+    """The WriteSpecs that write `tensors` (NumPy arrays and scalars, torch
     tensors through ``fastst.torch``, anything else NumPy can view, like JAX
     arrays)."""
     torch = sys.modules.get("torch")

@@ -26,7 +26,7 @@ from ._core import (DTYPES, Reader, SafetensorError, SafetensorNotImplementedErr
                     SafetensorTypeError, TensorInfo)
 from ._handle import Backend, safe_open
 from .integrity import plan_with_checksums
-from .writer import TensorSpec, WritePlan, write_atomically
+from .writer import WritePlan, WriteSpec, write_atomically
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
            "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES"]
@@ -210,7 +210,7 @@ def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]
     return plan_with_checksums(specs, metadata, checksum)
 
 
-def spec_of_tensor(name: Any, tensor: torch.Tensor) -> TensorSpec:
+def spec_of_tensor(name: Any, tensor: torch.Tensor) -> WriteSpec:
     """What to write for `tensor`: its header code and shape, and a NumPy view of
     its bytes on the CPU."""
     if tensor.device.type == "meta":
@@ -225,7 +225,7 @@ def spec_of_tensor(name: Any, tensor: torch.Tensor) -> TensorSpec:
             raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
                              f"last dim to hold its two values")
         shape[-1] *= 2
-    return TensorSpec(name, code, shape, _bytes_of(tensor))
+    return WriteSpec(name, code, shape, _bytes_of(tensor))
 
 
 def _bytes_of(tensor: torch.Tensor) -> npt.NDArray[Any]:

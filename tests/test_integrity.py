@@ -95,9 +95,12 @@ def test_checksum_arguments_are_checked(tmp_path):
 
 
 def test_specs_are_checked_before_they_are_hashed():
-    spec = fastst.TensorSpec("a", "F32", (3,), np.zeros(2, np.float32))
+    spec = fastst.writer.WriteSpec("a", "F32", (3,), np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="needs 12 bytes but the source holds 8"):
         fastst.integrity.plan_with_checksums([spec], None, "xxh3_64")
+    declared = fastst.writer.WriteSpec("a", "F32", (2,), None)
+    with pytest.raises(ValueError, match="checksums need each tensor's data"):
+        fastst.integrity.plan_with_checksums([declared], None, "xxh3_64")
 
 
 def test_hashing_converts_one_block_at_a_time(monkeypatch):

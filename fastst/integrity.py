@@ -128,13 +128,13 @@ def _usable_cores() -> int:
 
 
 def plan_with_checksums(specs: Sequence[WriteSpec], metadata: Optional[Mapping[str, str]],
-                        algorithm: Optional[str]) -> WritePlan:
-    """The WritePlan of `specs`, its metadata holding their checksums unless
-    `algorithm` is None."""
-    plan = plan_write(specs, metadata)      # checks the specs before they are hashed
+                        algorithm: Optional[str], **plan_options: Any) -> WritePlan:
+    """The WritePlan of `specs` (``plan_write`` with `plan_options`), its metadata
+    holding their checksums unless `algorithm` is None."""
+    plan = plan_write(specs, metadata, **plan_options)   # checks the specs before hashing
     if algorithm is None:
         return plan
-    return plan_write(specs, with_checksums(specs, metadata, algorithm))
+    return plan_write(specs, with_checksums(specs, metadata, algorithm), **plan_options)
 
 
 # ---------------------------------------------------------------------------

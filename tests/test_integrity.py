@@ -74,17 +74,34 @@ def test_other_readers_ignore_the_checksums(tmp_path):
 
 def test_torch_and_state_writers_write_checksums(tmp_path):
     torch = pytest.importorskip("torch")
-    import fastst.torch
+    from fastst import torch as fastst_torch
     tensors = {"bf16": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
                "transposed": torch.arange(12.0).reshape(3, 4).t()}
     path = tmp_path / "t.safetensors"
-    fastst.torch.save_file(tensors, path, checksum="xxh3_128")
+    fastst_torch.save_file(tensors, path, checksum="xxh3_128")
     assert recorded(path)["tensors"] == stored_digests(path, "xxh3_128")
-    assert fastst.torch.save(tensors, checksum="xxh3_128") == path.read_bytes()
+    assert fastst_torch.save(tensors, checksum="xxh3_128") == path.read_bytes()
     state_path = tmp_path / "s.safetensors"
     fastst.save_state(state_path, {"opt": {0: tensors["bf16"]}, "step": 2}, checksum="xxh3_64")
     assert recorded(state_path)["tensors"] == stored_digests(state_path)
     assert fastst.load_state(state_path, framework="pt", verify=True)["step"] == 2
+
+
+def test_flax_and_spec_writers_write_checksums(tmp_path):
+    specs = [fastst.writer.WriteSpec(name, fastst.writer.spec_of_array(name, array).dtype,
+                                     array.shape, array) for name, array in ARRAYS.items()]
+    path = tmp_path / "w.safetensors"
+    fastst.writer.serialize_file(specs, path, checksum="xxh3_64", header_padding=64)
+    assert recorded(path)["tensors"] == stored_digests(path)
+    assert fastst.writer.serialize(specs, checksum="xxh3_64", header_padding=64) == \
+        path.read_bytes()
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from fastst import flax
+    arrays = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.zeros(3, jnp.bfloat16)}
+    flax.save_file(arrays, path, checksum="xxh3_128")
+    assert recorded(path)["tensors"] == stored_digests(path, "xxh3_128")
+    assert flax.save(arrays, checksum="xxh3_128") == path.read_bytes()
 
 
 def test_checksum_arguments_are_checked(tmp_path):

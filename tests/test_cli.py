@@ -310,7 +310,7 @@ def test_inspect_several_files_reports_each_and_fails_if_any_failed(tmp_path, ca
     other = tmp_path / "other.safetensors"
     fastst.save_file({"x": np.zeros(2, dtype=np.uint8)}, other)
     missing = tmp_path / "missing.safetensors"
-    index = _write(tmp_path / "model.safetensors.index.json", b'{"weight_map": {}}')
+    index = _write(tmp_path / "config.json", b'{"weight_map": {}}')
     assert cli.main(["inspect", str(good), str(missing), str(other), str(index)]) == 1
     captured = capsys.readouterr()
     assert captured.out.split("\n\nfile: ")[0].splitlines() == _expected_lines(good)
@@ -364,7 +364,9 @@ def test_inspect_missing_file(tmp_path, capsys):
 
 def test_inspect_directory(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path)]) == 1
-    assert capsys.readouterr().err == f"fastst: error: {tmp_path}: Is a directory\n"
+    assert capsys.readouterr().err == (f"fastst: error: {tmp_path}: no model.safetensors."
+                                       f"index.json nor any .safetensors file in this "
+                                       f"directory\n")
 
 
 def test_inspect_through_python_dash_m(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import (Any, Callable, Dict, Generic, Hashable, Iterable, Iterator, List, Mapping,
@@ -37,6 +38,9 @@ DEFAULT_PATTERN = "model{suffix}.safetensors"
 INDEX_SUFFIX = ".index.json"
 SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 MAX_INDEX_DEPTH = 64   # JSON nesting an index may have; real ones have 3 levels
+# Shards from this size up are copied one at a time: the core already shares the copy
+# of a file this large among threads, and nesting two pools of threads only slows it.
+PARALLEL_BELOW = 64 << 20
 
 
 # ---------------------------------------------------------------------------
@@ -77,11 +81,14 @@ def find_checkpoint(directory: str) -> str:
 def read_index(path: PathLike, *, max_size: int = DEFAULT_MAX_HEADER_SIZE) -> CheckpointIndex:
     """Read and check the index file at `path` (at most `max_size` bytes)."""
     path = os.path.abspath(os.fsdecode(path))
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if size > max_size:
-            raise SafetensorError(f"{path}: index of {size} bytes exceeds the limit of "
-                                  f"{max_size} bytes")
+    # O_NONBLOCK: a FIFO under an index's name must not wait for a writer
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
+        status = os.fstat(file.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise SafetensorError(f"{path}: index is not a regular file")
+        if status.st_size > max_size:
+            raise SafetensorError(f"{path}: index of {status.st_size} bytes exceeds the "
+                                  f"limit of {max_size} bytes")
         text = file.read(max_size + 1)
     return parse_index(text, path)
 
@@ -127,11 +134,11 @@ def _depth(document: Any) -> int:
 
 
 def _unique_keys(pairs: List[Tuple[str, Any]], path: str) -> Dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        seen = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
-        raise SafetensorError(f"{path}: index names {twice!r} twice in one object")
+    result: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise SafetensorError(f"{path}: index names {key!r} twice in one object")
+        result[key] = value
     return result
 
 
@@ -338,11 +345,25 @@ class NumpyShardedHandle(ShardedHandle[Any]):
         return self._shard_of(name).get_tensor(name, out=out)
 
     def copy_tensors(self) -> Dict[str, Any]:
-        """Every tensor read into fresh memory; shards are read in parallel."""
-        shards = [handle for _, handle in self._all_shards()]
-        with ThreadPoolExecutor(max(1, min(len(shards), _usable_cpus()))) as pool:
-            parts = list(pool.map(lambda handle: handle.copy_tensors(), shards))
-        return {name: array for part in parts for name, array in part.items()}
+        """Every tensor read into fresh memory, shard by shard in index order.
+
+        A large shard's copy shares its work among threads itself: those are read
+        one after another. Smaller shards are read by a pool of threads, one shard
+        each, so that a checkpoint of many small shards keeps the throughput of
+        one file.
+        """
+        shards = self._all_shards()
+        small = [handle for shard, handle in shards
+                 if os.path.getsize(self._index.shard_path(shard)) < PARALLEL_BELOW]
+        parts: Dict[int, Dict[str, Any]] = {}
+        if len(small) > 1:
+            with ThreadPoolExecutor(min(len(small), _usable_cpus())) as pool:
+                parts = dict(zip(map(id, small), pool.map(_copy_of, small)))
+        tensors: Dict[str, Any] = {}
+        for _, handle in shards:
+            part = parts.get(id(handle))
+            tensors.update(part if part is not None else handle.copy_tensors())
+        return tensors
 
     def read_into(self, arrays: Dict[str, Any]) -> None:
         """Read the named tensors into caller-supplied arrays (see ``NumpyHandle``)."""
@@ -359,6 +380,11 @@ class NumpyShardedHandle(ShardedHandle[Any]):
     def gather_rows(self, name: str, rows: Any) -> Any:
         return self._shard_of(name).gather_rows(name, rows)
 
+
+
+def _copy_of(handle: Shard) -> Dict[str, Any]:
+    copies: Dict[str, Any] = handle.copy_tensors()
+    return copies
 
 
 def _usable_cpus() -> int:

@@ -171,6 +171,12 @@ def test_a_malformed_index_names_the_file_and_the_rule(tmp_path, text, rule):
     assert rule in str(error.value)
 
 
+def test_an_index_that_is_not_a_regular_file_is_refused_without_waiting(tmp_path):
+    os.mkfifo(tmp_path / INDEX)
+    with pytest.raises(fastst.SafetensorError, match="index is not a regular file"):
+        fastst.safe_open(tmp_path / INDEX)
+
+
 def test_an_index_past_the_size_limit_is_not_read(checkpoint):
     directory, _ = checkpoint
     with pytest.raises(fastst.SafetensorError, match="exceeds the limit of 100 bytes"):
@@ -350,3 +356,15 @@ def test_inspect_of_a_directory_with_one_file_reports_that_file(tmp_path, capsys
     fastst.save_file({"w": np.zeros(2)}, tmp_path / "model.safetensors")
     assert cli.main(["inspect", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith(f"file: {tmp_path / 'model.safetensors'}\n")
+
+
+@pytest.mark.parametrize("parallel_below", [0, 1 << 40])
+def test_copies_are_the_same_whether_shards_are_read_in_turn_or_at_once(
+        checkpoint, monkeypatch, parallel_below):
+    import fastst.checkpoint
+
+    monkeypatch.setattr(fastst.checkpoint, "PARALLEL_BELOW", parallel_below)
+    directory, tensors = checkpoint
+    copies = fastst.load_file(directory, copy=True)
+    assert list(copies) == list(tensors)
+    assert all(np.array_equal(copies[name], tensors[name]) for name in tensors)

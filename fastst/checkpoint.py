@@ -20,7 +20,7 @@ import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import (Any, Callable, Dict, Generic, Hashable, Iterable, Iterator, List, Mapping,
-                    NamedTuple, Optional, Sequence, Tuple, Union)
+                    NamedTuple, Optional, Sequence, Set, Tuple, Union)
 
 import orjson
 
@@ -116,8 +116,12 @@ def parse_index(text: bytes, path: str) -> CheckpointIndex:
                               f"{type(metadata).__name__}")
     shards: Dict[str, List[str]] = {}
     for name, shard in weight_map.items():
-        _check_shard_name(shard, name, path)
+        if not isinstance(shard, str):
+            raise SafetensorError(f"{path}: tensor {name!r}: shard must be a file name "
+                                  f"string, got {type(shard).__name__}")
         shards.setdefault(shard, []).append(name)
+    for shard, names in shards.items():
+        _check_shard_name(shard, names[0], path)
     return CheckpointIndex(path, weight_map, shards, metadata)
 
 
@@ -126,27 +130,26 @@ def _depth(document: Any) -> int:
     while pending:
         value, depth = pending.pop()
         deepest = max(deepest, depth)
-        if isinstance(value, dict):
-            value = list(value.values())
-        if isinstance(value, list) and depth <= MAX_INDEX_DEPTH:
-            pending.extend((item, depth + 1) for item in value)
+        if depth <= MAX_INDEX_DEPTH:
+            items = value.values() if isinstance(value, dict) else value
+            pending.extend((item, depth + 1) for item in items
+                           if isinstance(item, (dict, list)))
     return deepest
 
 
 def _unique_keys(pairs: List[Tuple[str, Any]], path: str) -> Dict[str, Any]:
-    result: Dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise SafetensorError(f"{path}: index names {key!r} twice in one object")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: Set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise SafetensorError(f"{path}: index names {key!r} twice in one object")
+            seen.add(key)
     return result
 
 
-def _check_shard_name(shard: Any, name: str, path: str) -> None:
+def _check_shard_name(shard: str, name: str, path: str) -> None:
     """A shard is a plain ``.safetensors`` file name, in the index's directory."""
-    if not isinstance(shard, str):
-        raise SafetensorError(f"{path}: tensor {name!r}: shard must be a file name string, "
-                              f"got {type(shard).__name__}")
     if (not shard.endswith(".safetensors") or shard.startswith(".")
             or any(char in shard for char in "/\\\0")):
         raise SafetensorError(f"{path}: tensor {name!r}: shard {shard!r} is not a "

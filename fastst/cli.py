@@ -194,8 +194,8 @@ def _past_the_end(start: bytes, length: int, size: int) -> str:
     # A real prefix is a little-endian count whose high bytes are zero; text has none.
     if all(byte in TEXT_BYTES for byte in start[:8]):
         if start.lstrip()[:1] in (b"{", b"["):
-            return ("not a safetensors file: it is JSON text (the index.json of a "
-                    "sharded checkpoint names its shards: inspect those)")
+            return ("not a safetensors file: it is JSON text (a sharded checkpoint is "
+                    "inspected by its directory or its *.index.json)")
         return "not a safetensors file: it is text"
     if start[8:9] == b"{":      # a header begins there: the file was cut short
         return f"truncated: at least {8 + length} bytes expected, {size} present"

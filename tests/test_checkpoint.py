@@ -368,3 +368,12 @@ def test_copies_are_the_same_whether_shards_are_read_in_turn_or_at_once(
     copies = fastst.load_file(directory, copy=True)
     assert list(copies) == list(tensors)
     assert all(np.array_equal(copies[name], tensors[name]) for name in tensors)
+
+
+def test_relative_names_save_in_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fastst.save_file(arrays(), "weights.safetensors", max_shard_size=800)
+    assert os.path.isfile("weights.safetensors.index.json")
+    fastst.save_file(arrays(), "weights.safetensors", max_shard_size="1GB")
+    assert sorted(os.listdir(".")) == ["weights.safetensors"]
+    assert list(fastst.load_file(".")) == list(arrays())

@@ -81,25 +81,17 @@ class TensorSpec:
             dims[-1] = _unsigned("shape", dims[-1] * 2)
         self._dtype, self._shape = code, dims
 
-    @property
-    def dtype(self) -> str:
-        """The header dtype code, e.g. ``"F32"``."""
-        return self._dtype
+    dtype = property(operator.attrgetter("_dtype"),
+                     doc='The header dtype code, e.g. ``"F32"`` (str).')
+    data_ptr = property(operator.attrgetter("_data_ptr"),
+                        doc="The raw address of the tensor's bytes (int).")
+    data_len = property(operator.attrgetter("_data_len"),
+                        doc="The number of bytes at `data_ptr` (int).")
 
     @property
     def shape(self) -> List[int]:
         """The header shape (for float4 pairs, the last axis doubled)."""
         return list(self._shape)
-
-    @property
-    def data_ptr(self) -> int:
-        """The raw address of the tensor's bytes."""
-        return self._data_ptr
-
-    @property
-    def data_len(self) -> int:
-        """The number of bytes at `data_ptr`."""
-        return self._data_len
 
     def __repr__(self) -> str:
         return (f"TensorSpec(dtype={self._dtype!r}, shape={self._shape!r}, "

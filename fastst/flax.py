@@ -56,7 +56,8 @@ def load(data: bytes) -> Dict[str, jax.Array]:
 
 def load_file(filename: Union[str, "os.PathLike[str]"], *,
               backend: Backend = "mmap") -> Dict[str, jax.Array]:
-    """Load every tensor of a file as ``jax.Array``s (see ``fastst.jax``)."""
+    """Load every tensor of a file, or of a sharded checkpoint (its directory or
+    ``*.index.json``), as ``jax.Array``s (see ``fastst.jax``)."""
     with safe_open(filename, framework="flax", backend=backend) as f:
         return f.get_tensors()
 

@@ -23,6 +23,7 @@ import bisect
 import mmap
 import operator
 import os
+import sys
 import threading
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -81,25 +82,17 @@ class TensorSpec:
             dims[-1] = _unsigned("shape", dims[-1] * 2)
         self._dtype, self._shape = code, dims
 
-    @property
-    def dtype(self) -> str:
-        """The header dtype code, e.g. ``"F32"``."""
-        return self._dtype
+    dtype = property(operator.attrgetter("_dtype"),
+                     doc='The header dtype code, e.g. ``"F32"`` (str).')
+    data_ptr = property(operator.attrgetter("_data_ptr"),
+                        doc="The raw address of the tensor's bytes (int).")
+    data_len = property(operator.attrgetter("_data_len"),
+                        doc="The number of bytes at `data_ptr` (int).")
 
     @property
     def shape(self) -> List[int]:
         """The header shape (for float4 pairs, the last axis doubled)."""
         return list(self._shape)
-
-    @property
-    def data_ptr(self) -> int:
-        """The raw address of the tensor's bytes."""
-        return self._data_ptr
-
-    @property
-    def data_len(self) -> int:
-        """The number of bytes at `data_ptr`."""
-        return self._data_len
 
     def __repr__(self) -> str:
         return (f"TensorSpec(dtype={self._dtype!r}, shape={self._shape!r}, "
@@ -445,6 +438,9 @@ def _as_array(target: str, name: str, data: Any) -> np.ndarray:
         return data
     if isinstance(data, np.generic):
         return np.asarray(data)
+    torch = sys.modules.get("torch")     # a torch tensor means torch is imported
+    if torch is not None and isinstance(data, torch.Tensor):
+        return _torch_as_numpy(torch, data)
     try:
         return np.asarray(memoryview(data))
     except TypeError:
@@ -458,6 +454,19 @@ def _as_array(target: str, name: str, data: Any) -> np.ndarray:
                 f"{type(data).__name__} ({error}); write its raw bytes with write_bytes") from None
     raise SafetensorTypeError(f"{target}: tensor {name!r}: expected an array or a buffer, got "
                               f"{type(data).__name__}")
+
+
+def _torch_as_numpy(torch: Any, tensor: Any) -> np.ndarray:
+    """A NumPy array over a torch tensor's bytes (copied to the CPU if need be), of
+    the NumPy dtype its code surfaces as: bfloat16 and float8 become ml_dtypes arrays,
+    which NumPy cannot make from torch itself."""
+    code = _CODE_OF_TORCH_NAME.get(str(tensor.dtype).replace("torch.", "", 1))
+    if code is None or code in _PACKED_PAIRS:
+        return np.asarray(tensor)      # NumPy's own error says why it cannot
+    tensor = tensor.detach().cpu()
+    same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    raw = tensor.view(same_width[tensor.element_size()]).numpy()
+    return raw.view(numpy_dtype(code))
 
 
 def _add_range(ranges: List[List[int]], begin: int, end: int) -> None:

@@ -81,6 +81,9 @@ def test_torch_and_state_writers_write_checksums(tmp_path):
     fastst_torch.save_file(tensors, path, checksum="xxh3_128")
     assert recorded(path)["tensors"] == stored_digests(path, "xxh3_128")
     assert fastst_torch.save(tensors, checksum="xxh3_128") == path.read_bytes()
+    with pytest.raises(ValueError, match="not available with max_shard_size"):
+        fastst_torch.save_file(tensors, tmp_path / "shards", max_shard_size=100,
+                               checksum="xxh3_64")
     state_path = tmp_path / "s.safetensors"
     fastst.save_state(state_path, {"opt": {0: tensors["bf16"]}, "step": 2}, checksum="xxh3_64")
     assert recorded(state_path)["tensors"] == stored_digests(state_path)
@@ -321,6 +324,17 @@ def test_index_and_shards_that_disagree_are_reported(tmp_path, capsys, weight_ma
     assert any(match in error["error"] for error in report["errors"]), report["errors"]
     code, out, _ = run_cli(capsys, tmp_path)
     assert code == 1 and match in out
+
+
+def test_a_checkpoint_saved_in_shards_verifies(tmp_path, capsys):
+    arrays = {f"layer{i}": np.full(1000, i, np.float32) for i in range(6)}
+    fastst.save_file(arrays, tmp_path, max_shard_size=10_000)
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    assert run_cli(capsys, tmp_path)[0] == 0
+    with pytest.raises(ValueError, match="not available with max_shard_size"):
+        fastst.save_file(arrays, tmp_path / "again", max_shard_size=10_000, checksum="xxh3_64")
+    with pytest.raises(SafetensorError, match="verify=True opens one file"):
+        safe_open(tmp_path, verify=True)
 
 
 def test_an_empty_folder_fails(tmp_path, capsys):

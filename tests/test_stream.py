@@ -145,9 +145,8 @@ def test_pieces_from_buffers_torch_and_other_layouts(tmp_path):
         writer.write("a", values[3:].astype(">f4"), start_row=3)        # big-endian rows
         writer.write("b", array_module.array("f", [1, 2, 3]))           # buffer protocol
         writer.write("c", np.asfortranarray([[1.0, 2.0], [3.0, 4.0]]))  # a transposed matrix
-        with pytest.raises(fastst.SafetensorTypeError, match="write_bytes"):
-            writer.write("bf", bf16)                                     # NumPy has no bfloat16 view
-        writer.write_bytes("bf", bf16.view(torch.uint8).numpy())
+        writer.write("bf", bf16[:4])                                 # bfloat16 rows, as ml_dtypes
+        writer.write_bytes("bf", bf16[4:].view(torch.uint8).numpy(), start=8)
         writer.write("u", b"\x01\x02\x03\x04\x05")
         assert writer.info("f4").shape == [2, 6]
         writer.write_bytes("f4", bytes(range(6)))
@@ -157,6 +156,24 @@ def test_pieces_from_buffers_torch_and_other_layouts(tmp_path):
     assert loaded["c"].tolist() == [[1, 2], [3, 4]]
     assert torch.equal(loaded["bf"], bf16)
     assert loaded["u"].tolist() == [1, 2, 3, 4, 5]
+
+
+def test_torch_pieces_of_dtypes_numpy_lacks_are_written_as_they_are(tmp_path):
+    torch = pytest.importorskip("torch")
+    import fastst.torch
+    tensors = {"bf": torch.randn(8, 4).to(torch.bfloat16),
+               "f8": torch.randn(6).to(torch.float8_e4m3fn),
+               "t": torch.randn(4, 3).t()}                       # not contiguous
+    path = tmp_path / "torch.safetensors"
+    with fastst.StreamWriter(path, {name: (t.dtype, tuple(t.shape))
+                                    for name, t in tensors.items()}) as writer:
+        writer.write("bf", tensors["bf"][4:], start_row=4)
+        writer.write("bf", tensors["bf"][:4])
+        writer.write("f8", tensors["f8"])
+        writer.write("t", tensors["t"])
+        with pytest.raises(fastst.SafetensorTypeError):
+            writer.write("f8", torch.zeros(6, dtype=torch.float8_e5m2))   # another dtype
+    assert path.read_bytes() == fastst.torch.save(tensors)
 
 
 def misuse_cases():

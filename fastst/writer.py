@@ -34,6 +34,7 @@ from ._core import (
     TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
 )
 from ._files import AtomicFile, PathLike, copy_range, write_atomically
+from .integrity import plan_with_checksums
 
 __all__ = ["StreamWriter", "TensorSpec", "WritePlan", "WriteSpec", "declared_specs",
            "deserialize", "plan_write", "save_file_from", "serialize", "serialize_file", "spec_of_array",
@@ -81,25 +82,17 @@ class TensorSpec:
             dims[-1] = _unsigned("shape", dims[-1] * 2)
         self._dtype, self._shape = code, dims
 
-    @property
-    def dtype(self) -> str:
-        """The header dtype code, e.g. ``"F32"``."""
-        return self._dtype
+    dtype = property(operator.attrgetter("_dtype"),
+                     doc='The header dtype code, e.g. ``"F32"`` (str).')
+    data_ptr = property(operator.attrgetter("_data_ptr"),
+                        doc="The raw address of the tensor's bytes (int).")
+    data_len = property(operator.attrgetter("_data_len"),
+                        doc="The number of bytes at `data_ptr` (int).")
 
     @property
     def shape(self) -> List[int]:
         """The header shape (for float4 pairs, the last axis doubled)."""
         return list(self._shape)
-
-    @property
-    def data_ptr(self) -> int:
-        """The raw address of the tensor's bytes."""
-        return self._data_ptr
-
-    @property
-    def data_len(self) -> int:
-        """The number of bytes at `data_ptr`."""
-        return self._data_len
 
     def __repr__(self) -> str:
         return (f"TensorSpec(dtype={self._dtype!r}, shape={self._shape!r}, "
@@ -123,23 +116,27 @@ def _unsigned_dims(shape: Any) -> List[int]:
 
 
 def serialize(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSpec]],
-              metadata: Optional[Dict[str, str]] = None, *, header_padding: int = 0) -> bytes:
+              metadata: Optional[Dict[str, str]] = None, *, header_padding: int = 0,
+              checksum: Optional[str] = None) -> bytes:
     """The bytes of a safetensors file holding the tensors described, as
     ``safetensors.serialize``: `tensor_dict` maps names to ``TensorSpec`` (raw
     pointers, see its warning), or is a list of ``WriteSpec`` (arrays).
-    `header_padding` reserves room for later metadata edits (``update_metadata``)."""
-    return plan_write(_write_specs(tensor_dict), metadata,
-                      header_padding=header_padding).to_bytes()
+    `header_padding` reserves room for later metadata edits (``update_metadata``);
+    `checksum` is that of ``fastst.save``."""
+    return plan_with_checksums(_write_specs(tensor_dict), metadata, checksum,
+                               header_padding=header_padding).to_bytes()
 
 
 def serialize_file(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSpec]],
                    filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
-                   fsync: bool = False, header_padding: int = 0) -> None:
+                   fsync: bool = False, header_padding: int = 0,
+                   checksum: Optional[str] = None) -> None:
     """Write the tensors described to `filename`, atomically (see ``save_file``),
     as ``safetensors.serialize_file``. A failure to write is a SafetensorError, as
     there, with the OSError as its cause. `header_padding` reserves room for later
-    metadata edits (``update_metadata``)."""
-    plan = plan_write(_write_specs(tensor_dict), metadata, header_padding=header_padding)
+    metadata edits (``update_metadata``); `checksum` is that of ``fastst.save``."""
+    plan = plan_with_checksums(_write_specs(tensor_dict), metadata, checksum,
+                               header_padding=header_padding)
     try:
         write_atomically(plan, filename, fsync=fsync)
     except OSError as error:

@@ -33,7 +33,7 @@ def test_convert_prints_a_summary_and_exits_0(tmp_path, checkpoint, capsys):
 def test_convert_into_shards(tmp_path, checkpoint, capsys):
     src, state = checkpoint
     assert main(["convert", str(src), str(tmp_path / "model.safetensors"),
-                 "--max-shard-size", "300B"]) == 0
+                 "--max-shard-size", "300"]) == 0
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert files == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]

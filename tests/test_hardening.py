@@ -26,8 +26,8 @@ def run_python(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def test_directory_is_refused(tmp_path):
-    with pytest.raises(IsADirectoryError):
+def test_directory_without_a_checkpoint_is_refused(tmp_path):
+    with pytest.raises(fastst.SafetensorError, match="no model.safetensors.index.json"):
         fastst.safe_open(tmp_path)
 
 

@@ -17,16 +17,19 @@ Each written tensor is read back and compared with the bytes its source gives.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import numpy as np
 import orjson
 
 from .. import SafetensorError, safe_open
+from ..checkpoint import ShardEntry, parse_size, split_into_shards
+from ..writer import WriteSpec
 from ._output import Declared, verify_written, write_declared
 from ._torch import declare, flatten, tied_names, values_metadata
 from ._torch_files import open_checkpoint
@@ -51,7 +54,7 @@ class ConversionReport:
 
 def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
                          verify: bool = True, verify_torch: bool = False,
-                         max_shard_size: Optional[int] = None, fsync: bool = False,
+                         max_shard_size: Union[int, str, None] = None, fsync: bool = False,
                          progress: Progress = None) -> ConversionReport:
     """Convert the torch checkpoint `src` to the safetensors file `dst`.
 
@@ -62,9 +65,10 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     `verify` (the default) the file is read back and each tensor compared
     with the bytes read again from `src`; with `verify_torch`, also
     with the tensors ``torch.load(src, weights_only=True)`` gives (torch needed).
-    With `max_shard_size` (bytes) the tensors are split, in order, into
-    ``<stem>-00001-of-0000N.safetensors`` files of at most that size each (a
-    larger tensor alone in its file) and ``<stem>.safetensors.index.json``
+    With `max_shard_size` (bytes, or "5GB" as the hub writes it) the tensors
+    are split, in order, into ``<stem>-00001-of-0000N.safetensors`` files of at
+    most that size each (a larger tensor alone in its file), as
+    ``fastst.checkpoint`` splits them, and ``<stem>.safetensors.index.json``
     names the file of each tensor. `progress` is called with each number of
     bytes written.
     """
@@ -80,13 +84,13 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
         metadata = {"format": "pt", **values_metadata(values)}
         for name, kept in dropped.items():
             metadata.setdefault(name, kept)
-        shards = split_into_shards(os.fsdecode(dst), declared, max_shard_size)
+        shards = shard_files(os.fsdecode(dst), declared, max_shard_size)
         for filename, part in shards:
             write_declared(filename, part, metadata, fsync=fsync, progress=progress)
             if verify:
                 verify_written(filename, part)
     if len(shards) > 1:
-        write_index(os.fsdecode(dst), shards, metadata)
+        write_index(os.fsdecode(dst), shards)
     if verify_torch:
         verify_against_torch(source, [name for name, _ in shards], key)
     return ConversionReport(source, os.fsdecode(dst), len(declared),
@@ -94,38 +98,31 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
                             time.perf_counter() - start, verify or verify_torch)
 
 
-def split_into_shards(dst: str, declared: List[Declared], max_shard_size: Optional[int]
-                      ) -> List[Tuple[str, List[Declared]]]:
-    """The files to write and the tensors of each: one file, or shards of at
-    most `max_shard_size` bytes of tensor data filled in order."""
+def shard_files(dst: str, declared: List[Declared], max_shard_size: Union[int, str, None]
+                ) -> List[Tuple[str, List[Declared]]]:
+    """The files to write and the tensors of each: `dst` alone, or shards cut as
+    ``fastst.checkpoint`` cuts them (the Hugging Face rule), named
+    ``<stem>-00001-of-0000N.safetensors``."""
     if max_shard_size is None:
         return [(dst, declared)]
-    if max_shard_size <= 0:
-        raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
-    groups: List[List[Declared]] = [[]]
-    size = 0
-    for tensor in declared:
-        if groups[-1] and size + tensor.nbytes > max_shard_size:
-            groups.append([])
-            size = 0
-        groups[-1].append(tensor)
-        size += tensor.nbytes
-    if len(groups) == 1:
+    entries = [ShardEntry(WriteSpec(t.name, t.code, t.shape, None), t.nbytes) for t in declared]
+    groups, _ = split_into_shards(entries, parse_size(max_shard_size))
+    if len(groups) <= 1:
         return [(dst, declared)]
+    by_name = {tensor.name: tensor for tensor in declared}
     stem = dst[:-len(".safetensors")] if dst.endswith(".safetensors") else dst
-    return [(f"{stem}-{k:05d}-of-{len(groups):05d}.safetensors", group)
+    return [(f"{stem}-{k:05d}-of-{len(groups):05d}.safetensors", [by_name[n] for n in group])
             for k, group in enumerate(groups, 1)]
 
 
-def write_index(dst: str, shards: List[Tuple[str, List[Declared]]],
-                metadata: Dict[str, str]) -> None:
+def write_index(dst: str, shards: List[Tuple[str, List[Declared]]]) -> None:
     """The ``index.json`` of a sharded checkpoint, as the hub lays it out."""
     stem = dst[:-len(".safetensors")] if dst.endswith(".safetensors") else dst
     index = {"metadata": {"total_size": sum(t.nbytes for _, part in shards for t in part)},
              "weight_map": {t.name: os.path.basename(filename)
                             for filename, part in shards for t in part}}
-    with open(stem + ".safetensors.index.json", "wb") as fh:
-        fh.write(orjson.dumps(index, option=orjson.OPT_INDENT_2) + b"\n")
+    with open(stem + ".safetensors.index.json", "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(index, indent=2))
 
 
 def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None:

@@ -133,8 +133,11 @@ def test_nested_checkpoint_flattened_or_picked(tmp_path):
     torch_to_safetensors(src, tmp_path / "all.safetensors")
     with fastst.safe_open(tmp_path / "all.safetensors") as reader:
         assert set(reader.keys()) == {f"model/{name}" for name in inner}
-        values = reader.metadata()["fastst.convert.values"]
-    assert '"epoch":3' in values and '"optimizer/lr":0.5' in values
+    state = fastst.load_state(tmp_path / "all.safetensors", framework="pt")
+    assert {key: state[key] for key in ("epoch", "optimizer", "note")} == {
+        "epoch": 3, "optimizer": {"lr": 0.5}, "note": "x/y"}
+    assert list(state["model"]) == list(inner)
+    assert all(torch.equal(state["model"][name], tensor) for name, tensor in inner.items())
 
     with pytest.raises(fastst.SafetensorError, match="no key 'state_dict'"):
         torch_to_safetensors(src, tmp_path / "x.safetensors", key="state_dict")

@@ -31,7 +31,7 @@ from .. import SafetensorError, safe_open
 from ..checkpoint import ShardEntry, parse_size, split_into_shards
 from ..writer import WriteSpec
 from ._output import Declared, verify_written, write_declared
-from ._torch import declare, flatten, tied_names, values_metadata
+from ._torch import declare, flatten, tied_names
 from ._torch_files import open_checkpoint
 
 __all__ = ["ConversionReport", "torch_to_safetensors", "numpy_to_safetensors", "convert",
@@ -59,9 +59,10 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     """Convert the torch checkpoint `src` to the safetensors file `dst`.
 
     `key` picks one entry of a nested checkpoint (``"state_dict"``, ``"model"``,
-    or a ``/``-separated path); without it every tensor is converted, named by
-    its path in the nest (a flat state dict keeps its names). Leaves that are not
-    tensors go into the metadata as JSON under ``fastst.convert.values``. With
+    or a ``/``-separated path); without it a state dict keeps its names, and any
+    other nest is written as ``fastst.save_state`` writes one: tensors named by
+    their path, the tree and its other leaves in the metadata, so that
+    ``fastst.load_state(dst)`` gives the nest back. With
     `verify` (the default) the file is read back and each tensor compared
     with the bytes read again from `src`; with `verify_torch`, also
     with the tensors ``torch.load(src, weights_only=True)`` gives (torch needed).
@@ -75,13 +76,14 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     start = time.perf_counter()
     source = os.fsdecode(src)
     with open_checkpoint(source) as checkpoint:
-        tensors, values = flatten(checkpoint.tree, source, key)
+        tensors, state_metadata = flatten(checkpoint.tree, source, key)
         if not tensors:
             raise SafetensorError(f"{source}: the checkpoint holds no tensors")
-        dropped = tied_names(tensors)
+        # a state tree names every tensor it holds: ties are dropped from state dicts only
+        dropped = {} if state_metadata else tied_names(tensors)
         declared = [declare(checkpoint, name, ref) for name, ref in tensors
                     if name not in dropped]
-        metadata = {"format": "pt", **values_metadata(values)}
+        metadata = {"format": "pt", **state_metadata}
         for name, kept in dropped.items():
             metadata.setdefault(name, kept)
         shards = shard_files(os.fsdecode(dst), declared, max_shard_size)

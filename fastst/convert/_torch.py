@@ -6,34 +6,28 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-import orjson
+from collections import OrderedDict
 
 from .. import SafetensorError
 from ._output import Declared
 from ._torch_files import CHUNK, Checkpoint
 from ._torch_pickle import TensorRef
 
-__all__ = ["flatten", "tied_names", "declare", "values_metadata", "MAX_DEPTH", "VALUES_KEY"]
+__all__ = ["flatten", "tied_names", "declare", "MAX_DEPTH"]
 
 MAX_DEPTH = 256
-VALUES_KEY = "fastst.convert.values"    # metadata key of the non-tensor leaves, as JSON
-
-
-def _name_part(key: Any) -> str:
-    """A dict key or list index as one part of a path: `/` and `%` escaped."""
-    if type(key) is str:
-        return key.replace("%", "%25").replace("/", "%2F")
-    if type(key) is int:
-        return str(key)
-    return "#" + repr(key)
 
 
 def flatten(tree: Any, source: str, key: Optional[str] = None,
-            tensor_type: Any = TensorRef) -> Tuple[List[Tuple[str, Any]], Dict[str, Any]]:
-    """The tensors of `tree` named by their path (parts joined by ``/``; a flat
-    dict of tensors keeps its names), and its other leaves by path.
+            tensor_type: Any = TensorRef) -> Tuple[List[Tuple[str, Any]], Dict[str, str]]:
+    """The tensors of `tree` by name, and the metadata that describes the rest.
 
-    With `key`, only ``tree[key]`` is converted (a ``/``-separated path for deeper
+    A state dict (a dict of tensors) keeps its names and needs no metadata; any
+    other nest (``{"model": ..., "epoch": 3}``, an optimizer state) is laid out
+    as ``fastst.state`` lays it out: tensors named by their path
+    (``model/embed.weight``, ``state/0/exp_avg``), the tree with its other
+    leaves in the metadata, so that ``fastst.load_state`` gives it back. With
+    `key`, only ``tree[key]`` is converted (a ``/``-separated path for deeper
     nests). `tensor_type` is what counts as a tensor (torch.Tensor to name the
     tensors of ``torch.load`` the same way)."""
     if key is not None:
@@ -50,26 +44,35 @@ def flatten(tree: Any, source: str, key: Optional[str] = None,
     if not isinstance(tree, (dict, list, tuple)):
         raise SafetensorError(f"{source}: the checkpoint holds a {type(tree).__name__}, not "
                               f"tensors")
-    tensors: List[Tuple[str, TensorRef]] = []
-    values: Dict[str, Any] = {}
-    stack: List[Tuple[str, Any, int]] = [("", tree, 0)]
-    while stack:
-        path, node, depth = stack.pop()
-        if isinstance(node, tensor_type):
-            tensors.append((path, node))
-        elif isinstance(node, (dict, list, tuple)):
-            if depth >= MAX_DEPTH:
-                raise SafetensorError(f"{source}: the checkpoint nests deeper than {MAX_DEPTH}")
-            items = node.items() if isinstance(node, dict) else enumerate(node)
-            children = [(_joined(path, _name_part(k)), v, depth + 1) for k, v in items]
-            stack.extend(reversed(children))
-        elif path:
-            values[path] = node
-    return tensors, values
+    from ..state import state_to_tensors
+
+    try:
+        tensors, metadata = state_to_tensors(_plain(tree, tensor_type, 0))
+    except SafetensorError as error:
+        raise type(error)(f"{source}: {error}") from None
+    return list(tensors.items()), metadata
 
 
-def _joined(path: str, part: str) -> str:
-    return part if not path else f"{path}/{part}"
+def _plain(node: Any, tensor_type: Any, depth: int) -> Any:
+    """`node` in the types a state tree holds: dict and tuple subclasses (a state
+    dict's OrderedDict, torch.Size) as the plain type, sets as lists, dtypes,
+    devices and complex numbers as their text."""
+    if depth > MAX_DEPTH:
+        raise SafetensorError(f"the checkpoint nests deeper than {MAX_DEPTH}")
+    if isinstance(node, tensor_type) or node is None or type(node) in (bool, int, float, str,
+                                                                       bytes):
+        return node
+    if isinstance(node, OrderedDict):
+        return OrderedDict((k, _plain(v, tensor_type, depth + 1)) for k, v in node.items())
+    if isinstance(node, dict):
+        return {k: _plain(v, tensor_type, depth + 1) for k, v in node.items()}
+    if isinstance(node, (list, set, frozenset)):
+        return [_plain(v, tensor_type, depth + 1) for v in node]
+    if isinstance(node, tuple):
+        return tuple(_plain(v, tensor_type, depth + 1) for v in node)
+    if isinstance(node, bytearray):
+        return bytes(node)
+    return str(node)
 
 
 def _keys(tree: Any) -> str:
@@ -93,14 +96,6 @@ def tied_names(tensors: List[Tuple[str, TensorRef]]) -> Dict[str, str]:
         for name in others:
             dropped[name] = kept
     return dropped
-
-
-def values_metadata(values: Dict[str, Any]) -> Dict[str, str]:
-    """The non-tensor leaves (epoch, step, hyperparameters) as one JSON entry."""
-    if not values:
-        return {}
-    return {VALUES_KEY: orjson.dumps(values, default=repr,
-                                     option=orjson.OPT_NON_STR_KEYS).decode()}
 
 
 def _byte_order_dtype(code: str, itemsize: int) -> Tuple[np.dtype, np.dtype]:

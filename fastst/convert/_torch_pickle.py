@@ -128,6 +128,14 @@ class TensorRef:
     def layout(self) -> Tuple[Any, ...]:
         return (self.storage.key, self.code, self.offset, self.shape, self.stride)
 
+    @property
+    def dtype(self) -> str:
+        return self.code
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise SafetensorError("a tensor of the checkpoint is read by its byte range, not "
+                              "as an array")
+
     def __setstate__(self, state: Any) -> None:
         raise _Refused("BUILD on a tensor")
 

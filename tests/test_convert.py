@@ -237,6 +237,9 @@ def test_directory_with_sharded_index(tmp_path):
         **{n: "model-00001-of-00002.safetensors" for n in first},
         **{n: "model-00002-of-00002.safetensors" for n in second}}
     assert_same_as_reference(tmp_path, second, dst / "model-00002-of-00002.safetensors")
+    with fastst.safe_open(dst) as checkpoint:       # the folder opens as one checkpoint
+        assert sorted(checkpoint.keys()) == sorted([*first, *second])
+        assert np.array_equal(checkpoint.get_tensor("b.weight"), second["b.weight"].numpy())
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")

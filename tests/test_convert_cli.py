@@ -41,6 +41,9 @@ def test_convert_into_shards(tmp_path, checkpoint, capsys):
                                                   for t in state.values())
     for name, filename in index["weight_map"].items():
         assert torch.equal(fastst_torch.load_file(tmp_path / filename)[name], state[name])
+    with fastst.safe_open(tmp_path / "model.safetensors.index.json") as checkpoint:
+        assert sorted(checkpoint.keys()) == sorted(state)
+    assert main(["verify", str(tmp_path)]) == 0
 
 
 def test_refused_checkpoint_exits_1_and_writes_nothing(tmp_path, capsys):

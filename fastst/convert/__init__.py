@@ -269,6 +269,6 @@ def _convert_index(path: str, target: str, dropped: Set[str]) -> None:
     index = {"metadata": index.get("metadata", {}),
              "weight_map": {name: safetensors_name(shard) for name, shard in weight_map.items()
                             if name not in dropped}}
-    with open(target, "wb") as fh:
-        fh.write(orjson.dumps(index, option=orjson.OPT_INDENT_2) + b"\n")
+    with open(target, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(index, indent=2))
 

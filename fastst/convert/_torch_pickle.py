@@ -426,7 +426,9 @@ def load_pickle(raw: Any, end: int, source: str,
                 storage: Callable[[str, str, int], StorageRef], legacy: bool = False) -> Any:
     """Unpickle one pickle from file object `raw` (ending at byte `end`) with the
     restricted unpickler; every failure is a SafetensorError naming `source`."""
-    unpickler = RestrictedUnpickler(BoundedFile(raw, end), storage, legacy)
+    # An in-memory pickle needs no bound: BytesIO hands back what it holds.
+    file = raw if isinstance(raw, io.BytesIO) else BoundedFile(raw, end)
+    unpickler = RestrictedUnpickler(file, storage, legacy)
     try:
         return unpickler.load()
     except SafetensorError as error:
@@ -434,7 +436,9 @@ def load_pickle(raw: Any, end: int, source: str,
         raise kind(f"{source}: {error}") from None
     except RecursionError:
         raise SafetensorError(f"{source}: the pickle nests too deeply") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
+    except EOFError:
+        raise SafetensorError(f"{source}: the pickle is truncated") from None
+    except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError,
             AttributeError, UnicodeDecodeError, OverflowError, MemoryError,
             struct.error) as error:
         raise SafetensorError(f"{source}: malformed pickle ({type(error).__name__}: "

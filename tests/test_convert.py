@@ -283,3 +283,15 @@ def test_verification_names_a_tensor_that_differs_from_its_source(tmp_path):
     with declared_arrays(str(tmp_path / "a.npz")) as declared:
         with pytest.raises(fastst.SafetensorError, match="tensor 'x' differs from its source"):
             verify_written(str(tmp_path / "a.safetensors"), declared)
+
+
+def test_tied_weights_in_a_nest_are_each_written(tmp_path):
+    weight = torch.randn(3, 2)
+    src = tmp_path / "nested_tied.pt"
+    torch.save({"model": {"embed": weight, "head": weight}, "step": 5}, src)
+    report = torch_to_safetensors(src, tmp_path / "out.safetensors")
+    assert report.dropped == {} and report.tensors == 2
+    state = fastst.load_state(tmp_path / "out.safetensors", framework="pt")
+    assert state["step"] == 5
+    assert torch.equal(state["model"]["embed"], weight) and torch.equal(state["model"]["head"],
+                                                                         weight)

@@ -75,8 +75,8 @@ def save(tensors: Mapping[str, npt.NDArray[Any]],
 
 def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
               metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
-              max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None
-              ) -> None:
+              max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
+              header_padding: int = 0) -> None:
     """Write tensors to `filename` atomically.
 
     The file is written beside the target under a temporary name
@@ -84,7 +84,9 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
     file or the new one, never a mix, and a failed save leaves the old file as it
     was. With ``fsync=True`` the file and its directory are flushed to disk before
     returning, so the new file also survives a power loss. `checksum` is that
-    of ``save``.
+    of ``save``. `header_padding` reserves that many bytes of spaces after the
+    header, so that ``fastst.update_metadata`` can later rewrite the metadata in
+    place, without copying the tensors.
 
     With `max_shard_size` (bytes, or a size such as ``"5GB"``) the tensors are cut
     into shards as the Hugging Face tools cut them, and `filename` is the
@@ -94,19 +96,19 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
     if max_shard_size is not None:
         from .checkpoint import save_array_checkpoint   # a capability: imported when used
 
-        if checksum is not None:
-            raise ValueError("checksum= is not available with max_shard_size= (sharded "
-                             "saves write no checksums yet)")
+        if checksum is not None or header_padding:
+            raise ValueError("checksum= and header_padding= are not available with "
+                             "max_shard_size=")
         save_array_checkpoint(_as_dict(tensors), filename, metadata=metadata,
                               max_shard_size=max_shard_size, fsync=fsync)
         return
-    write_atomically(_plan(tensors, metadata, checksum), filename, fsync=fsync)
+    write_atomically(_plan(tensors, metadata, checksum, header_padding), filename, fsync=fsync)
 
 
-def _plan(tensors: Mapping[str, npt.NDArray[Any]],
-          metadata: Optional[Mapping[str, str]], checksum: Optional[str] = None) -> WritePlan:
+def _plan(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str, str]],
+          checksum: Optional[str] = None, header_padding: int = 0) -> WritePlan:
     specs = [spec_of_array(name, array) for name, array in _as_dict(tensors).items()]
-    return plan_with_checksums(specs, metadata, checksum)
+    return plan_with_checksums(specs, metadata, checksum, header_padding=header_padding)
 
 
 def _as_dict(tensors: Mapping[str, Any]) -> Dict[str, Any]:

@@ -90,6 +90,19 @@ def test_a_streamed_file_with_header_padding_is_edited_in_place(tmp_path):
     assert fastst.load_file(path)["a"].tolist() == [1, 1, 1]
 
 
+def test_save_file_reserves_room_for_edits_in_place(tmp_path):
+    path = tmp_path / "saved.safetensors"
+    tensors = {"w": np.arange(6, dtype=np.float64).reshape(2, 3)}
+    fastst.save_file(tensors, path, metadata={"a": "b"}, header_padding=512)
+    inode, size = os.stat(path).st_ino, os.stat(path).st_size
+    assert size == len(fastst.save(tensors, metadata={"a": "b"})) + 512
+    assert fastst.update_metadata(path, {"a": "b" * 400}) is True
+    assert (os.stat(path).st_ino, os.stat(path).st_size) == (inode, size)
+    assert fastst.load_file(path)["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ValueError, match="header_padding"):
+        fastst.save_file(tensors, tmp_path, max_shard_size=100, header_padding=8)
+
+
 def test_serialize_file_reserves_room_for_edits_in_place(tmp_path):
     path = tmp_path / "room.safetensors"
     specs = [WriteSpec("w", "F32", (4,), np.arange(4, dtype=np.float32))]

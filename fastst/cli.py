@@ -491,8 +491,8 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         if "progress" in options:
             sys.stderr.write("\n")
-    rows = [[_shown(os.path.basename(r.destination)), str(r.tensors), human_size(r.bytes),
-             str(len(r.dropped)), f"{r.seconds:.2f} s"] for r in reports]
+    rows = [[_files_cell(r.files), str(r.tensors), human_size(r.bytes), str(len(r.dropped)),
+             f"{r.seconds:.2f} s"] for r in reports]
     lines = format_table(["file", "tensors", "bytes", "shared dropped", "time"], rows,
                          [False, True, True, True, True])
     total = sum(r.bytes for r in reports)
@@ -500,6 +500,13 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
                  f"{human_size(total)}, verified")
     out.write("\n".join(lines) + "\n")
     return 0
+
+
+def _files_cell(files: Sequence[str]) -> str:
+    names = [_shown(os.path.basename(name)) for name in files]
+    if len(names) <= 2:
+        return ", ".join(names)
+    return f"{names[0]} ... {names[-1]} ({len(names)} files)"
 
 
 def _source_bytes(path: str) -> int:

@@ -111,7 +111,8 @@ def seeds() -> Iterator[Tuple[str, bytes]]:
         "views": {"t": torch.randn(3, 4).t(), "s": torch.arange(8.0)[2:6]},
         "dtypes": {"bf": torch.ones(2, dtype=torch.bfloat16),
                    "f8": torch.zeros(2, dtype=torch.float8_e4m3fn),
-                   "u16": torch.zeros(2, dtype=torch.uint16), "c": torch.ones(1, dtype=torch.complex64)},
+                   "u16": torch.zeros(2, dtype=torch.uint16),
+                   "c": torch.ones(1, dtype=torch.complex64)},
         "nested": {"model": {"w": torch.ones(1)}, "epoch": 2, "opt": [{"lr": 0.1}]},
     }
     for name, state in states.items():

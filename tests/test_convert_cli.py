@@ -34,6 +34,8 @@ def test_convert_into_shards(tmp_path, checkpoint, capsys):
     src, state = checkpoint
     assert main(["convert", str(src), str(tmp_path / "model.safetensors"),
                  "--max-shard-size", "300"]) == 0
+    assert "model-00001-of-00002.safetensors ... model.safetensors.index.json (3 files)" in \
+        capsys.readouterr().out
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert files == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]

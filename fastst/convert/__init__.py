@@ -50,6 +50,7 @@ class ConversionReport:
     dropped: Dict[str, str] = field(default_factory=dict)   # dropped name -> name kept
     seconds: float = 0.0
     verified: bool = False
+    files: List[str] = field(default_factory=list)   # written: the shards, then the index
 
 
 def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
@@ -91,13 +92,14 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
             write_declared(filename, part, metadata, fsync=fsync, progress=progress)
             if verify:
                 verify_written(filename, part)
+    files = [name for name, _ in shards]
     if len(shards) > 1:
-        write_index(os.fsdecode(dst), shards)
+        files.append(write_index(os.fsdecode(dst), shards))
     if verify_torch:
         verify_against_torch(source, [name for name, _ in shards], key)
     return ConversionReport(source, os.fsdecode(dst), len(declared),
                             sum(t.nbytes for t in declared), dropped,
-                            time.perf_counter() - start, verify or verify_torch)
+                            time.perf_counter() - start, verify or verify_torch, files)
 
 
 def shard_files(dst: str, declared: List[Declared], max_shard_size: Union[int, str, None]
@@ -117,14 +119,17 @@ def shard_files(dst: str, declared: List[Declared], max_shard_size: Union[int, s
             for k, group in enumerate(groups, 1)]
 
 
-def write_index(dst: str, shards: List[Tuple[str, List[Declared]]]) -> None:
-    """The ``index.json`` of a sharded checkpoint, as the hub lays it out."""
+def write_index(dst: str, shards: List[Tuple[str, List[Declared]]]) -> str:
+    """Write the ``index.json`` of a sharded checkpoint, as the hub lays it out;
+    returns its path."""
     stem = dst[:-len(".safetensors")] if dst.endswith(".safetensors") else dst
     index = {"metadata": {"total_size": sum(t.nbytes for _, part in shards for t in part)},
              "weight_map": {t.name: os.path.basename(filename)
                             for filename, part in shards for t in part}}
-    with open(stem + ".safetensors.index.json", "w", encoding="utf-8") as fh:
+    path = stem + ".safetensors.index.json"
+    with open(path, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(index, indent=2))
+    return path
 
 
 def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None:
@@ -159,7 +164,7 @@ def numpy_to_safetensors(src: Any, dst: Any, *, verify: bool = True, fsync: bool
             verify_written(os.fsdecode(dst), declared)
     return ConversionReport(source, os.fsdecode(dst), len(declared),
                             sum(t.nbytes for t in declared), {}, time.perf_counter() - start,
-                            verify)
+                            verify, [os.fsdecode(dst)])
 
 
 NUMPY_MAGIC = b"\x93NUMPY"

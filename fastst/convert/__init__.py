@@ -6,8 +6,9 @@ machine without torch, without running any code the checkpoint holds.
   restricted unpickler that knows only the names a state dict needs (and refuses
   any other with a SafetensorError naming it); storages are then read by byte
   range, one tensor at a time, and written in C order, little-endian, with no
-  dtype cast. Tensors tied to another (same storage and layout) are written once,
-  the dropped names recorded in the metadata as ``save_model`` does.
+  dtype cast. In a state dict, tensors tied to another (same storage and layout)
+  are written once, the dropped names recorded in the metadata as ``save_model``
+  does; any other nest is written as ``fastst.save_state`` writes a tree.
 * ``numpy_to_safetensors(src, dst)``: a ``.npy`` or ``.npz`` file, read without
   pickle.
 * ``convert(src, dst)``: either, by the file's contents; a directory converts every

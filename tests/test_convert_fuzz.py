@@ -1,13 +1,16 @@
 """A short pass of fuzz/fuzz_unpickler.py, quick enough for CI: its seeds (torch's
 own pickles and hostile ones) and a few thousand seeded random mutations of them
 go through ``TestOneInput``, which lets only ``SafetensorError`` pass and fails
-when a marker file appears (an input ran code)."""
+when a marker file appears (an input ran code). With atheris, the target also runs
+under libFuzzer for 1,000 inputs."""
 from __future__ import annotations
 
 import importlib.util
 import os
 import pickle
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -63,3 +66,15 @@ def test_random_mutations(target):
     rng = random.Random(20261122)
     for _ in range(MUTATIONS):
         target.TestOneInput(mutate(rng.choice(seeds), rng, seeds))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("atheris") is None, reason="needs atheris")
+def test_under_libfuzzer(tmp_path):
+    corpus = tmp_path / "corpus"
+    script = os.path.join(ROOT, "fuzz", "fuzz_unpickler.py")
+    subprocess.run([sys.executable, script, "--write-seeds", str(corpus)], check=True, cwd=ROOT)
+    result = subprocess.run([sys.executable, script, str(corpus), "-runs=1000",
+                             "-max_len=4096", "-timeout=20", "-rss_limit_mb=2048"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Done 1000 runs" in result.stderr

@@ -30,8 +30,10 @@ class NumpyHandle(Reader):
 
     Its reading methods are the compiled Reader's own: ``get_tensor``,
     ``get_tensors``, ``copy_tensors``, ``read_into``, ``read_rows``,
-    ``gather_rows``, ``info``, ``keys``, ``offset_keys``, ``metadata``, and the
-    mapping protocol (``f[name]``, ``name in f``, ``len(f)``, iteration).
+    ``gather`` (rows of a tensor, into ``out=`` when given), ``gather_rows``,
+    ``info``, ``keys``, ``offset_keys``, ``metadata``, and the mapping protocol
+    (``f[name]``, ``name in f``, ``len(f)``, iteration). It pickles by reopening
+    the same file, which must not have changed.
     """
 
     def __enter__(self) -> NumpyHandle:
@@ -69,6 +71,13 @@ class FrameworkHandle(Generic[T]):
 
     def __getitem__(self, name: str) -> T:
         return self.get_tensor(name)
+
+    def gather(self, name: str, rows: Any, *, out: None = None) -> T:
+        """Rows `rows` of tensor `name`'s first axis, as the framework's tensor (see
+        ``NumpyHandle.gather``)."""
+        if out is not None:
+            raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
+        return self._convert(self._reader.gather(name, rows), name, self._info(name))
 
     def get_tensors(self) -> Dict[str, T]:
         """Every tensor, in buffer order."""

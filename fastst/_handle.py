@@ -3,8 +3,9 @@ a framework adapter's converter chosen once at opening, as torch or JAX tensors.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterator, List, Literal, Optional,
-                    Union, overload)
+                    Tuple, Union, overload)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
 from ._files import PathLike
@@ -18,6 +19,7 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
 __all__ = ["FrameworkHandle", "NumpyHandle", "safe_open"]
 
 Backend = Literal["mmap", "pread"]
+FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
 NUMPY_FRAMEWORKS = ("np", "numpy")
 # framework name -> the fastst module that adapts NumPy arrays to it (imported on use)
 ADAPTERS = {"pt": "torch", "torch": "torch", "pytorch": "torch", "jax": "jax", "flax": "jax"}
@@ -46,6 +48,10 @@ class NumpyHandle(Reader):
         """A lazy handle on tensor `name` that NumPy indexing reads from."""
         return SafeSlice(self, name)
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled, a handle reopens the same file (see ``_reopened``)."""
+        return _reopened, _opening(self, "np", "cpu")
+
     def __repr__(self) -> str:
         return _describe(self)
 
@@ -57,10 +63,12 @@ class FrameworkHandle(Generic[T]):
     ``"jax"``) returns.
     """
 
-    def __init__(self, reader: NumpyHandle, convert: Converter[T]) -> None:
+    def __init__(self, reader: NumpyHandle, convert: Converter[T],
+                 opened_as: Optional[Tuple[str, Any]] = None) -> None:
         self._reader = reader
         self._convert = _naming_the_file(convert, reader.source)
         self._infos: Dict[str, TensorInfo] = {}   # filled as tensors are asked for
+        self._opened_as = opened_as               # (framework, device), for pickling
 
     def get_tensor(self, name: str, *, out: None = None) -> T:
         """The tensor `name`, as the framework's tensor."""
@@ -120,6 +128,11 @@ class FrameworkHandle(Generic[T]):
         return self._reader.backend
 
     @property
+    def file_identity(self) -> Optional[FileIdentity]:
+        """The opened file's (path, st_dev, st_ino, st_size, st_mtime_ns)."""
+        return self._reader.file_identity
+
+    @property
     def closed(self) -> bool:
         return self._reader.closed
 
@@ -141,8 +154,57 @@ class FrameworkHandle(Generic[T]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled, a handle reopens the same file (see ``_reopened``)."""
+        if self._opened_as is None:
+            raise SafetensorError(f"{self.source}: only a handle from safe_open can be pickled")
+        return _reopened, _opening(self._reader, *self._opened_as)
+
     def __repr__(self) -> str:
         return _describe(self._reader)
+
+
+def _opening(reader: Reader, framework: str, device: Any
+             ) -> Tuple[FileIdentity, str, int, str, Any]:
+    """What a pickled handle holds: the file's identity (path, device, inode, size,
+    mtime), the backend, the header's length, the framework and the device."""
+    if reader.closed:
+        raise SafetensorError(f"{reader.source}: file is closed; a closed handle cannot be "
+                              f"pickled")
+    identity = reader.file_identity
+    if identity is None:
+        raise SafetensorError(f"{reader.source}: a handle on a buffer cannot be pickled; "
+                              f"save the buffer to a file and open that")
+    return identity, reader.backend, reader.data_start - 8, framework, device
+
+
+def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framework: str,
+              device: Any) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+    """A pickled handle, unpickled: the same file opened again, as before. A file
+    that is not the one pickled (replaced, rewritten, resized) is refused."""
+    path = identity[0]
+    _check_same_file(path, identity, _stamp(os.stat(path)))
+    # the header's length is known: a longer one is not the same file
+    handle = safe_open(path, framework, device, backend=backend, max_header_size=header_size)
+    try:
+        _check_same_file(path, identity, handle.file_identity[1:])
+    except SafetensorError:
+        handle.close()
+        raise
+    return handle
+
+
+def _stamp(info: os.stat_result) -> Tuple[int, int, int, int]:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _check_same_file(path: Union[str, bytes], identity: FileIdentity,
+                     stamp: Tuple[int, ...]) -> None:
+    if tuple(stamp) != tuple(identity[1:]):
+        raise SafetensorError(
+            f"{os.fsdecode(path)}: file changed since the handle was pickled (device, inode, "
+            f"size, mtime {tuple(identity[1:])}, now {tuple(stamp)}); open it again to read "
+            f"the new file")
 
 
 def _naming_the_file(convert: Converter[T], source: str) -> Converter[T]:
@@ -218,7 +280,7 @@ def safe_open(filename: PathLike,
         convert = framework_converter(framework, device)
     reader = NumpyHandle()
     reader.open_file(filename, backend, max_header_size=max_header_size)
-    return reader if convert is None else FrameworkHandle(reader, convert)
+    return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
 
 
 def framework_converter(framework: str, device: Any) -> Converter[Any]:

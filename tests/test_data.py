@@ -146,3 +146,170 @@ def test_gather_releases_the_gil(tmp_path, backend):
         elapsed, longest_pause = time_with_longest_pause(lambda: f.gather("x", rows, out=out))
     assert out.sum() == out.size
     assert longest_pause < elapsed / 2, (longest_pause, elapsed)
+
+
+# ---------------------------------------------------------------------------
+# fastst.data
+# ---------------------------------------------------------------------------
+
+def test_importing_fastst_data_needs_no_framework():
+    import subprocess
+    import sys
+    code = ("import sys, fastst; assert 'fastst.data' not in sys.modules\n"
+            "import fastst.data as data\n"
+            "print(sorted(m for m in ('torch', 'jax') if m in sys.modules), data.Rows.__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "Rows"]
+
+
+def test_docstring_example():
+    import doctest
+    import fastst.data
+    failures, tried = doctest.testmod(fastst.data, raise_on_error=False)
+    assert failures == 0 and tried > 0
+
+
+def test_rows_gather_every_named_tensor(path, features):
+    from fastst.data import Rows
+    for backend in BACKENDS:
+        with Rows(path, ["x", "label"], backend=backend) as rows:
+            assert len(rows) == 1000 and rows.names == ("x", "label")
+            x, label = rows.gather(np.array([9, 2, 9], np.uint16))
+            np.testing.assert_array_equal(x, features[[9, 2, 9]])
+            np.testing.assert_array_equal(label, np.array([9, 2, 9]) % 7)
+        with Rows(path, "x", backend=backend) as single:
+            np.testing.assert_array_equal(single.gather([-1]), features[[-1]])
+
+
+def test_rows_refuse_tensors_they_cannot_pair(tmp_path):
+    from fastst.data import Rows
+    target = tmp_path / "uneven.safetensors"
+    fastst.save_file({"a": np.zeros((4, 2)), "b": np.zeros(5), "c": np.float32(1)}, target)
+    with pytest.raises(fastst.SafetensorError, match=r"as many rows each.*'a': 4, 'b': 5"):
+        Rows(target, ["a", "b"])
+    with pytest.raises(fastst.SafetensorError, match="'c' is 0-d"):
+        Rows(target, ["a", "c"])
+    with pytest.raises(fastst.TensorNotFoundError, match="'d'"):
+        Rows(target, ["a", "d"])
+    with pytest.raises(fastst.SafetensorError, match="at least one tensor"):
+        Rows(target, [])
+
+
+@pytest.mark.parametrize("batch_size, drop_last, sizes", [
+    (300, False, [300, 300, 300, 100]), (300, True, [300, 300, 300]), (1000, True, [1000]),
+    (5000, False, [1000])])
+def test_batches_cover_every_row_once(path, features, batch_size, drop_last, sizes):
+    from fastst.data import batches
+    seen = []
+    for x, label in batches(path, ["x", "label"], batch_size, shuffle=True, seed=3,
+                            drop_last=drop_last):
+        assert isinstance(x, np.ndarray) and x.shape[1:] == (6,)
+        np.testing.assert_array_equal(label, (x[:, 0] // 6).astype(np.int64) % 7)
+        seen.append(x[:, 0] // 6)
+    assert [len(part) for part in seen] == sizes
+    rows = np.concatenate(seen)
+    assert len(np.unique(rows)) == len(rows) and not np.array_equal(rows, np.sort(rows))
+    in_order = np.concatenate(list(batches(path, "x", 256)))
+    np.testing.assert_array_equal(in_order, features)
+
+
+def test_batches_refuse_a_bad_batch_size(path):
+    from fastst.data import batches
+    for size in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="batch_size"):
+            next(batches(path, "x", size))
+
+
+def test_batches_for_jax(path, features):
+    jax = pytest.importorskip("jax")
+    from fastst.data import batches
+    first = next(batches(path, "x", 4, framework="jax"))
+    assert isinstance(first, jax.Array)
+    np.testing.assert_array_equal(np.asarray(first), features[:4])
+
+
+def test_rows_open_lazily_once_pickled(path, features):
+    import pickle
+    from fastst.data import Rows
+    rows = Rows(path, ["x", "label"], backend="pread")
+    copy = pickle.loads(pickle.dumps(rows))
+    assert rows.is_open and not copy.is_open and len(copy) == 1000
+    np.testing.assert_array_equal(copy.gather([5])[0], features[[5]])
+    assert copy.is_open
+    rows.close()
+    copy.close()
+    with pytest.raises(fastst.SafetensorError, match="closed"):
+        copy.gather([5])
+
+
+def test_pickled_rows_refuse_a_changed_file(path, features):
+    import pickle
+    from fastst.data import Rows
+    with Rows(path, "x") as rows:
+        payload = pickle.dumps(rows)
+    fastst.save_file({"x": features[:10]}, path)
+    copy = pickle.loads(payload)     # lazily: the check comes with the first batch
+    with pytest.raises(fastst.SafetensorError, match="changed since"):
+        copy.gather([0])
+
+
+def test_row_dataset_gives_rows_and_whole_batches(path, features):
+    torch = pytest.importorskip("torch")
+    from fastst.data import RowDataset
+    dataset = RowDataset(path, ["x", "label"])
+    assert isinstance(dataset, torch.utils.data.Dataset) and len(dataset) == 1000
+    x, label = dataset[7]
+    assert x.shape == (6,) and label.item() == 0
+    np.testing.assert_array_equal(x.numpy(), features[7])
+    xs, labels = dataset[[3, 1, 4]]
+    assert isinstance(xs, torch.Tensor) and xs.shape == (3, 6)
+    np.testing.assert_array_equal(labels.numpy(), [3, 1, 4])
+    samples = dataset.__getitems__([3, 1])
+    assert len(samples) == 2 and samples[1][0].tolist() == features[1].tolist()
+    single = RowDataset(path, "x", backend="pread")
+    assert single[-1].tolist() == features[-1].tolist()
+    dataset.close()
+    single.close()
+
+
+def test_a_plain_data_loader_with_a_batch_size_works_too(path, features):
+    torch = pytest.importorskip("torch")
+    from fastst.data import RowDataset
+    with RowDataset(path, ["x", "label"]) as dataset:
+        x, label = next(iter(torch.utils.data.DataLoader(dataset, batch_size=5)))
+    np.testing.assert_array_equal(x.numpy(), features[:5])
+    np.testing.assert_array_equal(label.numpy(), np.arange(5) % 7)
+
+
+def loaded_rows(loader):
+    """Every batch of `loader`, as (row numbers, labels) arrays."""
+    rows, labels = [], []
+    for x, label in loader:
+        assert str(x.dtype) == "torch.float32" and str(label.dtype) == "torch.int64"
+        assert x.shape[1] == 6 and len(x) == 16
+        rows.append((x[:, 0] // 6).to(dtype=label.dtype).numpy())
+        labels.append(label.numpy())
+    return np.concatenate(rows), np.concatenate(labels)
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+@pytest.mark.parametrize("backend, context", [("mmap", "fork"), ("pread", "fork"),
+                                              ("mmap", "spawn")])   # spawn starts slowly
+def test_data_loader_with_workers(tmp_path, backend, context):
+    """Two workers, each opening the file on its first batch (spawn) or using the
+    parent's handle (fork), together give every row once."""
+    torch = pytest.importorskip("torch")
+    from fastst.data import RowDataset, data_loader
+    path = tmp_path / "small.safetensors"
+    count = 96
+    fastst.save_file({"x": np.arange(count * 6, dtype=np.float32).reshape(count, 6),
+                      "label": np.arange(count, dtype=np.int64) % 7}, path)
+    generator = torch.Generator().manual_seed(0)
+    with RowDataset(path, ["x", "label"], backend=backend) as dataset:
+        loader = data_loader(dataset, 16, shuffle=True, generator=generator, num_workers=2,
+                             multiprocessing_context=context, timeout=120)
+        rows, labels = loaded_rows(loader)
+    assert sorted(rows.tolist()) == list(range(count)) and rows.tolist() != list(range(count))
+    np.testing.assert_array_equal(labels, rows % 7)

@@ -499,6 +499,42 @@ cdef cnp.ndarray _checked_out(str source, object name, object out, tuple expecte
 cdef cnp.ndarray _row_indices(str source, object name, object rows, cnp.npy_intp count):
     """`rows` (a 1-d sequence of integers) as a fresh intp array of rows in [0, count),
     negatives counted from the end; SafetensorIndexError for one out of range."""
+    cdef cnp.ndarray wanted = _list_of_ints(source, name, rows, count)
+    if wanted is None:
+        wanted = _integer_array(source, name, rows, count)
+    cdef cnp.npy_intp* row = <cnp.npy_intp*>cnp.PyArray_DATA(wanted)
+    cdef Py_ssize_t k
+    for k in range(wanted.shape[0]):
+        if not -count <= row[k] < count:
+            raise SafetensorIndexError(f"{source}: tensor {_shown(name)}: row {row[k]} out "
+                                       f"of range for {count} rows")
+        if row[k] < 0:
+            row[k] += count
+    return wanted
+
+
+cdef object _list_of_ints(str source, object name, object rows, cnp.npy_intp count):
+    """A list of Python ints as a fresh intp array, without NumPy's conversion of each
+    item (the usual batch from a sampler); None for anything else."""
+    if type(rows) is not list:
+        return None
+    cdef list items = <list>rows
+    cdef Py_ssize_t k, n = len(items)
+    for k in range(n):
+        if type(items[k]) is not int:
+            return None
+    cdef cnp.ndarray wanted = np.empty(n, np.intp)
+    cdef cnp.npy_intp* row = <cnp.npy_intp*>cnp.PyArray_DATA(wanted)
+    for k in range(n):
+        try:
+            row[k] = items[k]
+        except OverflowError:
+            raise SafetensorIndexError(f"{source}: tensor {_shown(name)}: row {_shown(items[k])} "
+                                       f"out of range for {count} rows") from None
+    return wanted
+
+
+cdef cnp.ndarray _integer_array(str source, object name, object rows, cnp.npy_intp count):
     try:
         given = np.asarray(rows)
     except (TypeError, ValueError) as error:
@@ -511,16 +547,7 @@ cdef cnp.ndarray _row_indices(str source, object name, object rows, cnp.npy_intp
     if given.dtype.kind == "u" and given.size and <uint64_t>given.max() > INTP_MAX:
         raise SafetensorIndexError(f"{source}: tensor {_shown(name)}: row {int(given.max())} "
                                    f"out of range for {count} rows")
-    cdef cnp.ndarray wanted = np.array(given, dtype=np.intp)
-    cdef cnp.npy_intp* row = <cnp.npy_intp*>cnp.PyArray_DATA(wanted)
-    cdef Py_ssize_t k
-    for k in range(wanted.shape[0]):
-        if row[k] < 0:
-            row[k] += count
-        if not 0 <= row[k] < count:
-            raise SafetensorIndexError(f"{source}: tensor {_shown(name)}: row {given[k]} out "
-                                       f"of range for {count} rows")
-    return wanted
+    return np.array(given, dtype=np.intp)
 
 
 cdef _ReadPlan _rows_plan(cnp.ndarray rows, char* dest, uint64_t row_bytes, uint64_t start):

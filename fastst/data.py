@@ -22,6 +22,7 @@ Examples
 """
 from __future__ import annotations
 
+import operator
 import pickle
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Tuple, Union
 
@@ -209,8 +210,9 @@ def _row_dataset_class() -> type:
             Rows.__init__(self, path, names, backend=backend, framework=framework)
 
         def __getitem__(self, index: Any) -> Any:
-            if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
-                batch = self.gather([index])
+            if isinstance(index, (int, np.integer)) or getattr(index, "ndim", None) == 0:
+                # one row: an int, or a 0-d integer array or tensor
+                batch = self.gather([operator.index(index)])
                 return batch[0] if self._single else tuple(part[0] for part in batch)
             return self.gather(index)
 

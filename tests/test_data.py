@@ -45,7 +45,8 @@ def test_gather_takes_any_integer_dtype(path, features, dtype):
 
 @pytest.mark.parametrize("rows", [
     [-1, -1000, 5, 999], [5, 4, 3, 2, 1], list(range(10, 90)), [7] * 20,
-    list(range(400, 300, -1)) + list(range(0, 50)), [], np.array([], np.uint8)])
+    list(range(400, 300, -1)) + list(range(0, 50)), [], np.array([], np.uint8),
+    [np.int8(3), 1, np.int64(2)], (4, -2), range(5, 0, -2)])
 def test_gather_returns_what_numpy_indexing_does(path, features, rows):
     expected = features[np.asarray(rows, dtype=np.intp)]
     for f in open_each(path):
@@ -67,7 +68,8 @@ def test_gather_fills_out(path, features):
             f.gather("x", rows, out=np.empty((6, 3), np.float32).T)
 
 
-@pytest.mark.parametrize("rows", [[1000], [-1001], np.array([2**63 + 1], np.uint64),
+@pytest.mark.parametrize("rows", [[1000], [-1001], [3, 2**70], [-2**64],
+                                  np.array([2**63 + 1], np.uint64),
                                   np.array([0, 1, 5000], np.int32)])
 def test_gather_refuses_rows_out_of_range(path, rows):
     for f in open_each(path):
@@ -270,6 +272,10 @@ def test_row_dataset_gives_rows_and_whole_batches(path, features):
     assert len(samples) == 2 and samples[1][0].tolist() == features[1].tolist()
     single = RowDataset(path, "x", backend="pread")
     assert single[-1].tolist() == features[-1].tolist()
+    assert single[torch.tensor(2)].tolist() == single[np.int8(2)].tolist() == features[2].tolist()
+    assert single[torch.tensor([2, 0])].tolist() == features[[2, 0]].tolist()
+    with pytest.raises(TypeError):
+        single[1.0]
     dataset.close()
     single.close()
 

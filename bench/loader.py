@@ -171,8 +171,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 parser.error(f"{batches} batches of {batch} rows, and the first ones, need "
                              f"more rows than the {length} of {args.size_mib} MiB")
             rates: Dict[str, List[float]] = {name: [] for name in found}
-            for repeat in range(args.repeats):     # interleaved
-                for name, dataset in found.items():
+            names = list(found)
+            for repeat in range(args.repeats):     # interleaved, the order rotated each round
+                shift = repeat % len(names)
+                for name in names[shift:] + names[:shift]:
+                    dataset = found[name]
                     rates[name].append(
                         fetch_rate(dataset, batch, batches, repeat) if context == "in process"
                         else rows_per_second(dataset, batch, batches, context, args.workers,

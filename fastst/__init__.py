@@ -6,6 +6,8 @@ write byte-identical files. ``fastst.torch`` and ``fastst.flax`` do the same for
 ``safetensors.torch`` and ``safetensors.flax``; they import their framework only when
 imported themselves.
 """
+from typing import TYPE_CHECKING
+
 from ._api import load, load_file, load_into, save, save_file
 from ._handle import FrameworkHandle, NumpyHandle, safe_open
 from ._slicing import SafeSlice
@@ -20,12 +22,28 @@ from ._core import (
     SafetensorTypeError,
     TensorInfo,
     TensorNotFoundError,
-    TensorSpec,
 )
 from . import numpy  # noqa: E402  (the module, as `safetensors.numpy` is)
 from . import writer  # noqa: E402
+from .writer import (  # noqa: E402
+    StreamWriter, TensorSpec, deserialize, save_file_from, serialize, serialize_file,
+    update_metadata,
+)
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .state import load_state, save_state
+
+LAZY = {"save_state": "state", "load_state": "state"}    # name -> module, imported on use
+
+
+def __getattr__(name: str) -> object:
+    module = LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastst' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f"fastst.{module}"), name)
 
 __all__ = [
     "DEFAULT_MAX_HEADER_SIZE",
@@ -39,15 +57,23 @@ __all__ = [
     "SafetensorIndexError",
     "SafetensorNotImplementedError",
     "SafetensorTypeError",
+    "StreamWriter",
     "TensorInfo",
     "TensorNotFoundError",
     "TensorSpec",
+    "deserialize",
     "load",
     "load_file",
     "load_into",
+    "load_state",
     "safe_open",
     "save",
     "save_file",
+    "save_state",
+    "save_file_from",
+    "serialize",
+    "serialize_file",
+    "update_metadata",
     "numpy",
     "writer",
     "__version__",

@@ -2,11 +2,12 @@
 ``safetensors.numpy`` (and ``load_into``), over safe_open and the write plan."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Union
 
-from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, WritePlan, plan_write, spec_of_array
+from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, WritePlan, spec_of_array
 from ._files import PathLike, write_atomically
 from ._handle import Backend, safe_open
+from .integrity import plan_with_checksums
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
@@ -16,11 +17,13 @@ __all__ = ["load", "load_file", "load_into", "safe_open", "save", "save_file"]
 
 def load_file(filename: PathLike, *, backend: Backend = "mmap", copy: bool = False,
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, npt.NDArray[Any]]:
-    """Load every tensor of a file, in buffer order.
+    """Load every tensor of a file, in buffer order, or of a sharded checkpoint
+    (its directory or ``*.index.json``), shard by shard.
 
     By default the arrays are zero-copy views of the file's private map. With
     ``copy=True`` each tensor is read into fresh memory of its own (threads read
-    large files in parallel, the GIL released), and no array depends on the file.
+    large files in parallel, the GIL released), and no array depends on the file;
+    the shards of a checkpoint are read in parallel too.
 
     >>> import numpy as np, fastst, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
@@ -57,33 +60,55 @@ def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
 
 
 def save(tensors: Mapping[str, npt.NDArray[Any]],
-         metadata: Optional[Mapping[str, str]] = None) -> bytes:
+         metadata: Optional[Mapping[str, str]] = None, *, checksum: Optional[str] = None
+         ) -> bytes:
     """Serialize tensors into the bytes of a safetensors file.
 
     The bytes are those huggingface safetensors writes for the same input (which
     orders several metadata keys at random; fastst sorts them), and the same
-    whatever the insertion order of `tensors` and `metadata`.
+    whatever the insertion order of `tensors` and `metadata`. With `checksum`
+    (``"xxh3_64"`` or ``"xxh3_128"``) each tensor's checksum goes into the metadata
+    (see ``fastst.integrity``).
     """
-    return _plan(tensors, metadata).to_bytes()
+    return _plan(tensors, metadata, checksum).to_bytes()
 
 
 def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
-              metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False) -> None:
+              metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
+              max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
+              header_padding: int = 0) -> None:
     """Write tensors to `filename` atomically.
 
     The file is written beside the target under a temporary name
     (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the old
     file or the new one, never a mix, and a failed save leaves the old file as it
     was. With ``fsync=True`` the file and its directory are flushed to disk before
-    returning, so the new file also survives a power loss.
+    returning, so the new file also survives a power loss. `checksum` is that
+    of ``save``. `header_padding` reserves that many bytes of spaces after the
+    header, so that ``fastst.update_metadata`` can later rewrite the metadata in
+    place, without copying the tensors.
+
+    With `max_shard_size` (bytes, or a size such as ``"5GB"``) the tensors are cut
+    into shards as the Hugging Face tools cut them, and `filename` is the
+    directory to save into, or ``DIR/NAME.safetensors`` for shards named after
+    NAME (see ``fastst.checkpoint.save_checkpoint``).
     """
-    write_atomically(_plan(tensors, metadata), filename, fsync=fsync)
+    if max_shard_size is not None:
+        from .checkpoint import save_array_checkpoint   # a capability: imported when used
+
+        if checksum is not None or header_padding:
+            raise ValueError("checksum= and header_padding= are not available with "
+                             "max_shard_size=")
+        save_array_checkpoint(_as_dict(tensors), filename, metadata=metadata,
+                              max_shard_size=max_shard_size, fsync=fsync)
+        return
+    write_atomically(_plan(tensors, metadata, checksum, header_padding), filename, fsync=fsync)
 
 
-def _plan(tensors: Mapping[str, npt.NDArray[Any]],
-          metadata: Optional[Mapping[str, str]]) -> WritePlan:
+def _plan(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str, str]],
+          checksum: Optional[str] = None, header_padding: int = 0) -> WritePlan:
     specs = [spec_of_array(name, array) for name, array in _as_dict(tensors).items()]
-    return plan_write(specs, metadata)
+    return plan_with_checksums(specs, metadata, checksum, header_padding=header_padding)
 
 
 def _as_dict(tensors: Mapping[str, Any]) -> Dict[str, Any]:

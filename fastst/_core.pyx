@@ -22,12 +22,12 @@ from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.errno cimport EINTR, errno
-from libc.stdint cimport UINT64_MAX, uint8_t, uint64_t
+from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
 from posix.types cimport off_t
-from posix.unistd cimport pread, write
+from posix.unistd cimport pread, pwrite, write
 
 cnp.import_array()
 
@@ -63,4 +63,4 @@ include "_dtypes.pxi"     # THE dtype table and the lists derived from it
 include "_header.pxi"     # prefix, fast scanner, strict parser, coverage rules
 include "_sources.pxi"    # mmap and buffer owners; read plans (pread, threads, no GIL)
 include "_reader.pxi"     # Reader: views, copies, rows, gathers
-include "_writer.pxi"     # TensorSpec, WritePlan, the one output loop
+include "_writer.pxi"     # WriteSpec, WritePlan, the one output loop

@@ -16,7 +16,9 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
     import numpy.typing as npt
     import torch  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["FrameworkHandle", "NumpyHandle", "safe_open"]
+    from .checkpoint import ShardedHandle
+
+__all__ = ["FrameworkHandle", "NumpyHandle", "is_checkpoint_path", "open_file", "safe_open"]
 
 Backend = Literal["mmap", "pread"]
 FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
@@ -165,9 +167,10 @@ class FrameworkHandle(Generic[T]):
 
 
 def _opening(reader: Reader, framework: str, device: Any
-             ) -> Tuple[FileIdentity, str, int, str, Any]:
+             ) -> Tuple[FileIdentity, str, int, str, Any, type]:
     """What a pickled handle holds: the file's identity (path, device, inode, size,
-    mtime), the backend, the header's length, the framework and the device."""
+    mtime), the backend, the header's length, the framework, the device, and the
+    class of the reader (a NumpyHandle, or a subclass such as one that verifies)."""
     if reader.closed:
         raise SafetensorError(f"{reader.source}: file is closed; a closed handle cannot be "
                               f"pickled")
@@ -175,23 +178,26 @@ def _opening(reader: Reader, framework: str, device: Any
     if identity is None:
         raise SafetensorError(f"{reader.source}: a handle on a buffer cannot be pickled; "
                               f"save the buffer to a file and open that")
-    return identity, reader.backend, reader.data_start - 8, framework, device
+    return identity, reader.backend, reader.data_start - 8, framework, device, type(reader)
 
 
 def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framework: str,
-              device: Any) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+              device: Any, reader_class: type = NumpyHandle
+              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
     """A pickled handle, unpickled: the same file opened again, as before. A file
     that is not the one pickled (replaced, rewritten, resized) is refused."""
     path = identity[0]
     _check_same_file(path, identity, _stamp(os.stat(path)))
+    convert = None if framework in NUMPY_FRAMEWORKS else framework_converter(framework, device)
+    reader = reader_class()
     # the header's length is known: a longer one is not the same file
-    handle = safe_open(path, framework, device, backend=backend, max_header_size=header_size)
+    reader.open_file(path, backend, max_header_size=header_size)
     try:
-        _check_same_file(path, identity, handle.file_identity[1:])
+        _check_same_file(path, identity, reader.file_identity[1:])
     except SafetensorError:
-        handle.close()
+        reader.close()
         raise
-    return handle
+    return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
 
 
 def _stamp(info: os.stat_result) -> Tuple[int, int, int, int]:
@@ -226,28 +232,32 @@ def _describe(reader: Reader) -> str:
 @overload
 def safe_open(filename: PathLike, framework: Literal["np", "numpy"] = "np",
               device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> NumpyHandle: ...
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
+              ) -> NumpyHandle: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
               ) -> FrameworkHandle[torch.Tensor]: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["jax", "flax"],
               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
               ) -> FrameworkHandle[jax.Array]: ...
 def safe_open(filename: PathLike,
               framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
               device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE
-              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
+              ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
     """Open a safetensors file lazily: validate its header, map it, and hand out
     its tensors, zero-copy where the framework allows.
 
     Parameters
     ----------
     filename : str, bytes or os.PathLike
+        A ``.safetensors`` file, or a sharded checkpoint: its directory or its
+        ``*.index.json``, opened as one handle over all its shards (a
+        ``fastst.checkpoint.ShardedHandle``, whose ``metadata()`` is the index's).
     framework : {"np", "numpy", "pt", "torch", "pytorch", "jax", "flax"}
         ``"np"``/``"numpy"`` (default): NumPy arrays, from a ``NumpyHandle``.
         ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
@@ -263,6 +273,9 @@ def safe_open(filename: PathLike,
         memory when asked, for files that may change while open.
     max_header_size : int
         Largest header accepted, in bytes (100,000,000 by default).
+    verify : bool
+        Check each tensor's checksum (see ``fastst.integrity``) the first time it
+        is read; a file without checksums is refused.
 
     Examples
     --------
@@ -278,9 +291,43 @@ def safe_open(filename: PathLike,
         convert = None
     else:
         convert = framework_converter(framework, device)
-    reader = NumpyHandle()
+    if is_checkpoint_path(filename):
+        from .checkpoint import open_checkpoint   # a capability: imported when used
+
+        if verify:
+            raise SafetensorError(f"{os.fsdecode(filename)}: verify=True opens one file; "
+                                  f"check a sharded checkpoint with `fastst verify`")
+        return open_checkpoint(filename, convert, backend=backend,
+                               max_header_size=max_header_size)
+    return open_file(filename, convert, backend=backend, max_header_size=max_header_size,
+                     verify=verify, opened_as=(framework, device))
+
+
+def open_file(filename: PathLike, convert: Optional[Converter[Any]] = None, *,
+              backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+              verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None
+              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+    """One safetensors file, its tensors passed through `convert` (a framework's
+    converter, see ``framework_converter``) or NumPy arrays when it is None; with
+    `verify`, each tensor's checksum is checked on its first read. `opened_as`, the
+    (framework, device) `convert` is for, lets a FrameworkHandle pickle."""
+    reader = NumpyHandle() if not verify else _verifying_handle()
     reader.open_file(filename, backend, max_header_size=max_header_size)
-    return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
+    return reader if convert is None else FrameworkHandle(reader, convert, opened_as)
+
+
+def _verifying_handle() -> NumpyHandle:
+    from .integrity import VerifyingHandle     # imported on use: it is rarely asked for
+    return VerifyingHandle()
+
+
+def is_checkpoint_path(filename: Any) -> bool:
+    """Whether `filename` names a sharded checkpoint: a directory or an
+    ``*.index.json`` (see ``fastst.checkpoint``)."""
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        return False
+    path = os.fsdecode(filename)
+    return path.endswith(".index.json") or os.path.isdir(path)
 
 
 def framework_converter(framework: str, device: Any) -> Converter[Any]:

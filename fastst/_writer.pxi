@@ -1,9 +1,10 @@
 # Writing: every writer hands over explicit specs; one plan, one output loop
 # (included by _core.pyx).
 
-TensorSpec = namedtuple("TensorSpec", ["name", "dtype", "shape", "source"])
-TensorSpec.__doc__ = """One tensor to write: its name, header dtype code, header shape, and
-`source`, a NumPy array whose bytes (in C order, little-endian) are the tensor's data.
+WriteSpec = namedtuple("WriteSpec", ["name", "dtype", "shape", "source"])
+WriteSpec.__doc__ = """One tensor to write: its name, header dtype code, header shape, and
+`source`, a NumPy array whose bytes (in C order, little-endian) are the tensor's data,
+or None for a tensor declared now and written later, in pieces (a streaming writer).
 The source's dtype need not be the code's: torch float4 comes as packed uint8."""
 
 
@@ -21,7 +22,7 @@ cdef int _code_for_array(str name, object array) except -1:
 
 
 def spec_of_array(name, array):
-    """The TensorSpec that writes NumPy `array` as tensor `name`."""
+    """The WriteSpec that writes NumPy `array` as tensor `name`."""
     if type(name) is not str:
         raise TypeError(f"tensor names must be str, got {type(name).__name__} {_shown(name)}")
     if isinstance(array, np.generic):
@@ -29,130 +30,321 @@ def spec_of_array(name, array):
     elif not isinstance(array, np.ndarray):
         raise TypeError(f"tensor {_shown(name)}: expected a numpy.ndarray, got "
                         f"{type(array).__module__}.{type(array).__qualname__}")
-    return TensorSpec(name, DTYPE_CODES[_code_for_array(name, array)], array.shape, array)
+    return WriteSpec(name, DTYPE_CODES[_code_for_array(name, array)], array.shape, array)
 
 
 cdef class WritePlan:
     """A file to write: the 8-byte prefix and padded header, then the sources in
-    the order the format's writers use (dtype rank descending, then name)."""
+    the order the format's writers use (dtype rank descending, then name).
+
+    A plan of declared specs (sources None) has a layout but no data: a streaming
+    writer fills it with `write_rows` and `write_bytes`, which check each piece
+    against the layout before any byte is written."""
     cdef readonly bytes prefix
     cdef readonly list sources
     cdef readonly uint64_t total_size
+    cdef _Header layout       # the plan's own header parsed back, on first use
 
     def to_bytes(self):
         """The whole file as one bytes object, filled with the GIL released per tensor."""
+        self._check_sources()
         cdef bytes out = PyBytes_FromStringAndSize(NULL, self.total_size)
         self._output(PyBytes_AS_STRING(out), -1, "<bytes>")
         return out
 
     def write_to(self, int fd, str target="<file>"):
         """Write the whole file to `fd`, the GIL released per write."""
+        self._check_sources()
         self._output(NULL, fd, target)
+
+    cdef _check_sources(self):
+        for item in self.sources:
+            if item is None:
+                raise SafetensorError("a plan of declared tensors has no data to write "
+                                      "whole; fill it with write_rows or write_bytes")
 
     cdef _output(self, char* dest, int fd, str target):
         """The one output loop: each piece goes to `dest` (advancing) when it is
-        given, else to `fd`."""
-        dest = _emit(dest, fd, PyBytes_AS_STRING(self.prefix), len(self.prefix), target)
-        cdef cnp.ndarray array
+        given, else to `fd` at its position."""
+        dest = _emit(dest, fd, -1, PyBytes_AS_STRING(self.prefix), len(self.prefix), target)
         for item in self.sources:
-            if _is_transposed_matrix(item):
-                _transpose_into(item, dest, fd, target)
-                if dest != NULL:
-                    dest += cnp.PyArray_NBYTES(<cnp.ndarray>item)
-                continue
-            array = _little_endian_c_order(item)
-            dest = _emit(dest, fd, <char*>cnp.PyArray_DATA(array), cnp.PyArray_NBYTES(array),
-                         target)
-            array = None
+            dest = _emit_array(item, dest, fd, -1, target)
+
+    @property
+    def data_start(self):
+        """File offset of the tensor buffer: 8 + the header's length."""
+        return len(self.prefix)
+
+    def write_prefix(self, int fd, str target="<file>"):
+        """Write the prefix and header at the start of `fd` (a pwrite)."""
+        _emit(NULL, fd, 0, PyBytes_AS_STRING(self.prefix), len(self.prefix), target)
+
+    def names(self):
+        """Tensor names in buffer (file) order."""
+        return list(self._layout().names)
+
+    def info(self, name, str target="<plan>"):
+        """Tensor `name`'s header entry, a TensorInfo as ``Reader.info`` gives it."""
+        cdef _Header h = self._layout()
+        cdef Py_ssize_t i = self._position(name, target)
+        cdef Entry* entry = &h.entries[i]
+        return TensorInfo(DTYPE_CODES[entry.code], h.shape(i), (entry.begin, entry.end),
+                          _array_shape(h, entry))
+
+    def write_rows(self, int fd, name, first_row, array, str target="<file>"):
+        """Write NumPy `array` as rows [first_row, first_row + len(array)) of tensor
+        `name`, at their place in the file open as `fd` (a pwrite: the file position
+        does not move). Its dtype must be the tensor's NumPy dtype (either byte order),
+        its rows of the tensor's row shape, and every row inside the tensor: all
+        checked before any byte is written. Returns the byte range written,
+        relative to the tensor."""
+        cdef _Header h = self._layout()
+        cdef Py_ssize_t i = self._position(name, target)
+        cdef Entry* entry = &h.entries[i]
+        if not isinstance(array, np.ndarray):
+            raise SafetensorTypeError(f"{target}: tensor {_shown(name)}: expected a "
+                                      f"numpy.ndarray, got {type(array).__name__}")
+        _check_piece_dtype(target, name, entry.code, array.dtype)
+        shape = _array_shape(h, entry)
+        if shape is None:
+            raise SafetensorError(f"{target}: tensor {_shown(name)}: shape "
+                                  f"{_shown(h.shape(i))} cannot be a NumPy array; write "
+                                  f"its bytes with write_bytes")
+        first, rows = _checked_rows(target, name, shape, array.shape, first_row)
+        cdef uint64_t size = entry.end - entry.begin
+        if not shape:
+            return self._write_at(fd, entry, 0, array, size, target)
+        cdef uint64_t row_bytes = size // shape[0] if shape[0] else 0
+        return self._write_at(fd, entry, first * row_bytes, array, rows * row_bytes, target)
+
+    def write_bytes(self, int fd, name, object start, data, str target="<file>"):
+        """Write the bytes of `data` (any C-contiguous buffer) at byte `start` of
+        tensor `name`: for dtypes the caller has no array type for. Returns the
+        byte range written, relative to the tensor."""
+        cdef _Header h = self._layout()
+        cdef Entry* entry = &h.entries[self._position(name, target)]
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise SafetensorTypeError(f"{target}: tensor {_shown(name)}: expected a buffer "
+                                      f"of bytes, got {type(data).__name__}") from None
+        if not view.c_contiguous:
+            raise SafetensorError(f"{target}: tensor {_shown(name)}: the bytes must be "
+                                  f"C-contiguous")
+        first = _checked_position(target, name, "start", start)
+        cdef uint64_t size = entry.end - entry.begin, length = view.nbytes
+        if first > size or length > size - first:
+            raise SafetensorIndexError(
+                f"{target}: tensor {_shown(name)}: bytes [{first}, {first + length}) lie "
+                f"outside its {size} bytes")
+        source = np.frombuffer(view.cast("B"), dtype=np.uint8)
+        return self._write_at(fd, entry, first, source, length, target)
+
+    cdef tuple _write_at(self, int fd, Entry* entry, uint64_t start, cnp.ndarray source,
+                         uint64_t length, str target):
+        if length:
+            _emit_array(source, NULL, fd, self.data_start + entry.begin + start, target)
+        return start, start + length
+
+    cdef _Header _layout(self):
+        if self.layout is None:
+            self.layout = parse_header(self.prefix[8:], "<plan>",
+                                       self.total_size - len(self.prefix))
+        return self.layout
+
+    cdef Py_ssize_t _position(self, name, str target="<plan>") except -1:
+        position = self._layout().index().get(name)
+        if position is None:
+            raise TensorNotFoundError(f"{target}: no tensor named {_shown(name)} was declared")
+        return position
 
 
-cdef char* _emit(char* dest, int fd, const char* data, size_t length, str target) except? NULL:
+cdef object _array_shape(_Header h, Entry* entry):
+    if entry.np_ndim < 0:
+        return None
+    cdef cnp.npy_intp* dims = h.numpy_dims(entry)
+    return tuple([dims[k] for k in range(entry.np_ndim)])
+
+
+cdef _check_piece_dtype(str target, object name, int code, object dtype):
+    expected = _numpy_dtypes()[code]
+    if dtype == expected or (dtype.byteorder == ">" and dtype.newbyteorder("<") == expected):
+        return
+    raise SafetensorTypeError(f"{target}: tensor {_shown(name)} is {DTYPE_CODES[code]}: its "
+                              f"pieces must be {expected} arrays, got {dtype}")
+
+
+cdef tuple _checked_rows(str target, object name, tuple shape, tuple piece, object first_row):
+    """(first row, row count) of a piece of shape `piece` written at `first_row` of
+    a tensor whose NumPy shape is `shape`; raises when it does not fit."""
+    first_row = _checked_position(target, name, "start_row", first_row)
+    if not shape:
+        if piece or first_row:
+            raise SafetensorError(f"{target}: tensor {_shown(name)} is 0-d: write it whole, "
+                                  f"a 0-d array at row 0 (got shape {piece} at row "
+                                  f"{first_row})")
+        return 0, 1
+    if len(piece) != len(shape) or piece[1:] != shape[1:]:
+        raise SafetensorError(f"{target}: tensor {_shown(name)} has shape {shape}: a piece "
+                              f"must have shape (rows,) + {shape[1:]}, got {piece}")
+    if first_row > shape[0] - piece[0]:
+        raise SafetensorIndexError(f"{target}: tensor {_shown(name)}: rows [{first_row}, "
+                                   f"{first_row + piece[0]}) lie outside its {shape[0]} rows")
+    return first_row, piece[0]
+
+
+cdef object _checked_position(str target, object name, str what, object value):
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+            or value < 0):
+        raise SafetensorError(f"{target}: tensor {_shown(name)}: {what} must be an integer "
+                              f">= 0, got {_shown(value)}")
+    return int(value)
+
+
+cdef char* _emit_array(cnp.ndarray item, char* dest, int fd, int64_t offset,
+                       str target) except? NULL:
+    """Array `item`'s bytes, in C order and little-endian, copied to `dest` (the
+    position after them is returned) or written to `fd` (dest NULL): at `offset`
+    when it is >= 0, else at the file's position. Every writer's data passes here."""
+    if _is_transposed_matrix(item):
+        _transpose_into(item, dest, fd, offset, target)
+        return dest + cnp.PyArray_NBYTES(item) if dest != NULL else NULL
+    cdef cnp.ndarray array = _little_endian_c_order(item)
+    return _emit(dest, fd, offset, <char*>cnp.PyArray_DATA(array), cnp.PyArray_NBYTES(array),
+                 target)
+
+
+cdef char* _emit(char* dest, int fd, int64_t offset, const char* data, size_t length,
+                 str target) except? NULL:
     """Copy `length` bytes to `dest` and return the position after them, or write
     them to `fd` (dest NULL) and return NULL."""
     if dest == NULL:
-        _write_all_or_raise(fd, data, length, target)
+        _write_all_or_raise(fd, data, length, offset, target)
         return NULL
     with nogil:
         memcpy(dest, data, length)
     return dest + length
 
 
-def plan_write(specs, object metadata):
-    """Validate TensorSpecs (or 4-tuples of the same fields), order them as the
-    format's writers do, and build the header: a WritePlan."""
+def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
+               bint keep_order=False):
+    """Validate WriteSpecs (or tuples of the same fields; a source left out or None
+    declares a tensor to be written later), order them as the format's writers do (or keep
+    their order with `keep_order`), and build the header: a WritePlan.
+
+    `header_padding` reserves that many more bytes of spaces after the header
+    (rounded so the data stays 8-byte aligned), room for later metadata edits;
+    `header_size` asks for a header of exactly that size, padded with spaces
+    (an in-place edit of an existing file's header)."""
     entries = []
     seen = set()
     for spec in specs:
-        name, code, shape, source = spec
-        rank = _checked_spec(name, code, shape, source, seen)
-        entries.append((-rank, name, tuple([int(dim) for dim in shape]), source))
-    entries.sort(key=_rank_and_name)
+        name, code, shape, source = _spec_fields(spec)
+        rank, nbytes = _checked_spec(name, code, shape, source, seen)
+        entries.append((-rank, name, tuple([int(dim) for dim in shape]), source, nbytes))
+    if not keep_order:
+        entries.sort(key=_rank_and_name)
 
     header = {}
     if metadata is not None:
         header["__metadata__"] = _checked_metadata(metadata)
     cdef uint64_t offset = 0
     sources = []
-    for rank, name, shape, source in entries:
-        nbytes = source.nbytes
+    for rank, name, shape, source, nbytes in entries:
         header[name] = {"dtype": DTYPE_CODES[-rank], "shape": shape,
                         "data_offsets": (offset, offset + nbytes)}
         offset += nbytes
         sources.append(source)
     cdef WritePlan plan = WritePlan.__new__(WritePlan)
-    plan.prefix = _prefix_and_header(header)
+    plan.prefix = _prefix_and_header(header, _checked_size("header_padding", header_padding),
+                                     -1 if header_size is None
+                                     else _checked_size("header_size", header_size))
     plan.sources = sources
     plan.total_size = len(plan.prefix) + offset
     return plan
 
 
-cdef int _checked_spec(object name, object code, object shape, object source,
-                       set seen) except -1:
-    """The rank of a valid spec's dtype; raises when the spec is not valid."""
+cdef tuple _spec_fields(object spec):
+    """(name, code, shape, source) of a WriteSpec, a 4-tuple, or a 3-tuple that
+    declares a tensor without its data."""
+    fields = tuple(spec) if isinstance(spec, (tuple, list)) else None
+    if fields is None or not 3 <= len(fields) <= 4:
+        raise SafetensorTypeError(f"a spec is (name, dtype code, shape[, source]), got "
+                                  f"{_shown(fields) if fields is not None else type(spec).__name__}")
+    return fields if len(fields) == 4 else fields + (None,)
+
+
+cdef Py_ssize_t _checked_size(str what, object value) except -1:
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+            or not 0 <= value <= DEFAULT_MAX_HEADER_SIZE):
+        raise SafetensorError(f"{what} must be an integer from 0 to "
+                              f"{DEFAULT_MAX_HEADER_SIZE}, got {_shown(value)}")
+    return value
+
+
+cdef tuple _checked_spec(object name, object code, object shape, object source, set seen):
+    """(rank of the dtype, byte size) of a valid spec; raises when it is not valid."""
     if type(name) is not str:
         raise TypeError(f"tensor names must be str, got {type(name).__name__} {_shown(name)}")
     if name == "__metadata__":
-        raise ValueError("'__metadata__' is reserved for the header's metadata and cannot "
-                         "name a tensor")
+        raise SafetensorError("'__metadata__' is reserved for the header's metadata and "
+                              "cannot name a tensor")
     if name in seen:
-        raise ValueError(f"tensor {_shown(name)} is given twice")
+        raise SafetensorError(f"tensor {_shown(name)} is given twice")
     seen.add(name)
     rank = _CODE_OF_NAME.get(code) if type(code) is str else None
     if rank is None:
         raise SafetensorTypeError(f"tensor {_shown(name)}: unknown dtype code {_shown(code)} "
                                   f"(known: {', '.join(DTYPE_CODES)})")
-    if not isinstance(source, np.ndarray):
+    if source is not None and not isinstance(source, np.ndarray):
         raise TypeError(f"tensor {_shown(name)}: the source must be a numpy.ndarray, got "
                         f"{type(source).__name__}")
     cdef uint64_t count = 1, dim, nbytes
-    for value in shape:
+    try:
+        dims = list(shape)
+    except TypeError:
+        raise SafetensorTypeError(f"tensor {_shown(name)}: shape must be a sequence of "
+                                  f"integers, got {type(shape).__name__}") from None
+    if len(dims) > MAX_DIMS:
+        raise SafetensorError(f"tensor {_shown(name)}: {len(dims)} dimensions, more than "
+                              f"{MAX_DIMS}")
+    for value in dims:
         if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
                 or not 0 <= value <= UINT64_MAX):
-            raise ValueError(f"tensor {_shown(name)}: shape must hold unsigned integers, got "
-                             f"{_shown(shape)}")
+            raise SafetensorError(f"tensor {_shown(name)}: shape must hold unsigned integers, "
+                                  f"got {_shown(dims)}")
         dim = value
         if fastst_mul_overflow(count, dim, &count):
-            raise ValueError(f"tensor {_shown(name)}: element count of shape {_shown(shape)} overflows 64 bits")
+            raise SafetensorError(f"tensor {_shown(name)}: element count of shape "
+                                  f"{_shown(dims)} overflows 64 bits")
     cdef int status = fastst_packed_bytes(count, BITS[<int>rank], &nbytes)
     if status < 0:
-        raise ValueError(f"tensor {_shown(name)}: {count} elements of {code} ({BITS[<int>rank]} "
-                         f"bits each) do not fill whole bytes")
-    if status > 0 or nbytes != <uint64_t>source.nbytes:
-        raise ValueError(f"tensor {_shown(name)}: shape {_shown(list(shape))} x {code} needs {nbytes} bytes "
-                         f"but the source holds {source.nbytes}")
-    return rank
+        raise SafetensorError(f"tensor {_shown(name)}: {count} elements of {code} "
+                              f"({BITS[<int>rank]} bits each) do not fill whole bytes")
+    if status > 0:
+        raise SafetensorError(f"tensor {_shown(name)}: shape {_shown(dims)} x {code} "
+                              f"overflows 64 bits of bytes")
+    if source is not None and nbytes != <uint64_t>source.nbytes:
+        raise SafetensorError(f"tensor {_shown(name)}: shape {_shown(dims)} x {code} needs "
+                              f"{nbytes} bytes but the source holds {source.nbytes}")
+    return rank, nbytes
 
 
-cdef bytes _prefix_and_header(dict header):
+cdef bytes _prefix_and_header(dict header, Py_ssize_t padding, Py_ssize_t exact_size):
     import orjson
     try:
         text = orjson.dumps(header)
     except TypeError as error:   # e.g. a name with a lone surrogate
-        raise ValueError(f"header cannot be written as UTF-8 JSON: {error}") from None
-    cdef Py_ssize_t padded = (len(text) + 7) // 8 * 8
+        raise SafetensorError(f"header cannot be written as UTF-8 JSON: {error}") from None
+    cdef Py_ssize_t padded = (len(text) + padding + 7) // 8 * 8
+    if exact_size >= 0:
+        if len(text) > exact_size:
+            raise SafetensorError(f"header of {len(text)} bytes does not fit in "
+                                  f"{exact_size} bytes")
+        padded = exact_size
     if padded > DEFAULT_MAX_HEADER_SIZE:
-        raise ValueError(f"header of {padded} bytes exceeds the format's limit of "
-                         f"{DEFAULT_MAX_HEADER_SIZE}")
+        raise SafetensorError(f"header of {padded} bytes exceeds the format's limit of "
+                              f"{DEFAULT_MAX_HEADER_SIZE}")
     return (<uint64_t>padded).to_bytes(8, "little") + text + b" " * (padded - len(text))
 
 
@@ -195,9 +387,9 @@ cdef Py_ssize_t _rows_per_block(Py_ssize_t rows, Py_ssize_t row_bytes) noexcept:
     return min(rows, max(block, 16))
 
 
-cdef _transpose_into(cnp.ndarray array, char* dest, int fd, str target):
+cdef _transpose_into(cnp.ndarray array, char* dest, int fd, int64_t offset, str target):
     """C-ordered bytes of a Fortran-ordered matrix: into `dest` when given, else
-    block by block through a small buffer to `fd`."""
+    block by block through a small buffer to `fd` (at `offset` when it is >= 0)."""
     cdef Py_ssize_t m = cnp.PyArray_DIM(array, 0), n = cnp.PyArray_DIM(array, 1)
     cdef int itemsize = cnp.PyArray_ITEMSIZE(array)
     cdef Py_ssize_t row_bytes = n * itemsize
@@ -215,20 +407,26 @@ cdef _transpose_into(cnp.ndarray array, char* dest, int fd, str target):
                 fastst_transpose_rows(src, buffer if dest == NULL else dest + row0 * row_bytes,
                                       m, n, row0, rows, itemsize)
             if dest == NULL:
-                _write_all_or_raise(fd, buffer, rows * row_bytes, target)
+                _write_all_or_raise(fd, buffer, rows * row_bytes,
+                                    offset + row0 * row_bytes if offset >= 0 else -1, target)
     finally:
         if dest == NULL:
             free(buffer)
 
 
-cdef _write_all_or_raise(int fd, const char* data, size_t length, str target):
+cdef _write_all_or_raise(int fd, const char* data, size_t length, int64_t offset, str target):
+    """write() every byte at the file's position, or pwrite() them at `offset`
+    when it is >= 0; the GIL released."""
     cdef int error = 0
     cdef ssize_t written
     cdef size_t chunk
     with nogil:
         while length > 0:
             chunk = length if length < (<size_t>1 << 30) else (<size_t>1 << 30)
-            written = write(fd, data, chunk)
+            if offset >= 0:
+                written = pwrite(fd, data, chunk, offset)
+            else:
+                written = write(fd, data, chunk)
             if written < 0:
                 if errno == EINTR:
                     continue
@@ -236,5 +434,7 @@ cdef _write_all_or_raise(int fd, const char* data, size_t length, str target):
                 break
             data += written
             length -= written
+            if offset >= 0:
+                offset += written
     if error:
         raise OSError(error, os.strerror(error), target)

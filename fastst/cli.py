@@ -1,4 +1,5 @@
-"""The ``fastst`` command line: ``fastst inspect FILE...`` and ``fastst demo``."""
+"""The ``fastst`` command line: ``fastst inspect FILE...``, ``fastst verify PATH...``
+and ``fastst demo``."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,8 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from . import __version__
 from ._api import safe_open
+from ._handle import is_checkpoint_path
+from .checkpoint import ShardedHandle
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 
 PROG = "fastst"
@@ -64,7 +67,11 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
     """Everything `fastst inspect` reports about the file at `path`, as plain data.
 
     Raises SafetensorError for a malformed file and OSError when it cannot be read.
+    A sharded checkpoint (a directory or an ``*.index.json``) gets
+    `describe_checkpoint()`'s report.
     """
+    if is_checkpoint_path(path):
+        return describe_checkpoint(path, max_header_size)
     with safe_open(path, framework="np", max_header_size=max_header_size) as reader:
         tensors = []
         for name in reader.offset_keys():
@@ -85,6 +92,65 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
         "file_size": file_size,
         "metadata": metadata,
     }
+
+
+def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+                        ) -> Dict[str, Any]:
+    """What `fastst inspect` reports about the sharded checkpoint at `path`: every
+    tensor with its shard, each shard, the totals and the index's metadata. A
+    directory holding one unsharded file gets that file's `describe()`."""
+    with safe_open(path, framework="np", max_header_size=max_header_size) as handle:
+        if not isinstance(handle, ShardedHandle):
+            return describe(handle.source, max_header_size)
+        tensors = []
+        for name in handle.offset_keys():
+            info = handle.info(name)
+            begin, end = info.data_offsets
+            tensors.append({"name": name, "dtype": info.dtype, "shape": info.shape,
+                            "nbytes": end - begin, "data_offsets": [begin, end],
+                            "shard": os.path.basename(handle.shard_file(name))})
+        shards = [{"file": shard, "tensor_count": len(names),
+                   "file_size": os.stat(handle.index.shard_path(shard)).st_size}
+                  for shard, names in handle.index.shards.items()]
+        return {
+            "file": os.fsdecode(path),
+            "index": handle.source,
+            "tensors": tensors,
+            "tensor_count": len(tensors),
+            "total_bytes": sum(t["nbytes"] for t in tensors),
+            "shards": shards,
+            "file_size": sum(shard["file_size"] for shard in shards),
+            "metadata": handle.metadata(),
+        }
+
+
+def render_checkpoint(info: Dict[str, Any]) -> List[str]:
+    """The human-readable report of `describe_checkpoint()`, one string per line."""
+    lines = [f"checkpoint: {_shown(info['file'])}", f"index: {_shown(info['index'])}", ""]
+    rows = [[_shown(t["name"]), t["dtype"], _shape_text(t["shape"]), str(t["nbytes"]),
+             human_size(t["nbytes"]), _shown(t["shard"])] for t in info["tensors"]]
+    if rows:
+        lines += format_table(["name", "dtype", "shape", "bytes", "size", "shard"], rows,
+                              [False, False, False, True, True, False])
+    else:
+        lines.append("(no tensors)")
+    total, size = info["total_bytes"], info["file_size"]
+    lines += ["", f"tensors      {info['tensor_count']}",
+              f"total bytes  {total} ({human_size(total)})",
+              f"files size   {size} ({human_size(size)})",
+              "", f"shards       {len(info['shards'])}"]
+    lines += format_table(["  file", "tensors", "size"],
+                          [["  " + _shown(shard["file"]), str(shard["tensor_count"]),
+                            human_size(shard["file_size"])] for shard in info["shards"]],
+                          [False, True, True])[2:]
+    metadata = info["metadata"] or {}
+    if metadata:
+        lines += ["", "metadata"]
+        width = max(len(_shown(key)) for key in metadata)
+        for key, value in metadata.items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            lines.append(f"  {_shown(key).ljust(width)}  {_shown(text)}".rstrip())
+    return lines
 
 
 # Leading bytes of files often passed by mistake: they are not a length prefix.
@@ -129,8 +195,8 @@ def _past_the_end(start: bytes, length: int, size: int) -> str:
     # A real prefix is a little-endian count whose high bytes are zero; text has none.
     if all(byte in TEXT_BYTES for byte in start[:8]):
         if start.lstrip()[:1] in (b"{", b"["):
-            return ("not a safetensors file: it is JSON text (the index.json of a "
-                    "sharded checkpoint names its shards: inspect those)")
+            return ("not a safetensors file: it is JSON text (a sharded checkpoint is "
+                    "inspected by its directory or its *.index.json)")
         return "not a safetensors file: it is text"
     if start[8:9] == b"{":      # a header begins there: the file was cut short
         return f"truncated: at least {8 + length} bytes expected, {size} present"
@@ -215,7 +281,8 @@ def inspect_file(path: str, max_header_size: int) -> Dict[str, Any]:
     except SafetensorError as error:
         message = str(error)
         try:
-            message = diagnose(path, max_header_size) or message
+            if not is_checkpoint_path(path):
+                message = diagnose(path, max_header_size) or message
         except OSError:
             pass
     except OSError as error:
@@ -252,7 +319,8 @@ def _write_text_reports(reports: Sequence[Dict[str, Any]], out: TextIO) -> None:
             out.flush()
             _print_error(f"{report['file']}: {report['error']}")
             continue
-        out.write(("" if first else "\n") + "\n".join(render_inspect(report)) + "\n")
+        lines = render_checkpoint(report) if "index" in report else render_inspect(report)
+        out.write(("" if first else "\n") + "\n".join(lines) + "\n")
         first = False
 
 
@@ -292,7 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "dtype, shape, size and data offsets, then totals and metadata. A file "
                     "that cannot be read is reported and the others still are; the exit "
                     "status is 1 if any could not be read.")
-    inspect.add_argument("files", nargs="+", metavar="FILE", help="a .safetensors file")
+    inspect.add_argument("files", nargs="+", metavar="FILE",
+                         help="a .safetensors file, or a sharded checkpoint: its directory "
+                              "or its .index.json")
     inspect.add_argument("--json", action="store_true",
                          help="print each report as JSON: one object for one FILE, a list "
                               "of them for several; a file that cannot be read gives "
@@ -301,6 +371,22 @@ def build_parser() -> argparse.ArgumentParser:
                          default=DEFAULT_MAX_HEADER_SIZE, metavar="BYTES",
                          help="the largest header accepted, in bytes "
                               f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
+
+    verify = commands.add_parser(
+        "verify", help="check the structure and checksums of .safetensors files or folders",
+        description="Check each file's structure and, when it has them, every tensor's "
+                    "checksum; for a folder, each .safetensors file in it and each "
+                    "*.index.json against its shards. A corrupt tensor is named. The exit "
+                    "status is 0 when everything checks out, 1 otherwise; a file without "
+                    "checksums has its structure checked and says so.")
+    verify.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a .safetensors file, or a folder of them (sharded checkpoint)")
+    verify.add_argument("--json", action="store_true",
+                        help="print the reports as a JSON list, one object per PATH")
+    verify.add_argument("--max-header-size", type=_header_limit,
+                        default=DEFAULT_MAX_HEADER_SIZE, metavar="BYTES",
+                        help="the largest header accepted, in bytes "
+                             f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
 
     demo = commands.add_parser(
         "demo", help="save, open and time a sample checkpoint against pickle and np.savez",
@@ -323,6 +409,18 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     return run_demo(args.size_mb, args.dir, out)
 
 
+def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    from .integrity import report_lines, verify_path   # imported on use
+
+    reports = [verify_path(path, max_header_size=args.max_header_size, progress=not args.json)
+               for path in args.paths]
+    if args.json:
+        out.write(json.dumps(reports, indent=2) + "\n")
+    else:
+        out.write("".join(line + "\n" for report in reports for line in report_lines(report)))
+    return 0 if all(report["ok"] for report in reports) else 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``fastst`` command line; returns the exit status."""
     parser = build_parser()
@@ -331,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exit_:     # --help, --version and usage errors
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 2)
-    command = _cmd_inspect if args.command == "inspect" else _cmd_demo
+    command = {"inspect": _cmd_inspect, "verify": _cmd_verify, "demo": _cmd_demo}[args.command]
     try:
         return command(args, sys.stdout)
     except SafetensorError as error:

@@ -24,16 +24,20 @@ from ._handle import Backend, safe_open  # noqa: E402
 __all__ = ["save", "save_file", "load", "load_file"]
 
 
-def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The bytes of a safetensors file holding `tensors`."""
-    return save_numpy(_to_numpy(tensors), metadata=metadata)
+def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None, *,
+         checksum: Optional[str] = None) -> bytes:
+    """The bytes of a safetensors file holding `tensors` (`checksum`: see
+    ``fastst.save``)."""
+    return save_numpy(_to_numpy(tensors), metadata=metadata, checksum=checksum)
 
 
 def save_file(tensors: Dict[str, jax.Array], filename: Union[str, "os.PathLike[str]"],
-              metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False) -> None:
+              metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False,
+              checksum: Optional[str] = None) -> None:
     """Write `tensors` to `filename` atomically (see ``fastst.save_file``, and its
-    `fsync` option)."""
-    save_numpy_file(_to_numpy(tensors), filename, metadata=metadata, fsync=fsync)
+    `fsync` and `checksum` options)."""
+    save_numpy_file(_to_numpy(tensors), filename, metadata=metadata, fsync=fsync,
+                    checksum=checksum)
 
 
 def load(data: bytes) -> Dict[str, jax.Array]:
@@ -52,7 +56,8 @@ def load(data: bytes) -> Dict[str, jax.Array]:
 
 def load_file(filename: Union[str, "os.PathLike[str]"], *,
               backend: Backend = "mmap") -> Dict[str, jax.Array]:
-    """Load every tensor of a file as ``jax.Array``s (see ``fastst.jax``)."""
+    """Load every tensor of a file, or of a sharded checkpoint (its directory or
+    ``*.index.json``), as ``jax.Array``s (see ``fastst.jax``)."""
     with safe_open(filename, framework="flax", backend=backend) as f:
         return f.get_tensors()
 

@@ -25,10 +25,12 @@ import ml_dtypes
 from ._core import (DTYPES, Reader, SafetensorError, SafetensorNotImplementedError,
                     SafetensorTypeError, TensorInfo)
 from ._handle import Backend, safe_open
-from .writer import TensorSpec, WritePlan, plan_write, write_atomically
+from .checkpoint import ShardEntry, save_checkpoint
+from .integrity import plan_with_checksums
+from .writer import WritePlan, WriteSpec, write_atomically
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
-           "storage_ptr", "storage_size", "TORCH_DTYPES"]
+           "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -147,7 +149,8 @@ def _target_device(device: Any) -> Optional[torch.device]:
 
 def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *,
               backend: Backend = "mmap") -> Dict[str, torch.Tensor]:
-    """Load every tensor of a file as torch tensors.
+    """Load every tensor of a file, or of a sharded checkpoint (its directory or
+    ``*.index.json``), as torch tensors.
 
     On the CPU (the default) the tensors view the file's private map: nothing is
     copied or read until used, writes stay in this process, and the tensors stay
@@ -181,32 +184,56 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------
 
 
-def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None, *,
+         checksum: Optional[str] = None) -> bytes:
     """The bytes of a safetensors file holding `tensors`, identical to what
     ``safetensors.torch.save`` gives for the same tensors.
 
     Tensors may live on any device and need not be contiguous; tensors that share
-    memory raise RuntimeError (see ``save_model``).
+    memory raise RuntimeError (see ``save_model``). `checksum` is that of
+    ``fastst.save``.
     """
-    return _plan(tensors, metadata).to_bytes()
+    return _plan(tensors, metadata, checksum).to_bytes()
 
 
 def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
-              metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False) -> None:
+              metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False,
+              max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None
+              ) -> None:
     """Write `tensors` to `filename` atomically (as ``fastst.save_file`` does, with
-    its `fsync` option), in the bytes ``safetensors.torch.save_file`` writes. Each
-    tensor is written straight from its memory."""
-    write_atomically(_plan(tensors, metadata), filename, fsync=fsync)
+    its `fsync` and `checksum` options), in the bytes ``safetensors.torch.save_file``
+    writes. Each tensor is written straight from its memory.
+
+    With `max_shard_size` (bytes, or a size such as ``"5GB"``), `filename` is a
+    directory (or ``DIR/NAME.safetensors``) and the files are those
+    ``huggingface_hub.save_torch_state_dict`` writes there, byte for byte: shards
+    cut as it cuts them, each with ``{"format": "pt"}`` as metadata, and an index
+    whose metadata is ``total_size`` then `metadata` (one file and no index when
+    everything fits in one shard). See ``fastst.checkpoint``.
+    """
+    if max_shard_size is not None:
+        if checksum is not None:
+            raise ValueError("checksum= is not available with max_shard_size= (sharded "
+                             "saves write no checksums yet)")
+        _check_for_save(tensors)
+        entries = [ShardEntry(spec_of_tensor(name, tensor), storage_size(tensor),
+                              None if tensor.device.type == "meta" else
+                              (tensor.device, storage_ptr(tensor), storage_size(tensor)))
+                   for name, tensor in tensors.items()]
+        save_checkpoint(entries, filename, max_shard_size=max_shard_size, metadata=metadata,
+                        shard_metadata={"format": "pt"}, fsync=fsync)
+        return
+    write_atomically(_plan(tensors, metadata, checksum), filename, fsync=fsync)
 
 
-def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]]
-          ) -> WritePlan:
+def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]],
+          checksum: Optional[str] = None) -> WritePlan:
     _check_for_save(tensors)
-    return plan_write([_spec_of(name, tensor) for name, tensor in tensors.items()],
-                            metadata)
+    specs = [spec_of_tensor(name, tensor) for name, tensor in tensors.items()]
+    return plan_with_checksums(specs, metadata, checksum)
 
 
-def _spec_of(name: Any, tensor: torch.Tensor) -> TensorSpec:
+def spec_of_tensor(name: Any, tensor: torch.Tensor) -> WriteSpec:
     """What to write for `tensor`: its header code and shape, and a NumPy view of
     its bytes on the CPU."""
     if tensor.device.type == "meta":
@@ -221,7 +248,7 @@ def _spec_of(name: Any, tensor: torch.Tensor) -> TensorSpec:
             raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
                              f"last dim to hold its two values")
         shape[-1] *= 2
-    return TensorSpec(name, code, shape, _bytes_of(tensor))
+    return WriteSpec(name, code, shape, _bytes_of(tensor))
 
 
 def _bytes_of(tensor: torch.Tensor) -> npt.NDArray[Any]:
@@ -371,7 +398,8 @@ def _remove_duplicate_names(state_dict: Mapping[str, torch.Tensor], *,
 
 
 def save_model(model: torch.nn.Module, filename: PathLike,
-               metadata: Optional[Dict[str, str]] = None, force_contiguous: bool = True) -> None:
+               metadata: Optional[Dict[str, str]] = None, force_contiguous: bool = True, *,
+               max_shard_size: Union[int, str, None] = None) -> None:
     """Save a model's state dict, keeping one name for tensors that share memory
     (tied weights).
 
@@ -381,6 +409,9 @@ def save_model(model: torch.nn.Module, filename: PathLike,
     ``load_model`` ties the names back. With `force_contiguous` (the default)
     tensors are made contiguous first, which changes nothing in the file:
     non-contiguous tensors are written as C-ordered data either way.
+
+    With `max_shard_size`, `filename` is a directory and the model is saved in
+    shards, as ``huggingface_hub.save_torch_model`` saves it (see ``save_file``).
     """
     state_dict = model.state_dict()
     for kept, dropped in _remove_duplicate_names(state_dict).items():
@@ -391,13 +422,14 @@ def save_model(model: torch.nn.Module, filename: PathLike,
             del state_dict[name]
     if force_contiguous:
         state_dict = {name: tensor.contiguous() for name, tensor in state_dict.items()}
-    save_file(state_dict, filename, metadata=metadata)
+    save_file(state_dict, filename, metadata=metadata, max_shard_size=max_shard_size)
 
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
                device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap"
                ) -> Tuple[List[str], List[str]]:
-    """Load a file into `model`, as saved by ``save_model``.
+    """Load a file, or a sharded checkpoint's directory, into `model`, as saved
+    by ``save_model``.
 
     Returns ``(missing, unexpected)``: names of the model the file did not fill,
     and names in the file the model has no place for. Names the model ties to

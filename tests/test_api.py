@@ -109,7 +109,8 @@ def test_help_shows_the_real_signature_and_every_framework():
     import inspect
     import pydoc
     parameters = inspect.signature(fastst.safe_open).parameters
-    assert list(parameters) == ["filename", "framework", "device", "backend", "max_header_size"]
+    assert list(parameters) == ["filename", "framework", "device", "backend", "max_header_size",
+                                "verify"]
     assert parameters["framework"].default == "np" and parameters["device"].default == "cpu"
     assert parameters["backend"].kind is inspect.Parameter.KEYWORD_ONLY
     text = pydoc.render_doc(fastst.safe_open, renderer=pydoc.plaintext)

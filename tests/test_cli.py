@@ -310,15 +310,15 @@ def test_inspect_several_files_reports_each_and_fails_if_any_failed(tmp_path, ca
     other = tmp_path / "other.safetensors"
     fastst.save_file({"x": np.zeros(2, dtype=np.uint8)}, other)
     missing = tmp_path / "missing.safetensors"
-    index = _write(tmp_path / "model.safetensors.index.json", b'{"weight_map": {}}')
+    index = _write(tmp_path / "config.json", b'{"weight_map": {}}')
     assert cli.main(["inspect", str(good), str(missing), str(other), str(index)]) == 1
     captured = capsys.readouterr()
     assert captured.out.split("\n\nfile: ")[0].splitlines() == _expected_lines(good)
     assert f"file: {other}" in captured.out.splitlines()
     assert captured.err.splitlines() == [
         f"fastst: error: {missing}: No such file or directory",
-        f"fastst: error: {index}: not a safetensors file: it is JSON text (the index.json "
-        f"of a sharded checkpoint names its shards: inspect those)",
+        f"fastst: error: {index}: not a safetensors file: it is JSON text (a sharded "
+        f"checkpoint is inspected by its directory or its *.index.json)",
     ]
     assert cli.main(["inspect", str(good), str(other)]) == 0
     captured = capsys.readouterr()
@@ -364,7 +364,9 @@ def test_inspect_missing_file(tmp_path, capsys):
 
 def test_inspect_directory(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path)]) == 1
-    assert capsys.readouterr().err == f"fastst: error: {tmp_path}: Is a directory\n"
+    assert capsys.readouterr().err == (f"fastst: error: {tmp_path}: no model.safetensors."
+                                       f"index.json nor any .safetensors file in this "
+                                       f"directory\n")
 
 
 def test_inspect_through_python_dash_m(tmp_path):

@@ -26,8 +26,8 @@ def run_python(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def test_directory_is_refused(tmp_path):
-    with pytest.raises(IsADirectoryError):
+def test_directory_without_a_checkpoint_is_refused(tmp_path):
+    with pytest.raises(fastst.SafetensorError, match="no model.safetensors.index.json"):
         fastst.safe_open(tmp_path)
 
 
@@ -215,11 +215,18 @@ while True:
 
 
 def test_save_file_killed_at_random_moments_never_corrupts_the_old_file(tmp_path):
+    check_kills_leave_a_whole_file(tmp_path, SAVER, rounds=20, seed=7)
+
+
+def check_kills_leave_a_whole_file(tmp_path, saver, rounds, seed):
+    """Kill `saver` (a script that prints "ready", then saves versions 1 and 2 of
+    model.safetensors, its tensor "w" all that version, over and over) at random
+    moments: the file always holds one whole version."""
     path = tmp_path / "model.safetensors"
     fastst.save_file({"w": np.full(8 << 20, 0, dtype=np.float32), "v": np.array([0])}, path)
-    rng = random.Random(7)
-    for _ in range(20):
-        child = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE)
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        child = subprocess.Popen([sys.executable, "-c", saver, str(path)], stdout=subprocess.PIPE)
         assert child.stdout.readline().strip() == b"ready"
         time.sleep(rng.uniform(0, 0.4))
         child.send_signal(signal.SIGKILL)

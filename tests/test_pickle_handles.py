@@ -148,3 +148,30 @@ def test_a_forked_child_reads_through_the_inherited_handle(path, tensors, backen
     for name, array in tensors.items():
         np.testing.assert_array_equal(result["tensors"][name], array)
     np.testing.assert_array_equal(result["gathered"], tensors["x"][[5, -1, 5, 0]])
+
+
+def corrupt_first_byte_of(path, name):
+    with fastst.safe_open(path) as f:
+        at = f.data_start + f.info(name).data_offsets[0]
+    with open(path, "r+b") as file:
+        file.seek(at)
+        byte = file.read(1)
+        file.seek(at)
+        file.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_a_verifying_handle_pickles_as_one(tmp_path, tensors, framework):
+    pytest.importorskip("xxhash")
+    if framework == "pt":
+        pytest.importorskip("torch")
+    path = tmp_path / "checked.safetensors"
+    fastst.save_file(tensors, path, checksum="xxh3_64")
+    corrupt_first_byte_of(path, "x")
+    with fastst.safe_open(path, framework, verify=True) as f:
+        copy = pickle.loads(pickle.dumps(f))
+    with copy:
+        assert type(copy) is type(f)
+        np.testing.assert_array_equal(np.asarray(copy.gather("y", [2, 0])), [2, 0])
+        with pytest.raises(fastst.SafetensorError, match="tensor 'x': checksum mismatch"):
+            copy.gather("x", [0])

@@ -134,8 +134,8 @@ def test_empty_metadata_is_written_as_an_empty_object():
 def test_specs_write_a_header_shape_the_source_dtype_does_not_tell(tmp_path):
     # Four 4-bit values packed in two bytes: the spec says F4 [4], the source is uint8.
     packed = np.array([0x21, 0x43], dtype=np.uint8)
-    specs = [fastst.TensorSpec("f4", "F4", (4,), packed),
-             fastst.TensorSpec("w", "F32", (2,), np.ones(2, np.float32))]
+    specs = [fastst.writer.WriteSpec("f4", "F4", (4,), packed),
+             fastst.writer.WriteSpec("w", "F32", (2,), np.ones(2, np.float32))]
     path = tmp_path / "specs.safetensors"
     fastst.writer.serialize_file(specs, path, metadata={"k": "v"})
     assert path.read_bytes() == fastst.writer.serialize(specs, metadata={"k": "v"})
@@ -162,7 +162,7 @@ def test_invalid_specs_are_refused_with_the_rule_they_break(spec, message):
 
 
 def test_a_name_given_twice_in_specs_is_refused():
-    spec = fastst.TensorSpec("x", "U8", (1,), np.ones(1, np.uint8))
+    spec = fastst.writer.WriteSpec("x", "U8", (1,), np.ones(1, np.uint8))
     with pytest.raises(ValueError, match="'x' is given twice"):
         fastst.writer.plan_write([spec, spec], None)
 

@@ -532,10 +532,10 @@ def test_missing_file(tmp_path):
         fastst.safe_open(path, framework="np")
 
 
-def test_directory(tmp_path):
-    with pytest.raises(IsADirectoryError):
+def test_directory_without_a_checkpoint(tmp_path):
+    with pytest.raises(fastst.SafetensorError, match="no model.safetensors.index.json"):
         fastst.load_file(tmp_path)
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(fastst.SafetensorError, match="no model.safetensors.index.json"):
         fastst.safe_open(str(tmp_path), framework="np")
 
 

@@ -1,0 +1,591 @@
+"""Sharded checkpoints, in the layout of the Hugging Face tools: tensors spread
+over ``model-00001-of-0000N.safetensors`` files, and ``model.safetensors.index.json``
+naming the shard of each tensor.
+
+Reading: ``safe_open`` (and ``load_file``, the adapters, ``fastst inspect``) take
+a checkpoint's directory or its ``*.index.json`` and give one handle over all its
+shards. Opening reads the index alone; each shard is opened, and checked against
+the index, when one of its tensors is first asked for.
+
+Writing: ``save_file(..., max_shard_size=...)`` cuts the tensors into shards the
+way ``huggingface_hub.split_torch_state_dict_into_shards`` does, and writes the
+files ``huggingface_hub.save_torch_state_dict`` writes, byte for byte.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import (Any, Callable, Dict, Generic, Hashable, Iterable, Iterator, List, Mapping,
+                    NamedTuple, Optional, Sequence, Set, Tuple, Union)
+
+import orjson
+
+from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorInfo, TensorNotFoundError,
+                    WriteSpec, plan_write, spec_of_array)
+from ._files import TEMP_SUFFIX, PathLike, write_atomically
+from ._handle import Backend, FrameworkHandle, NumpyHandle, is_checkpoint_path, open_file
+from ._slicing import Converter, SafeSlice, T
+
+__all__ = ["DEFAULT_PATTERN", "INDEX_SUFFIX", "ShardEntry", "ShardedHandle",
+           "NumpyShardedHandle", "CheckpointIndex", "is_checkpoint_path", "open_checkpoint",
+           "parse_size", "read_index", "save_checkpoint", "split_into_shards"]
+
+DEFAULT_PATTERN = "model{suffix}.safetensors"
+INDEX_SUFFIX = ".index.json"
+SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+MAX_INDEX_DEPTH = 64   # JSON nesting an index may have; real ones have 3 levels
+# Shards from this size up are copied one at a time: the core already shares the copy
+# of a file this large among threads, and nesting two pools of threads only slows it.
+PARALLEL_BELOW = 64 << 20
+
+
+# ---------------------------------------------------------------------------
+# The index
+# ---------------------------------------------------------------------------
+
+class CheckpointIndex(NamedTuple):
+    """A parsed, validated ``*.index.json``."""
+    path: str                          # the index file
+    weight_map: Dict[str, str]         # tensor name -> shard file name, in index order
+    shards: Dict[str, List[str]]       # shard file name -> its tensors, in index order
+    metadata: Optional[Dict[str, Any]]
+
+    def shard_path(self, shard: str) -> str:
+        return os.path.join(os.path.dirname(self.path), shard)
+
+
+def find_checkpoint(directory: str) -> str:
+    """The file to open for the checkpoint in `directory`: its
+    ``model.safetensors.index.json``, else its ``model.safetensors``, else its only
+    ``*.safetensors.index.json`` or only ``*.safetensors``."""
+    for name in (DEFAULT_PATTERN.format(suffix="") + INDEX_SUFFIX,
+                 DEFAULT_PATTERN.format(suffix="")):
+        if os.path.isfile(os.path.join(directory, name)):
+            return os.path.join(directory, name)
+    names = sorted(os.listdir(directory))
+    for ending in (".safetensors" + INDEX_SUFFIX, ".safetensors"):
+        found = [name for name in names if name.endswith(ending)]
+        if len(found) == 1:
+            return os.path.join(directory, found[0])
+        if found:
+            raise SafetensorError(f"{directory}: several checkpoints ({', '.join(found)}); "
+                                  f"open the one wanted by its file name")
+    raise SafetensorError(f"{directory}: no model.safetensors.index.json nor any "
+                          f".safetensors file in this directory")
+
+
+def read_index(path: PathLike, *, max_size: int = DEFAULT_MAX_HEADER_SIZE) -> CheckpointIndex:
+    """Read and check the index file at `path` (at most `max_size` bytes)."""
+    path = os.path.abspath(os.fsdecode(path))
+    # O_NONBLOCK: a FIFO under an index's name must not wait for a writer
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
+        status = os.fstat(file.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise SafetensorError(f"{path}: index is not a regular file")
+        if status.st_size > max_size:
+            raise SafetensorError(f"{path}: index of {status.st_size} bytes exceeds the "
+                                  f"limit of {max_size} bytes")
+        text = file.read(max_size + 1)
+    return parse_index(text, path)
+
+
+def parse_index(text: bytes, path: str) -> CheckpointIndex:
+    """Check the JSON `text` of the index file `path`: an object whose
+    ``weight_map`` maps each tensor name to a ``.safetensors`` file beside the
+    index, with an optional ``metadata`` object, and no key twice anywhere."""
+    try:
+        document = orjson.loads(text)      # bounded nesting: never a RecursionError
+    except orjson.JSONDecodeError as error:
+        raise SafetensorError(f"{path}: index is not valid JSON: {error}") from None
+    if _depth(document) > MAX_INDEX_DEPTH:
+        raise SafetensorError(f"{path}: index nests deeper than {MAX_INDEX_DEPTH} levels")
+    json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, path))
+    if not isinstance(document, dict):
+        raise SafetensorError(f"{path}: index must be a JSON object, got "
+                              f"{type(document).__name__}")
+    weight_map = document.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise SafetensorError(f"{path}: index has no 'weight_map' object")
+    metadata = document.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise SafetensorError(f"{path}: index 'metadata' must be an object, got "
+                              f"{type(metadata).__name__}")
+    shards: Dict[str, List[str]] = {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise SafetensorError(f"{path}: tensor {name!r}: shard must be a file name "
+                                  f"string, got {type(shard).__name__}")
+        shards.setdefault(shard, []).append(name)
+    for shard, names in shards.items():
+        _check_shard_name(shard, names[0], path)
+    return CheckpointIndex(path, weight_map, shards, metadata)
+
+
+def _depth(document: Any) -> int:
+    deepest, pending = 0, [(document, 1)]
+    while pending:
+        value, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_INDEX_DEPTH:
+            items = value.values() if isinstance(value, dict) else value
+            pending.extend((item, depth + 1) for item in items
+                           if isinstance(item, (dict, list)))
+    return deepest
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]], path: str) -> Dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: Set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise SafetensorError(f"{path}: index names {key!r} twice in one object")
+            seen.add(key)
+    return result
+
+
+def _check_shard_name(shard: str, name: str, path: str) -> None:
+    """A shard is a plain ``.safetensors`` file name, in the index's directory."""
+    if (not shard.endswith(".safetensors") or shard.startswith(".")
+            or any(char in shard for char in "/\\\0")):
+        raise SafetensorError(f"{path}: tensor {name!r}: shard {shard!r} is not a "
+                              f".safetensors file name in the index's directory")
+
+
+# ---------------------------------------------------------------------------
+# Reading: one handle over all shards
+# ---------------------------------------------------------------------------
+
+# an open shard: a NumpyHandle, or a FrameworkHandle for a framework's tensors
+Shard = Any
+
+
+class ShardedHandle(Generic[T]):
+    """A sharded checkpoint opened as one file: what ``safe_open`` returns for a
+    checkpoint's directory or ``*.index.json``.
+
+    It has the reading methods of the handle of one file (``keys``,
+    ``get_tensor``, ``get_tensors``, ``get_slice``, ``info``, ``offset_keys``, the
+    mapping protocol); ``metadata()`` is the index's ``metadata`` object. A shard
+    is opened when one of its tensors is first asked for, and checked then: it
+    must hold exactly the tensors the index gives it. ``close()`` closes every
+    shard opened.
+    """
+
+    def __init__(self, index: CheckpointIndex, open_shard: Callable[[str], Shard],
+                 backend: str) -> None:
+        self._index = index
+        self._open_shard = open_shard
+        self._backend = backend
+        self._opened: Dict[str, Shard] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- shards ----------------------------------------------------------------
+
+    def _shard_of(self, name: str) -> Shard:
+        shard = self._index.weight_map.get(name) if isinstance(name, str) else None
+        if shard is None:
+            self._check_open()
+            raise TensorNotFoundError(f"{self._index.path}: no tensor named {name!r}")
+        return self._shard(shard, name)
+
+    def _shard(self, shard: str, wanted: str) -> Shard:
+        handle = self._opened.get(shard)
+        if handle is not None:
+            return handle
+        with self._lock:
+            self._check_open()
+            handle = self._opened.get(shard)
+            if handle is None:
+                handle = self._opened[shard] = self._open_checked(shard, wanted)
+        return handle
+
+    def _open_checked(self, shard: str, wanted: str) -> Shard:
+        index = self._index
+        path = index.shard_path(shard)
+        try:
+            handle = self._open_shard(path)
+        except FileNotFoundError:
+            raise SafetensorError(f"{index.path}: tensor {wanted!r}: shard {shard!r} is "
+                                  f"missing") from None
+        except IsADirectoryError:
+            raise SafetensorError(f"{index.path}: tensor {wanted!r}: shard {shard!r} is a "
+                                  f"directory") from None
+        try:
+            self._check_contents(shard, handle)
+        except SafetensorError:
+            handle.close()
+            raise
+        return handle
+
+    def _check_contents(self, shard: str, handle: Shard) -> None:
+        index = self._index
+        for name in handle.offset_keys():
+            listed = index.weight_map.get(name)
+            if listed is None:
+                raise SafetensorError(f"{index.path}: shard {shard!r} holds tensor {name!r}, "
+                                      f"which the index does not name")
+            if listed != shard:
+                raise SafetensorError(f"{index.path}: tensor {name!r} is in shard {shard!r} "
+                                      f"and, by the index, in {listed!r}")
+        expected = index.shards[shard]
+        if len(handle) != len(expected):
+            missing = next(name for name in expected if name not in handle)
+            raise SafetensorError(f"{index.path}: tensor {missing!r} is absent from its "
+                                  f"shard {shard!r}")
+
+    def _all_shards(self) -> List[Tuple[str, Shard]]:
+        return [(shard, self._shard(shard, names[0]))
+                for shard, names in self._index.shards.items()]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SafetensorError(f"{self._index.path}: the checkpoint is closed")
+
+    # -- reading ---------------------------------------------------------------
+
+    def get_tensor(self, name: str) -> T:
+        """The tensor `name`, from its shard."""
+        tensor: T = self._shard_of(name).get_tensor(name)
+        return tensor
+
+    def __getitem__(self, name: str) -> T:
+        return self.get_tensor(name)
+
+    def get_tensors(self) -> Dict[str, T]:
+        """Every tensor: shard by shard in index order, each in buffer order."""
+        tensors: Dict[str, T] = {}
+        for _, handle in self._all_shards():
+            tensors.update(handle.get_tensors())
+        return tensors
+
+    def get_slice(self, name: str) -> SafeSlice[T]:
+        """A lazy handle on tensor `name` (see ``SafeSlice``)."""
+        part: SafeSlice[T] = self._shard_of(name).get_slice(name)
+        return part
+
+    def info(self, name: str) -> TensorInfo:
+        """What the header of its shard says of tensor `name`."""
+        info: TensorInfo = self._shard_of(name).info(name)
+        return info
+
+    def shard_file(self, name: str) -> str:
+        """The path of the shard the index puts tensor `name` in (opens nothing)."""
+        shard = self._index.weight_map.get(name)
+        if shard is None:
+            raise TensorNotFoundError(f"{self._index.path}: no tensor named {name!r}")
+        return self._index.shard_path(shard)
+
+    def keys(self) -> List[str]:
+        """Tensor names, sorted (from the index: opens no shard)."""
+        self._check_open()
+        return sorted(self._index.weight_map)
+
+    def offset_keys(self) -> List[str]:
+        """Tensor names shard by shard, each shard's in buffer order (opens every shard)."""
+        return [name for _, handle in self._all_shards() for name in handle.offset_keys()]
+
+    def metadata(self) -> Optional[Dict[str, Any]]:
+        """The index's ``metadata`` object (e.g. ``{"total_size": ...}``), or None."""
+        self._check_open()
+        return None if self._index.metadata is None else dict(self._index.metadata)
+
+    @property
+    def index(self) -> CheckpointIndex:
+        return self._index
+
+    @property
+    def source(self) -> str:
+        return self._index.path
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close every shard opened; the handle cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            opened, self._opened = self._opened, {}
+        for handle in opened.values():
+            handle.close()
+
+    def __len__(self) -> int:
+        return len(self._index.weight_map)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index.weight_map
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __enter__(self) -> ShardedHandle[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = ("closed" if self._closed else
+                 f"{len(self)} tensors in {len(self._index.shards)} shards")
+        return f"<fastst.safe_open {self._index.path!r} ({state})>"
+
+
+class NumpyShardedHandle(ShardedHandle[Any]):
+    """A sharded checkpoint whose tensors are NumPy arrays, with the NumPy-only
+    methods of ``NumpyHandle`` too."""
+
+    def get_tensor(self, name: str, *, out: Any = None) -> Any:
+        return self._shard_of(name).get_tensor(name, out=out)
+
+    def copy_tensors(self) -> Dict[str, Any]:
+        """Every tensor read into fresh memory, shard by shard in index order.
+
+        A large shard's copy shares its work among threads itself: those are read
+        one after another. Smaller shards are read by a pool of threads, one shard
+        each, so that a checkpoint of many small shards keeps the throughput of
+        one file.
+        """
+        shards = self._all_shards()
+        small = [handle for shard, handle in shards
+                 if os.path.getsize(self._index.shard_path(shard)) < PARALLEL_BELOW]
+        parts: Dict[int, Dict[str, Any]] = {}
+        if len(small) > 1:
+            with ThreadPoolExecutor(min(len(small), _usable_cpus())) as pool:
+                parts = dict(zip(map(id, small), pool.map(_copy_of, small)))
+        tensors: Dict[str, Any] = {}
+        for _, handle in shards:
+            part = parts.get(id(handle))
+            tensors.update(part if part is not None else handle.copy_tensors())
+        return tensors
+
+    def read_into(self, arrays: Dict[str, Any]) -> None:
+        """Read the named tensors into caller-supplied arrays (see ``NumpyHandle``)."""
+        by_shard: Dict[int, Tuple[Shard, Dict[str, Any]]] = {}
+        for name, array in arrays.items():
+            handle = self._shard_of(name)
+            by_shard.setdefault(id(handle), (handle, {}))[1][name] = array
+        for handle, part in by_shard.values():
+            handle.read_into(part)
+
+    def read_rows(self, name: str, first: int, last: int) -> Any:
+        return self._shard_of(name).read_rows(name, first, last)
+
+    def gather_rows(self, name: str, rows: Any) -> Any:
+        return self._shard_of(name).gather_rows(name, rows)
+
+
+
+def _copy_of(handle: Shard) -> Dict[str, Any]:
+    copies: Dict[str, Any] = handle.copy_tensors()
+    return copies
+
+
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
+                    backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+                    ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
+    """Open the checkpoint at `path`, a directory or an ``*.index.json``, as one
+    handle (see ``ShardedHandle``), its tensors passed through `convert` (a
+    framework's converter) or NumPy arrays when it is None. A directory holding
+    one unsharded file (``model.safetensors``) gives that file's handle."""
+    text = os.fsdecode(path)
+    target = find_checkpoint(text) if os.path.isdir(text) else text
+    if not target.endswith(INDEX_SUFFIX):
+        return open_file(target, convert, backend=backend, max_header_size=max_header_size)
+    index = read_index(target, max_size=max_header_size)
+
+    def open_shard(shard: str) -> Shard:
+        return open_file(shard, convert, backend=backend, max_header_size=max_header_size)
+
+    if convert is None:
+        return NumpyShardedHandle(index, open_shard, backend)
+    return ShardedHandle(index, open_shard, backend)
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+class ShardEntry(NamedTuple):
+    """One tensor to write into a sharded checkpoint."""
+    spec: WriteSpec
+    size: int                   # the bytes it counts for against max_shard_size
+    storage: Optional[Hashable] = None   # tensors of one storage go into one shard
+
+
+def parse_size(size: Union[int, str]) -> int:
+    """A shard size limit in bytes: an int, or a decimal size as the Hugging Face
+    tools write it (``"5GB"`` is 5 * 10**9; units KB, MB, GB, TB)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        value = size
+    elif isinstance(size, str):
+        text = size.strip()
+        multiplier = SIZE_UNITS.get(text[-2:].upper())
+        number = text[:-2].strip()
+        if multiplier is None or not re.fullmatch(r"[0-9]*\.?[0-9]+(e[0-9]+)?", number):
+            raise SafetensorError(f"max_shard_size {size!r}: expected a number of bytes or "
+                                  f"a size such as '5GB' (units KB, MB, GB, TB)")
+        value = int(float(number) * multiplier)
+    else:
+        raise SafetensorError(f"max_shard_size must be an int or a str such as '5GB', got "
+                              f"{type(size).__name__}")
+    if value <= 0:
+        raise SafetensorError(f"max_shard_size {size!r}: must be above 0 bytes")
+    return value
+
+
+def split_into_shards(entries: Sequence[ShardEntry], max_shard_size: int
+                      ) -> Tuple[List[List[str]], int]:
+    """Tensor names grouped into shards, and the total size counted.
+
+    Greedy, in the order of `entries`: a tensor goes into the current shard
+    unless it would take it past `max_shard_size`, which then is closed. A tensor
+    larger than the limit gets a shard of its own at once (the current shard
+    stays open after it). A tensor sharing its storage with an earlier one counts
+    for nothing and joins that one's shard, at its end.
+    """
+    shards: List[List[str]] = []
+    current: List[str] = []
+    current_size = total = 0
+    first_of_storage: Dict[Hashable, str] = {}
+    followers: Dict[str, List[str]] = {}
+    for entry in entries:
+        name = entry.spec.name
+        if entry.storage is not None:
+            first = first_of_storage.setdefault(entry.storage, name)
+            if first != name:
+                followers.setdefault(first, []).append(name)
+                continue
+        total += entry.size
+        if entry.size > max_shard_size:
+            shards.append([name])
+            continue
+        if current_size + entry.size > max_shard_size:
+            shards.append(current)
+            current, current_size = [], 0
+        current.append(name)
+        current_size += entry.size
+    if current:
+        shards.append(current)
+    for shard in shards:
+        shard.extend(follower for name in list(shard) for follower in followers.get(name, ()))
+    return shards, total
+
+
+def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
+                    max_shard_size: Union[int, str],
+                    metadata: Optional[Mapping[str, str]] = None,
+                    shard_metadata: Optional[Mapping[str, str]] = None,
+                    fsync: bool = False) -> List[str]:
+    """Write `entries` as a checkpoint cut into shards of at most `max_shard_size`
+    bytes; returns the paths of the files written, the index last.
+
+    `filename` is the directory to save into (created if need be; the files are
+    ``model-00001-of-0000N.safetensors`` and ``model.safetensors.index.json``), or
+    the path the checkpoint would have as one file, ``DIR/NAME.safetensors``, for
+    ``DIR/NAME-00001-of-0000N.safetensors`` and ``DIR/NAME.safetensors.index.json``.
+    When everything fits in one shard, that one file is written, as
+    ``model.safetensors`` (or ``NAME.safetensors``), and no index.
+
+    Each shard holds `shard_metadata`; the index's ``metadata`` is
+    ``{"total_size": ...}`` followed by `metadata`. A single file holds both
+    dicts merged. Each file is written atomically, the index last; the shards and
+    index of an earlier save in that place are removed after it.
+    """
+    directory, pattern = _save_place(filename)
+    shards, total = split_into_shards(entries, parse_size(max_shard_size))
+    by_name = {entry.spec.name: entry.spec for entry in entries}
+    if len(shards) <= 1:
+        single = {**(shard_metadata or {}), **(metadata or {})}
+        files = {pattern.format(suffix=""): plan_write(
+            [by_name[name] for name in (shards[0] if shards else [])], single or None)}
+    else:
+        count = len(shards)
+        files = {pattern.format(suffix=f"-{number:05d}-of-{count:05d}"):
+                 plan_write([by_name[name] for name in shard], shard_metadata)
+                 for number, shard in enumerate(shards, 1)}
+    for name, plan in files.items():     # every plan checked before the first file is written
+        write_atomically(plan, os.path.join(directory, name), fsync=fsync)
+    names = list(files)
+    if len(shards) > 1:
+        weight_map = {name: shard_name for shard_name, shard in zip(names, shards)
+                      for name in shard}
+        index = {"metadata": {"total_size": total, **(metadata or {})},
+                 "weight_map": weight_map}
+        names.append(pattern.format(suffix="") + INDEX_SUFFIX)
+        _write_text(json.dumps(index, indent=2), os.path.join(directory, names[-1]), fsync)
+    _remove_stale(directory, pattern, set(names))
+    return [os.path.join(directory, name) for name in names]
+
+
+def save_array_checkpoint(arrays: Dict[str, Any], filename: PathLike, *,
+                          max_shard_size: Union[int, str],
+                          metadata: Optional[Mapping[str, str]] = None,
+                          fsync: bool = False) -> List[str]:
+    """`save_checkpoint` of NumPy arrays, each counting for its bytes."""
+    entries = []
+    for name, array in arrays.items():
+        spec = spec_of_array(name, array)
+        entries.append(ShardEntry(spec, spec.source.nbytes))
+    return save_checkpoint(entries, filename, max_shard_size=max_shard_size,
+                           metadata=metadata, fsync=fsync)
+
+
+def _save_place(filename: PathLike) -> Tuple[str, str]:
+    """(directory, file name pattern with ``{suffix}``) for a save to `filename`."""
+    text = os.fsdecode(filename)
+    if text.endswith(".safetensors") and not os.path.isdir(text):
+        directory, base = os.path.split(text)
+        pattern = base[:-len(".safetensors")].replace("{", "{{").replace("}", "}}")
+        pattern += "{suffix}.safetensors"
+    else:
+        directory, pattern = text, DEFAULT_PATTERN
+    os.makedirs(directory or ".", exist_ok=True)
+    return directory, pattern
+
+
+def _write_text(text: str, path: str, fsync: bool) -> None:
+    """Write `text` to `path` atomically, under a temporary name renamed over it."""
+    directory, base = os.path.split(os.path.realpath(path))
+    temp = os.path.join(directory, f".{base}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
+    try:
+        with open(temp, "x", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            if fsync:
+                os.fsync(file.fileno())
+        os.replace(temp, os.path.join(directory, base))
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
+def _remove_stale(directory: str, pattern: str, kept: Iterable[str]) -> None:
+    """Remove the files of an earlier save with `pattern` that this one did not
+    write: its index first, so that no index ever names a missing shard."""
+    prefix, _, suffix = pattern.format(suffix="\0").partition("\0")
+    form = re.compile(re.escape(prefix) + r"(-\d{5}-of-\d{5})?" + re.escape(suffix)
+                      + "(" + re.escape(INDEX_SUFFIX) + ")?")
+    stale = [name for name in os.listdir(directory or ".")
+             if form.fullmatch(name) and name not in kept]
+    for name in sorted(stale, key=lambda name: not name.endswith(INDEX_SUFFIX)):
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,430 @@
+"""Per-tensor checksums: written beside the tensors, checked on reading or by
+``fastst verify``.
+
+A file saved with ``checksum="xxh3_64"`` (or ``"xxh3_128"``) holds, in its
+``__metadata__`` under ``"fastst.checksums"``, the JSON text
+``{"algorithm": "xxh3_64", "tensors": {"<name>": "<hex digest>", ...}}``: one digest
+per tensor, of its bytes as stored (C order, little-endian). Other readers see one
+more metadata entry and nothing else. The hashing library (``xxhash``, the
+``checksum`` extra) is imported only when checksums are written or checked.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional,
+                    Sequence, Set, Tuple)
+
+import numpy as np
+
+from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WriteSpec, WritePlan, plan_write
+from ._handle import NumpyHandle
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["CHECKSUM_KEY", "ALGORITHMS", "digest_of", "with_checksums", "plan_with_checksums",
+           "checksums_of",
+           "VerifyingHandle", "verify_file", "verify_path", "report_lines"]
+
+CHECKSUM_KEY = "fastst.checksums"
+# algorithm -> hex digits of its digest; both are xxhash's XXH3, which runs at memory
+# bandwidth (bench/integrity.py); 128 bits make an accidental match unthinkable
+ALGORITHMS = {"xxh3_64": 16, "xxh3_128": 32}
+HEX = re.compile(r"[0-9a-f]+")
+BLOCK_BYTES = 64 << 20     # hashed per step: the unit of progress, and of copies made
+PARALLEL_MIN_BYTES = 32 << 20   # below this, threads cost more than they save
+MAX_THREADS = 8
+PROGRESS_MIN_BYTES = 256 << 20
+
+
+def _new_hasher(algorithm: str) -> Any:
+    try:
+        import xxhash
+    except ImportError:
+        raise ImportError("checksums need the xxhash package: pip install 'fastst[checksum]'"
+                          ) from None
+    return getattr(xxhash, algorithm)()
+
+
+def _checked_algorithm(algorithm: Any) -> str:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise ValueError(f"checksum must be one of {', '.join(map(repr, ALGORITHMS))}, "
+                         f"got {algorithm!r}")
+    return algorithm
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+
+def digest_of(array: npt.NDArray[Any], algorithm: str,
+              progress: Optional[Callable[[int], Any]] = None) -> str:
+    """The hex digest of `array`'s bytes as a safetensors file stores them: C order,
+    little-endian. A C-ordered little-endian array is hashed where it lies; any
+    other is converted a block of rows at a time, never copied whole."""
+    hasher = _new_hasher(algorithm)
+    for block in _stored_bytes(array):
+        hasher.update(block)
+        if progress is not None:
+            progress(len(block))
+    digest: str = hasher.hexdigest()
+    return digest
+
+
+def _stored_bytes(array: npt.NDArray[Any]) -> Iterator[npt.NDArray[np.uint8]]:
+    big_endian = array.dtype.byteorder == ">"
+    if array.flags.c_contiguous and not big_endian:
+        flat = array.reshape(-1).view(np.uint8)
+        for start in range(0, max(len(flat), 1), BLOCK_BYTES):
+            yield flat[start:start + BLOCK_BYTES]
+        return
+    row_bytes = array[0].nbytes if len(array) else 1
+    rows = max(1, BLOCK_BYTES // max(row_bytes, 1))
+    for start in range(0, len(array), rows):
+        block = np.ascontiguousarray(array[start:start + rows])
+        if big_endian:
+            block = block.astype(block.dtype.newbyteorder("<"))
+        yield block.reshape(-1).view(np.uint8)
+
+
+def with_checksums(specs: Sequence[WriteSpec], metadata: Optional[Mapping[str, str]],
+                   algorithm: str) -> Dict[str, str]:
+    """`metadata` plus the checksum entry for the tensors `specs` describe."""
+    import orjson
+
+    algorithm = _checked_algorithm(algorithm)
+    result = dict(metadata or {})
+    if CHECKSUM_KEY in result:
+        raise ValueError(f"metadata key {CHECKSUM_KEY!r} is reserved for checksums")
+    sources = [spec[3] for spec in specs if spec[3] is not None]
+    if len(sources) < len(specs):
+        name = next(spec[0] for spec in specs if spec[3] is None)
+        raise ValueError(f"tensor {name!r}: checksums need each tensor's data before the "
+                         f"header is written")
+    digests = dict(zip([spec[0] for spec in specs], _digests_of(sources, algorithm)))
+    result[CHECKSUM_KEY] = orjson.dumps(
+        {"algorithm": algorithm, "tensors": dict(sorted(digests.items()))}).decode()
+    return result
+
+
+def _digests_of(arrays: List[npt.NDArray[Any]], algorithm: str) -> List[str]:
+    """The digest of each array; xxhash releases the GIL, so large work is spread
+    over threads, a tensor each."""
+    threads = min(_usable_cores(), len(arrays), MAX_THREADS)
+    if threads < 2 or sum(array.nbytes for array in arrays) < PARALLEL_MIN_BYTES:
+        return [digest_of(array, algorithm) for array in arrays]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(lambda array: digest_of(array, algorithm), arrays))
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):     # Linux: the cores this process may run on
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def plan_with_checksums(specs: Sequence[WriteSpec], metadata: Optional[Mapping[str, str]],
+                        algorithm: Optional[str], **plan_options: Any) -> WritePlan:
+    """The WritePlan of `specs` (``plan_write`` with `plan_options`), its metadata
+    holding their checksums unless `algorithm` is None."""
+    plan = plan_write(specs, metadata, **plan_options)   # checks the specs before hashing
+    if algorithm is None:
+        return plan
+    return plan_write(specs, with_checksums(specs, metadata, algorithm), **plan_options)
+
+
+# ---------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------
+
+
+def checksums_of(metadata: Optional[Mapping[str, str]], names: Sequence[str],
+                 source: str) -> Optional[Tuple[str, Dict[str, str]]]:
+    """(algorithm, {tensor: digest}) from a file's metadata, checked to name each of
+    the file's tensors (`names`) once; None when the file has no checksums."""
+    import orjson
+
+    text = (metadata or {}).get(CHECKSUM_KEY)
+    if text is None:
+        return None
+    try:
+        document = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise SafetensorError(f"{source}: metadata {CHECKSUM_KEY!r} is not valid JSON "
+                              f"({error})") from None
+    if not isinstance(document, dict) or set(document) != {"algorithm", "tensors"} \
+            or not isinstance(document["tensors"], dict):
+        raise SafetensorError(f"{source}: metadata {CHECKSUM_KEY!r} must be an object of "
+                              f"'algorithm' and 'tensors' (an object)")
+    algorithm, digests = document["algorithm"], document["tensors"]
+    if algorithm not in ALGORITHMS:
+        raise SafetensorError(f"{source}: checksum algorithm {str(algorithm)[:40]!r} is not "
+                              f"known (known: {', '.join(ALGORITHMS)})")
+    _check_digests(digests, set(names), ALGORITHMS[algorithm], source)
+    return algorithm, digests
+
+
+def _check_digests(digests: Dict[str, Any], names: Set[str], digits: int, source: str) -> None:
+    for name, digest in digests.items():
+        if name not in names:
+            raise SafetensorError(f"{source}: tensor {name[:80]!r} has a checksum but is not "
+                                  f"in the file")
+        if type(digest) is not str or len(digest) != digits or not HEX.fullmatch(digest):
+            raise SafetensorError(f"{source}: tensor {name[:80]!r}: checksum must be "
+                                  f"{digits} lowercase hex digits")
+    missing = names.difference(digests)
+    if missing:
+        raise SafetensorError(f"{source}: tensor {min(missing)[:80]!r} has no checksum")
+
+
+def _mismatch(algorithm: str, expected: str, actual: str) -> str:
+    return (f"checksum mismatch, the data is corrupt ({algorithm} {actual}, the metadata "
+            f"says {expected})")
+
+
+class VerifyingHandle(NumpyHandle):
+    """A NumpyHandle that checks each tensor's checksum the first time the tensor
+    is read (``safe_open(..., verify=True)``); a partial read (rows, a slice)
+    checks the whole tensor first. A file without checksums is refused."""
+
+    def open_file(self, filename: Any, backend: str = "mmap", *,
+                  max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
+        super().open_file(filename, backend, max_header_size=max_header_size)
+        found = checksums_of(self.metadata(), self.offset_keys(), self.source)
+        if found is None:
+            raise SafetensorError(f"{self.source}: verify=True, but the file has no "
+                                  f"checksums (save it with checksum='xxh3_64')")
+        self.algorithm, self.digests = found
+        self.verified: Set[str] = set()
+
+    def check(self, name: str, array: Optional[npt.NDArray[Any]] = None) -> None:
+        """Check tensor `name` (its bytes `array`, else read now) unless done before."""
+        if name in self.verified:
+            return
+        if array is None:
+            array = NumpyHandle.get_tensor(self, name)
+        actual = digest_of(array, self.algorithm)
+        if actual != self.digests[name]:
+            raise SafetensorError(f"{self.source}: tensor {name!r}: "
+                                  + _mismatch(self.algorithm, self.digests[name], actual))
+        self.verified.add(name)
+
+    def get_tensor(self, name: str, *, out: Optional[npt.NDArray[Any]] = None
+                   ) -> npt.NDArray[Any]:
+        array: npt.NDArray[Any] = super().get_tensor(name, out=out)
+        self.check(name, array)
+        return array
+
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+        return self.get_tensor(name)
+
+    def get_tensors(self) -> Dict[str, npt.NDArray[Any]]:
+        return {name: self.get_tensor(name) for name in self.offset_keys()}
+
+    def copy_tensors(self) -> Dict[str, npt.NDArray[Any]]:
+        arrays: Dict[str, npt.NDArray[Any]] = super().copy_tensors()
+        for name, array in arrays.items():
+            self.check(name, array)
+        return arrays
+
+    def read_into(self, arrays: Dict[str, npt.NDArray[Any]]) -> None:
+        super().read_into(arrays)
+        for name, array in arrays.items():
+            self.check(name, array)
+
+    def read_rows(self, name: str, first: int, last: int) -> npt.NDArray[Any]:
+        self.check(name)
+        rows: npt.NDArray[Any] = super().read_rows(name, first, last)
+        return rows
+
+    def gather_rows(self, name: str, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        self.check(name)
+        gathered: npt.NDArray[Any] = super().gather_rows(name, rows)
+        return gathered
+
+    def gather(self, name: str, rows: Any, out: Optional[npt.NDArray[Any]] = None
+               ) -> npt.NDArray[Any]:
+        self.check(name)
+        gathered: npt.NDArray[Any] = super().gather(name, rows, out)
+        return gathered
+
+
+# ---------------------------------------------------------------------------
+# Verifying files and folders
+# ---------------------------------------------------------------------------
+
+
+def verify_file(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+                progress: Optional[Callable[[int], Any]] = None) -> Dict[str, Any]:
+    """Check the file at `path`: its structure, then each tensor's checksum when it
+    has them. A report: ``file``, ``ok``, ``tensors``, ``bytes``, ``checksum`` (the
+    algorithm, or None), ``checked`` (tensors whose checksum was checked) and
+    ``errors`` (``{"tensor": name or None, "error": why}``); nothing is raised for
+    a bad file. `progress` is called with the bytes hashed as they are."""
+    report: Dict[str, Any] = {"file": path, "ok": False, "tensors": 0, "bytes": 0,
+                              "checksum": None, "checked": 0, "errors": []}
+    try:
+        with _opened(path, max_header_size) as reader:
+            _verify_open_file(reader, report, progress)
+    except (SafetensorError, OSError) as error:
+        report["errors"].append({"tensor": None, "error": _without_path(str(error), path)})
+    report["ok"] = not report["errors"]
+    return report
+
+
+def _verify_open_file(reader: NumpyHandle, report: Dict[str, Any],
+                      progress: Optional[Callable[[int], Any]]) -> None:
+    names = reader.offset_keys()
+    report["tensors"] = len(names)
+    report["bytes"] = sum(_nbytes(reader, name) for name in names)
+    found = checksums_of(reader.metadata(), names, reader.source)
+    if found is None:
+        return
+    algorithm, digests = found
+    report["checksum"] = algorithm
+    for name in names:
+        actual = digest_of(reader.get_tensor(name), algorithm, progress)
+        report["checked"] += 1
+        if actual != digests[name]:
+            report["errors"].append({"tensor": name,
+                                     "error": _mismatch(algorithm, digests[name], actual)})
+
+
+def _opened(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> NumpyHandle:
+    reader = NumpyHandle()
+    reader.open_file(path, max_header_size=max_header_size)
+    return reader
+
+
+def _nbytes(reader: NumpyHandle, name: str) -> int:
+    begin, end = reader.info(name).data_offsets
+    return int(end - begin)
+
+
+def _without_path(message: str, path: str) -> str:
+    for prefix in (f"{path}: ", f"{os.path.abspath(path)}: "):
+        if message.startswith(prefix):
+            return message[len(prefix):]
+    return message
+
+
+def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+                progress: bool = False) -> Dict[str, Any]:
+    """`verify_file` of a file, or of every ``*.safetensors`` file of a folder, with
+    each ``*.index.json`` of the folder checked against its shards: every tensor of
+    its weight_map in the shard it names, and no tensor in two shards. A report:
+    ``path``, ``ok``, ``files`` (their reports) and ``errors`` (the index's)."""
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, name) for name in os.listdir(path)
+                       if name.endswith(".safetensors"))
+        indexes = sorted(os.path.join(path, name) for name in os.listdir(path)
+                         if name.endswith(".index.json"))
+    else:
+        files, indexes = [path], []
+    bar = _progress_bar(files, max_header_size) if progress else None
+    reports = [verify_file(file, max_header_size=max_header_size,
+                           progress=None if bar is None else bar.update) for file in files]
+    if bar is not None:
+        bar.close()
+    errors = [error for index in indexes for error in _index_errors(index)]
+    if os.path.isdir(path) and not files:
+        errors.append({"file": path, "error": "no .safetensors file in this folder"})
+    return {"path": path, "ok": not errors and all(r["ok"] for r in reports),
+            "files": reports, "errors": errors}
+
+
+def _progress_bar(files: List[str], max_header_size: int) -> Any:
+    """A tqdm bar over the bytes to hash, when a terminal is attached, tqdm is
+    installed and the work is large; else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:
+        return None
+    total = sum(_checksummed_bytes(file, max_header_size) for file in files)
+    if total < PROGRESS_MIN_BYTES:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify",
+                leave=False)
+
+
+def _checksummed_bytes(path: str, max_header_size: int) -> int:
+    try:
+        with _opened(path, max_header_size) as reader:
+            metadata = reader.metadata() or {}
+            return 0 if CHECKSUM_KEY not in metadata else sum(
+                _nbytes(reader, name) for name in reader.offset_keys())
+    except (SafetensorError, OSError):
+        return 0
+
+
+def _index_errors(index: str) -> List[Dict[str, Any]]:
+    """What is wrong between the sharded checkpoint index `index` and the shards."""
+    import orjson
+
+    def error(text: str) -> Dict[str, Any]:
+        return {"file": index, "error": text}
+
+    try:
+        with open(index, "rb") as handle:
+            weight_map = orjson.loads(handle.read()).get("weight_map")
+    except (OSError, orjson.JSONDecodeError, AttributeError) as why:
+        return [error(f"cannot be read as JSON: {why}")]
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(shard, str) for shard in weight_map.values()):
+        return [error("has no 'weight_map' object of tensor name to shard file name")]
+    folder = os.path.dirname(index)
+    shards = sorted(set(weight_map.values()))
+    errors = [error(f"shard {shard[:80]!r} is not a file name in the folder")
+              for shard in shards if os.path.basename(shard) != shard or shard in ("", ".", "..")]
+    if errors:
+        return errors
+    names_in = _tensor_names(folder, shards)
+    errors += [error(f"shard {shard[:80]!r} is missing or unreadable")
+               for shard in shards if shard not in names_in]
+    where: Dict[str, str] = {}
+    for shard, names in names_in.items():
+        for name in names:
+            if name in where:
+                errors.append(error(f"tensor {name[:80]!r} is in two shards: {where[name]} "
+                                    f"and {shard}"))
+            elif name not in weight_map:
+                errors.append(error(f"tensor {name[:80]!r} of {shard} is not in the "
+                                    f"weight_map"))
+            where[name] = shard
+    for name, shard in weight_map.items():
+        if shard in names_in and where.get(name) != shard:
+            errors.append(error(f"tensor {name[:80]!r} is not in its shard {shard}"))
+    return errors
+
+
+def _tensor_names(folder: str, shards: List[str]) -> Dict[str, List[str]]:
+    """The tensor names of each shard that can be opened."""
+    names = {}
+    for shard in shards:
+        try:
+            with _opened(os.path.join(folder, shard)) as reader:
+                names[shard] = reader.offset_keys()
+        except (SafetensorError, OSError):
+            continue
+    return names
+
+
+def report_lines(report: Dict[str, Any]) -> List[str]:
+    """`verify_path`'s report as text, one line per file and per problem."""
+    lines = []
+    for file in report["files"]:
+        status = "ok" if file["ok"] else "FAILED"
+        what = (f"{file['checked']} checksums ({file['checksum']})" if file["checksum"]
+                else "structure only: the file has no checksums")
+        count = f"{file['tensors']} tensor{'' if file['tensors'] == 1 else 's'}"
+        lines.append(f"{file['file']}: {status}: {count}, {file['bytes']} bytes, {what}")
+        lines += [f"  {file['file']}: " + (f"tensor {e['tensor']!r}: " if e["tensor"] else "")
+                  + e["error"] for e in file["errors"]]
+    lines += [f"{e['file']}: {e['error']}" for e in report["errors"]]
+    return lines

@@ -1,0 +1,351 @@
+"""Nested state (a model's, an optimizer's, a training loop's) in a safetensors file,
+never through pickle.
+
+A state is a tree of dicts (OrderedDicts too), lists and tuples whose leaves are arrays (NumPy, torch,
+JAX), Python ints, floats (inf and nan included), bools, strings, bytes or None; dict
+keys may be any of those scalars. Each array becomes an ordinary tensor named by its
+path in the tree (``state/0/exp_avg``); the tree itself, with its scalar leaves, is
+JSON in ``__metadata__`` under ``"fastst.state"``. Any safetensors reader opens the
+file; ``load_state`` gives back the same tree, the same container and key types, and
+arrays that view the file.
+
+The path names: dict keys and list indices joined by ``/``. A str key has ``%`` and
+``/`` percent-escaped, and its first character too when the key reads as an integer
+or starts with ``#``; an int key is its decimal digits; other keys are ``#`` and
+their repr (``#None``, ``#True``, ``#0.5``), bytes ``#x`` and their hex. Names are
+unique within a tree: the tree in the metadata says which tensor each leaf is, so a
+reader needs none of these rules.
+
+>>> import numpy as np, fastst, tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "state.safetensors")
+>>> state = {"step": 3, "moments": {0: np.zeros(2), 1: (np.ones(1), None)}}
+>>> fastst.save_state(path, state)
+>>> fastst.load_file(path).keys()
+dict_keys(['moments/0', 'moments/1/0'])
+>>> fastst.load_state(path)
+{'step': 3, 'moments': {0: array([0., 0.]), 1: (array([1.]), None)}}
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+import sys
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+
+import numpy as np
+
+from ._core import SafetensorError, SafetensorTypeError, WriteSpec, spec_of_array
+from ._files import PathLike, write_atomically
+from ._handle import Backend, safe_open
+from .integrity import plan_with_checksums
+
+__all__ = ["STATE_KEY", "STATE_VERSION", "MAX_DEPTH", "save_state", "load_state",
+           "state_to_tensors", "state_from_tensors", "tensor_specs"]
+
+STATE_KEY = "fastst.state"     # the __metadata__ key that holds the tree
+STATE_VERSION = 1
+MAX_DEPTH = 256                # containers nested deeper than this are refused
+INT_RANGE = (-2**63, 2**64)    # ints JSON holds as numbers; others go as decimal text
+MAX_INT_BITS = 4096            # 1,234 digits at most: far below Python's int/str limit
+SCALARS = (type(None), bool, int, float, str, bytes)
+CONTAINERS: Dict[type, str] = {dict: "dict", OrderedDict: "ordered_dict", list: "list", tuple: "tuple"}
+CONTAINER_TAGS = {tag: kind for kind, tag in CONTAINERS.items()}
+INTEGER_TEXT = re.compile(r"-?[0-9]+")
+SCALAR_TAGS = ("float", "int", "bytes")    # scalars that JSON numbers and strings cannot hold
+
+
+def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, str]] = None,
+               *, fsync: bool = False, checksum: Optional[str] = None) -> None:
+    """Write the nested state `tree` to `filename` atomically (see the module's doc).
+
+    `metadata` (str to str) goes into ``__metadata__`` beside the tree; `fsync`
+    and `checksum` are those of ``fastst.save_file``.
+    """
+    tensors, state_metadata = state_to_tensors(tree, metadata)
+    plan = plan_with_checksums(tensor_specs(tensors), state_metadata, checksum)
+    write_atomically(plan, filename, fsync=fsync)
+
+
+def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
+               backend: Backend = "mmap", verify: bool = False) -> Any:
+    """The tree ``save_state`` wrote to `filename`, arrays as `framework`'s tensors
+    (views of the file's map for NumPy and torch on the CPU); `framework`,
+    `device`, `backend` and `verify` are those of ``fastst.safe_open``.
+
+    Nothing in the file is run: no pickle, no eval, no import it names.
+    """
+    with safe_open(filename, framework, device,  # type: ignore[call-overload]
+                   backend=backend, verify=verify) as handle:
+        return state_from_tensors(handle.metadata(), handle.get_tensor, handle.keys(),
+                                  handle.source)
+
+
+# ---------------------------------------------------------------------------
+# Tree -> tensors + metadata
+# ---------------------------------------------------------------------------
+
+
+def state_to_tensors(tree: Any, metadata: Optional[Mapping[str, str]] = None
+                     ) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Split `tree` into its arrays, {path name: array} (NumPy, torch or JAX, as
+    given), and the ``__metadata__`` that describes the rest: what any writer
+    (one file, or shards) stores to make a state file."""
+    import orjson
+
+    extra = dict(metadata or {})
+    if STATE_KEY in extra:
+        raise SafetensorError(f"metadata key {STATE_KEY!r} is reserved for the state tree")
+    tensors: Dict[str, Any] = {}
+    encoded = _Encoder(tensors).node(tree, "", 0, set())
+    try:
+        text = orjson.dumps({"version": STATE_VERSION, "tree": encoded}).decode()
+    except TypeError as error:     # a str with a lone surrogate
+        raise SafetensorTypeError(f"state tree cannot be written as UTF-8 JSON: {error}") from None
+    return tensors, {**extra, STATE_KEY: text}
+
+
+class _Encoder:
+    """Encodes a tree as JSON-ready nodes, collecting its arrays by path name."""
+
+    def __init__(self, tensors: Dict[str, Any]) -> None:
+        self.tensors = tensors
+
+    def node(self, value: Any, path: str, depth: int, open_ids: Set[int]) -> Any:
+        kind = type(value)
+        if kind in CONTAINERS:
+            return self.container(value, path, depth, open_ids)
+        if kind in SCALARS:
+            return _scalar(value, path)
+        if _is_array(value):
+            return self.array(value, path)
+        raise SafetensorTypeError(f"state tree at {_where(path)}: a {kind.__module__}."
+                                  f"{kind.__qualname__} cannot be stored (only dicts, lists, "
+                                  f"tuples, arrays, and None, bool, int, float, str, bytes)")
+
+    def container(self, value: Any, path: str, depth: int, open_ids: Set[int]) -> Any:
+        if depth >= MAX_DEPTH:
+            raise SafetensorError(f"state tree at {_where(path)}: nested deeper than "
+                                  f"{MAX_DEPTH} containers")
+        if id(value) in open_ids:
+            raise SafetensorError(f"state tree at {_where(path)}: the container holds itself "
+                                  f"(a cycle)")
+        open_ids.add(id(value))
+        tag = CONTAINERS[type(value)]
+        if isinstance(value, dict):
+            node = {tag: [self.item(key, item, path, depth, open_ids)
+                          for key, item in value.items()]}
+        else:
+            node = {tag: [
+                self.node(item, _child(path, str(index)), depth + 1, open_ids)
+                for index, item in enumerate(value)]}
+        open_ids.discard(id(value))
+        return node
+
+    def item(self, key: Any, value: Any, path: str, depth: int, open_ids: Set[int]
+             ) -> List[Any]:
+        if type(key) not in SCALARS:
+            raise SafetensorTypeError(f"state tree at {_where(path)}: dict key of type "
+                                      f"{type(key).__name__} cannot be stored")
+        child = _child(path, _key_name(key))
+        return [_scalar(key, child), self.node(value, child, depth + 1, open_ids)]
+
+    def array(self, value: Any, path: str) -> Dict[str, Any]:
+        if path in self.tensors:
+            raise SafetensorError(f"state tree at {_where(path)}: two keys give this tensor "
+                                  f"name")
+        self.tensors[path] = value
+        return {"scalar" if isinstance(value, np.generic) else "tensor": path}
+
+
+def _scalar(value: Any, path: str) -> Any:
+    if type(value) is float and not math.isfinite(value):
+        return {"float": repr(value)}
+    if type(value) is int and not INT_RANGE[0] <= value < INT_RANGE[1]:
+        if value.bit_length() > MAX_INT_BITS:
+            raise SafetensorError(f"state tree at {_where(path)}: an int of "
+                                  f"{value.bit_length()} bits is too large to store")
+        return {"int": str(value)}
+    if type(value) is bytes:
+        return {"bytes": base64.b64encode(value).decode()}
+    return value
+
+
+def _is_array(value: Any) -> bool:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return True
+    return hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape")
+
+
+def _key_name(key: Any) -> str:
+    """A dict key as one part of a path name (see the module's doc)."""
+    if type(key) is str:
+        escaped = key.replace("%", "%25").replace("/", "%2F")
+        if INTEGER_TEXT.fullmatch(key) or key.startswith("#"):
+            escaped = f"%{ord(key[0]):02X}" + escaped[1:]
+        return escaped
+    if type(key) is int:
+        return str(key)
+    if type(key) is bytes:
+        return "#x" + key.hex()
+    return "#" + repr(key)
+
+
+def _child(path: str, part: str) -> str:
+    return part if not path else f"{path}/{part}"
+
+
+def _where(path: str) -> str:
+    return repr(path) if path else "the root"
+
+
+def tensor_specs(tensors: Mapping[str, Any]) -> List[WriteSpec]:
+    """The WriteSpecs that write `tensors` (NumPy arrays and scalars, torch
+    tensors through ``fastst.torch``, anything else NumPy can view, like JAX
+    arrays)."""
+    torch = sys.modules.get("torch")
+    specs = []
+    for name, value in tensors.items():
+        if torch is not None and isinstance(value, torch.Tensor):
+            from .torch import spec_of_tensor
+            specs.append(spec_of_tensor(name, value))
+        else:
+            specs.append(spec_of_array(name, np.asarray(value)))
+    return specs
+
+
+# ---------------------------------------------------------------------------
+# Metadata + tensors -> tree
+# ---------------------------------------------------------------------------
+
+
+def state_from_tensors(metadata: Optional[Mapping[str, str]], get_tensor: Callable[[str], Any],
+                       names: Iterable[str], source: str = "<state>") -> Any:
+    """The tree that `metadata` (a file's ``__metadata__``) describes, each tensor
+    leaf taken with `get_tensor(name)`; `names` are the tensors the file holds,
+    each of which the tree must use exactly once."""
+    document = _state_document(metadata, source)
+    decoder = _Decoder(get_tensor, set(names), source)
+    tree = decoder.node(document["tree"], "", 0)
+    unused = decoder.available - decoder.used
+    if unused:
+        raise SafetensorError(f"{source}: tensor {min(unused)!r} is in the file but not in "
+                              f"the state tree")
+    return tree
+
+
+def _state_document(metadata: Optional[Mapping[str, str]], source: str) -> Dict[str, Any]:
+    import orjson
+
+    text = (metadata or {}).get(STATE_KEY)
+    if text is None:
+        raise SafetensorError(f"{source}: not a state file: its metadata has no "
+                              f"{STATE_KEY!r} key")
+    try:
+        document = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise SafetensorError(f"{source}: metadata {STATE_KEY!r} is not valid JSON "
+                              f"({error})") from None
+    if not isinstance(document, dict) or set(document) != {"version", "tree"}:
+        raise SafetensorError(f"{source}: metadata {STATE_KEY!r} must be an object of "
+                              f"'version' and 'tree'")
+    version = document["version"]
+    if version != STATE_VERSION or type(version) is not int:
+        raise SafetensorError(f"{source}: state format version {version!r} is not known "
+                              f"(this fastst reads version {STATE_VERSION})")
+    return document
+
+
+class _Decoder:
+    """Rebuilds a tree from its JSON nodes, checking each against the format."""
+
+    def __init__(self, get_tensor: Callable[[str], Any], available: Set[str],
+                 source: str) -> None:
+        self.get_tensor = get_tensor
+        self.available = available
+        self.used: Set[str] = set()
+        self.source = source
+
+    def fail(self, path: str, rule: str) -> SafetensorError:
+        return SafetensorError(f"{self.source}: state tree at {_where(path)}: {rule}")
+
+    def node(self, node: Any, path: str, depth: int) -> Any:
+        if type(node) is not dict:
+            if type(node) is list:
+                raise self.fail(path, "a bare JSON array is not a node")
+            return node
+        if len(node) != 1:
+            raise self.fail(path, "a node must be an object of one key")
+        ((tag, body),) = node.items()
+        if tag in CONTAINER_TAGS:
+            return self.container(tag, body, path, depth)
+        if tag in ("tensor", "scalar"):
+            return self.tensor(tag, body, path)
+        return self.scalar(tag, body, path)
+
+    def container(self, tag: str, body: Any, path: str, depth: int) -> Any:
+        if depth >= MAX_DEPTH:
+            raise self.fail(path, f"nested deeper than {MAX_DEPTH} containers")
+        if type(body) is not list:
+            raise self.fail(path, f"a {tag} node must hold a JSON array")
+        if tag in ("dict", "ordered_dict"):
+            pairs = self.dict_of(body, path, depth)
+            return pairs if tag == "dict" else OrderedDict(pairs)
+        items = [self.node(item, _child(path, str(index)), depth + 1)
+                 for index, item in enumerate(body)]
+        return items if tag == "list" else tuple(items)
+
+    def dict_of(self, pairs: List[Any], path: str, depth: int) -> Dict[Any, Any]:
+        result: Dict[Any, Any] = {}
+        for pair in pairs:
+            if type(pair) is not list or len(pair) != 2:
+                raise self.fail(path, "a dict item must be a [key, value] pair")
+            key = self.key(pair[0], path)
+            if key in result:
+                raise self.fail(path, f"dict key {key!r} is given twice")
+            child = _child(path, _key_name(key))
+            result[key] = self.node(pair[1], child, depth + 1)
+        return result
+
+    def key(self, node: Any, path: str) -> Any:
+        if type(node) is dict and len(node) == 1 and next(iter(node)) in SCALAR_TAGS:
+            ((tag, body),) = node.items()
+            return self.scalar(tag, body, path)
+        if type(node) in (dict, list):
+            raise self.fail(path, "a dict key must be a scalar")
+        return node
+
+    def tensor(self, tag: str, name: Any, path: str) -> Any:
+        if type(name) is not str or name not in self.available:
+            raise self.fail(path, f"tensor {name!r} is not in the file")
+        if name in self.used:
+            raise self.fail(path, f"tensor {name!r} is used twice")
+        self.used.add(name)
+        value = self.get_tensor(name)
+        if tag == "scalar" and isinstance(value, np.ndarray):
+            return value[()]
+        return value
+
+    def scalar(self, tag: str, text: Any, path: str) -> Any:
+        if tag not in SCALAR_TAGS:
+            raise self.fail(path, f"unknown node {tag[:40]!r}")
+        if type(text) is not str:
+            raise self.fail(path, f"a {tag} node must hold a string")
+        if tag == "float":
+            if text not in ("nan", "inf", "-inf"):
+                raise self.fail(path, "a float node holds 'nan', 'inf' or '-inf'")
+            return float(text)
+        if tag == "int":
+            if not INTEGER_TEXT.fullmatch(text) or len(text) > MAX_INT_BITS // 3:
+                raise self.fail(path, f"an int node holds at most {MAX_INT_BITS // 3} "
+                                      f"decimal digits")
+            return int(text)
+        try:
+            return base64.b64decode(text, validate=True)
+        except binascii.Error:
+            raise self.fail(path, "a bytes node must hold base64 text") from None

@@ -146,7 +146,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--batch-sizes", default="256,4096")
-    parser.add_argument("--rows", type=int, default=200_000,
+    parser.add_argument("--rows", type=int, default=400_000,
                         help="rows timed a measurement (at least 8 batches)")
     parser.add_argument("--contexts", default="fork,spawn")
     parser.add_argument("--workers", type=int, default=2)

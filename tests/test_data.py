@@ -1,4 +1,4 @@
-"""Batched row gathers (`f.gather`) and the data-loader helpers of fastst.data."""
+"""Batched row gathers (`f.gather`) and the data loaders of fastst.data."""
 import os
 
 import numpy as np

@@ -201,7 +201,8 @@ def safe_open(filename: PathLike,
         Largest header accepted, in bytes (100,000,000 by default).
     verify : bool
         Check each tensor's checksum (see ``fastst.integrity``) the first time it
-        is read; a file without checksums is refused.
+        is read; a file without checksums is refused. For a sharded checkpoint,
+        each shard is checked so as its tensors are read.
 
     Examples
     --------
@@ -220,11 +221,8 @@ def safe_open(filename: PathLike,
     if is_checkpoint_path(filename):
         from .checkpoint import open_checkpoint   # a capability: imported when used
 
-        if verify:
-            raise SafetensorError(f"{os.fsdecode(filename)}: verify=True opens one file; "
-                                  f"check a sharded checkpoint with `fastst verify`")
         return open_checkpoint(filename, convert, backend=backend,
-                               max_header_size=max_header_size)
+                               max_header_size=max_header_size, verify=verify)
     return open_file(filename, convert, backend=backend, max_header_size=max_header_size,
                      verify=verify)
 

@@ -395,3 +395,69 @@ def test_a_corrupt_shard_is_named_on_reading_and_by_verify(tmp_path, capsys):
 def test_an_empty_folder_fails(tmp_path, capsys):
     os.mkdir(tmp_path / "empty")
     assert run_cli(capsys, tmp_path / "empty")[0] == 1
+
+
+# ---------------------------------------------------------------------------
+# Writers that write the header first
+# ---------------------------------------------------------------------------
+
+
+STREAMED = {"c_order": ARRAYS["c_order"], "bf16": ARRAYS["bf16"], "empty": ARRAYS["empty"],
+            "scalar": ARRAYS["scalar"], 'odd "name"\\/é': np.arange(9, dtype=np.uint16)}
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "xxh3_128"])
+@pytest.mark.parametrize("padding", [0, 100])
+def test_a_streamed_file_with_checksums_is_the_saved_one(tmp_path, algorithm, padding):
+    path, saved = tmp_path / "streamed.safetensors", tmp_path / "saved.safetensors"
+    specs = {name: (array.dtype, array.shape) for name, array in STREAMED.items()}
+    with fastst.writer.StreamWriter(path, specs, {"k": "v"}, checksum=algorithm,
+                                    header_padding=padding) as writer:
+        for name, array in reversed(STREAMED.items()):
+            if array.ndim and len(array) > 1:       # in two pieces, the last rows first
+                writer.write(name, array[1:], start_row=1)
+                writer.write(name, array[:1])
+            else:
+                writer.write(name, array)
+    fastst.save_file(STREAMED, saved, {"k": "v"}, checksum=algorithm, header_padding=padding)
+    assert path.read_bytes() == saved.read_bytes()
+    assert recorded(path)["tensors"] == stored_digests(path, algorithm)
+    assert verify_path(str(path))["ok"]
+
+
+def test_a_tensor_filled_through_a_view_is_hashed(tmp_path):
+    path = tmp_path / "view.safetensors"
+    with fastst.writer.StreamWriter(path, {"w": ("F32", (3, 4))}, checksum="xxh3_64") as writer:
+        view = writer.view("w")
+        view[...] = np.arange(12, dtype=np.float32).reshape(3, 4)
+        del view
+    assert recorded(path)["tensors"] == stored_digests(path)
+    with safe_open(path, verify=True) as f:
+        assert f.get_tensor("w")[2, 3] == 11
+
+
+def test_save_file_from_writes_checksums_and_corruption_is_caught(tmp_path):
+    source, path = tmp_path / "source.safetensors", tmp_path / "copy.safetensors"
+    fastst.save_file(STREAMED, source)
+    with safe_open(source) as f:
+        fastst.writer.save_file_from(fastst.writer.specs_of(f), f, path, checksum="xxh3_64")
+    fastst.save_file(STREAMED, source, checksum="xxh3_64")
+    assert path.read_bytes() == source.read_bytes()
+    corrupt(path, "c_order")
+    with safe_open(path, verify=True) as f:
+        with pytest.raises(SafetensorError, match="tensor 'c_order': checksum mismatch"):
+            f.get_tensor("c_order")
+
+
+def test_streamed_checksums_refuse_a_reserved_key_and_leave_no_file(tmp_path):
+    with pytest.raises(ValueError, match="reserved for checksums"):
+        fastst.writer.StreamWriter(tmp_path / "x.safetensors", {"a": ("U8", (1,))},
+                                   {CHECKSUM_KEY: "{}"}, checksum="xxh3_64")
+    with pytest.raises(ValueError, match="checksum must be one of"):
+        fastst.writer.StreamWriter(tmp_path / "x.safetensors", {"a": ("U8", (1,))},
+                                   checksum="md5")
+    with pytest.raises(SafetensorError, match="not written"):
+        with fastst.writer.StreamWriter(tmp_path / "x.safetensors", {"a": ("U8", (2,))},
+                                        checksum="xxh3_64") as writer:
+            writer.write_bytes("a", b"\x01")
+    assert os.listdir(tmp_path) == []

@@ -348,6 +348,9 @@ class NumpyShardedHandle(ShardedHandle[Any]):
     def get_tensor(self, name: str, *, out: Any = None) -> Any:
         return self._shard_of(name).get_tensor(name, out=out)
 
+    def __enter__(self) -> NumpyShardedHandle:
+        return self
+
     def copy_tensors(self) -> Dict[str, Any]:
         """Every tensor read into fresh memory, shard by shard in index order.
 
@@ -550,7 +553,7 @@ def save_array_checkpoint(arrays: Dict[str, Any], filename: PathLike, *,
     entries = []
     for name, array in arrays.items():
         spec = spec_of_array(name, array)
-        entries.append(ShardEntry(spec, spec.source.nbytes))
+        entries.append(ShardEntry(spec, 0 if spec.source is None else spec.source.nbytes))
     return save_checkpoint(entries, filename, max_shard_size=max_shard_size,
                            metadata=metadata, fsync=fsync, checksum=checksum)
 

@@ -398,3 +398,19 @@ def test_relative_names_save_in_the_current_directory(tmp_path, monkeypatch):
     fastst.save_file(arrays(), "weights.safetensors", max_shard_size="1GB")
     assert sorted(os.listdir(".")) == ["weights.safetensors"]
     assert list(fastst.load_file(".")) == list(arrays())
+
+
+def test_one_file_and_a_checkpoint_give_handles_of_one_protocol(checkpoint):
+    from fastst._handle import ArrayHandle, Handle
+
+    directory, tensors = checkpoint
+    single = directory / "single.safetensors"
+    fastst.save_file(tensors, single)
+    for path in (directory / INDEX, single):
+        with fastst.safe_open(path) as f:
+            assert isinstance(f, ArrayHandle) and isinstance(f, Handle)
+            assert f.read_rows("layer.3", 0, 2).tolist() == tensors["layer.3"][:2].tolist()
+    torch = pytest.importorskip("torch")
+    with fastst.safe_open(directory, framework="pt") as f:
+        assert isinstance(f, Handle) and not isinstance(f, ArrayHandle)
+        assert isinstance(f.get_tensor("layer.0"), torch.Tensor)

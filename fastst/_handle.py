@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterator, List, Literal, Optional,
-                    Tuple, Union, overload)
+                    Protocol, Tuple, Union, overload, runtime_checkable)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
 from ._files import PathLike
@@ -16,15 +16,59 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
     import numpy.typing as npt
     import torch  # type: ignore[import-not-found, unused-ignore]
 
-    from .checkpoint import ShardedHandle
-
-__all__ = ["FrameworkHandle", "NumpyHandle", "is_checkpoint_path", "open_file", "safe_open"]
+__all__ = ["ArrayHandle", "FrameworkHandle", "Handle", "NumpyHandle", "is_checkpoint_path",
+           "open_file", "safe_open"]
 
 Backend = Literal["mmap", "pread"]
 FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
 NUMPY_FRAMEWORKS = ("np", "numpy")
 # framework name -> the fastst module that adapts NumPy arrays to it (imported on use)
 ADAPTERS = {"pt": "torch", "torch": "torch", "pytorch": "torch", "jax": "jax", "flax": "jax"}
+
+
+@runtime_checkable
+class Handle(Protocol[T]):
+    """What ``safe_open`` returns, for one file (a ``FrameworkHandle`` or
+    ``NumpyHandle``) or for a sharded checkpoint (a
+    ``fastst.checkpoint.ShardedHandle``): the reading methods they share, each
+    tensor a `T`. ``metadata()`` is a file's ``__metadata__`` (str to str) or a
+    checkpoint index's ``metadata`` (whose ``total_size`` is an int)."""
+
+    def get_tensor(self, name: str, /) -> T: ...
+    def __getitem__(self, name: str, /) -> T: ...
+    def get_tensors(self) -> Dict[str, T]: ...
+    def get_slice(self, name: str, /) -> SafeSlice[T]: ...
+    def info(self, name: str, /) -> TensorInfo: ...
+    def keys(self) -> List[str]: ...
+    def offset_keys(self) -> List[str]: ...
+    def metadata(self) -> Optional[Dict[str, Any]]: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, name: object, /) -> bool: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __enter__(self) -> Handle[T]: ...
+    def __exit__(self, *exc_info: object) -> None: ...
+
+
+@runtime_checkable
+class ArrayHandle(Handle["npt.NDArray[Any]"], Protocol):
+    """What ``safe_open(..., framework="np")`` returns, a ``NumpyHandle`` for one
+    file or a ``fastst.checkpoint.NumpyShardedHandle`` for a sharded checkpoint:
+    the methods of ``Handle`` and the NumPy-only ones."""
+
+    def get_tensor(self, name: str, /, *, out: Optional[npt.NDArray[Any]] = None
+                   ) -> npt.NDArray[Any]: ...
+    def copy_tensors(self) -> Dict[str, npt.NDArray[Any]]: ...
+    def read_into(self, arrays: Dict[str, npt.NDArray[Any]], /) -> None: ...
+    def read_rows(self, name: str, first: int, last: int, /) -> npt.NDArray[Any]: ...
+    def gather_rows(self, name: str, rows: npt.NDArray[Any], /) -> npt.NDArray[Any]: ...
+    def __enter__(self) -> ArrayHandle: ...
 
 
 class NumpyHandle(Reader):
@@ -233,22 +277,22 @@ def _describe(reader: Reader) -> str:
 def safe_open(filename: PathLike, framework: Literal["np", "numpy"] = "np",
               device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> NumpyHandle: ...
+              ) -> ArrayHandle: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> FrameworkHandle[torch.Tensor]: ...
+              ) -> Handle[torch.Tensor]: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["jax", "flax"],
               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> FrameworkHandle[jax.Array]: ...
+              ) -> Handle[jax.Array]: ...
 def safe_open(filename: PathLike,
               framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
               device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
+              ) -> Union[ArrayHandle, Handle[Any]]:
     """Open a safetensors file lazily: validate its header, map it, and hand out
     its tensors, zero-copy where the framework allows.
 
@@ -263,7 +307,10 @@ def safe_open(filename: PathLike,
         ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
         ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``).
         torch and JAX tensors come from a ``FrameworkHandle``, with the same
-        reading methods; only these import their framework.
+        reading methods; only these import their framework. For typing, the
+        result is an ``ArrayHandle`` for NumPy and a ``Handle`` of the
+        framework's tensors otherwise: what one file's handle and a sharded
+        checkpoint's have in common.
     device : str, int, torch.device or jax.Device
         ``"cpu"`` (default; the only one for NumPy), or where the framework should
         put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).
@@ -275,7 +322,8 @@ def safe_open(filename: PathLike,
         Largest header accepted, in bytes (100,000,000 by default).
     verify : bool
         Check each tensor's checksum (see ``fastst.integrity``) the first time it
-        is read; a file without checksums is refused.
+        is read; a file without checksums is refused. For a sharded checkpoint,
+        each shard is checked so as its tensors are read.
 
     Examples
     --------
@@ -294,15 +342,25 @@ def safe_open(filename: PathLike,
     if is_checkpoint_path(filename):
         from .checkpoint import open_checkpoint   # a capability: imported when used
 
-        if verify:
-            raise SafetensorError(f"{os.fsdecode(filename)}: verify=True opens one file; "
-                                  f"check a sharded checkpoint with `fastst verify`")
         return open_checkpoint(filename, convert, backend=backend,
-                               max_header_size=max_header_size)
+                               max_header_size=max_header_size, verify=verify)
     return open_file(filename, convert, backend=backend, max_header_size=max_header_size,
                      verify=verify, opened_as=(framework, device))
 
 
+@overload
+def open_file(filename: PathLike, convert: None = None, *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              opened_as: Optional[Tuple[str, Any]] = None) -> NumpyHandle: ...
+@overload
+def open_file(filename: PathLike, convert: Converter[T], *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              opened_as: Optional[Tuple[str, Any]] = None) -> FrameworkHandle[T]: ...
+@overload
+def open_file(filename: PathLike, convert: Optional[Converter[Any]], *,
+              backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+              verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None
+              ) -> Union[NumpyHandle, FrameworkHandle[Any]]: ...
 def open_file(filename: PathLike, convert: Optional[Converter[Any]] = None, *,
               backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
               verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from . import __version__
 from ._api import safe_open
-from ._handle import is_checkpoint_path
+from ._handle import is_checkpoint_path, open_file
 from .checkpoint import ShardedHandle
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 
@@ -72,7 +72,7 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
     """
     if is_checkpoint_path(path):
         return describe_checkpoint(path, max_header_size)
-    with safe_open(path, framework="np", max_header_size=max_header_size) as reader:
+    with open_file(path, max_header_size=max_header_size) as reader:
         tensors = []
         for name in reader.offset_keys():
             info = reader.info(name)

@@ -91,16 +91,16 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
     With `max_shard_size` (bytes, or a size such as ``"5GB"``) the tensors are cut
     into shards as the Hugging Face tools cut them, and `filename` is the
     directory to save into, or ``DIR/NAME.safetensors`` for shards named after
-    NAME (see ``fastst.checkpoint.save_checkpoint``).
+    NAME (see ``fastst.checkpoint.save_checkpoint``); with `checksum`, each shard
+    holds the checksums of its tensors.
     """
     if max_shard_size is not None:
         from .checkpoint import save_array_checkpoint   # a capability: imported when used
 
-        if checksum is not None or header_padding:
-            raise ValueError("checksum= and header_padding= are not available with "
-                             "max_shard_size=")
+        if header_padding:
+            raise ValueError("header_padding= is not available with max_shard_size=")
         save_array_checkpoint(_as_dict(tensors), filename, metadata=metadata,
-                              max_shard_size=max_shard_size, fsync=fsync)
+                              max_shard_size=max_shard_size, fsync=fsync, checksum=checksum)
         return
     write_atomically(_plan(tensors, metadata, checksum, header_padding), filename, fsync=fsync)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterator, List, Literal, Optional,
-                    Union, overload)
+                    Protocol, Tuple, Union, overload, runtime_checkable)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
 from ._files import PathLike
@@ -16,14 +16,59 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
     import numpy.typing as npt
     import torch  # type: ignore[import-not-found, unused-ignore]
 
-    from .checkpoint import ShardedHandle
-
-__all__ = ["FrameworkHandle", "NumpyHandle", "is_checkpoint_path", "open_file", "safe_open"]
+__all__ = ["ArrayHandle", "FrameworkHandle", "Handle", "NumpyHandle", "is_checkpoint_path",
+           "open_file", "safe_open"]
 
 Backend = Literal["mmap", "pread"]
+FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
 NUMPY_FRAMEWORKS = ("np", "numpy")
 # framework name -> the fastst module that adapts NumPy arrays to it (imported on use)
 ADAPTERS = {"pt": "torch", "torch": "torch", "pytorch": "torch", "jax": "jax", "flax": "jax"}
+
+
+@runtime_checkable
+class Handle(Protocol[T]):
+    """What ``safe_open`` returns, for one file (a ``FrameworkHandle`` or
+    ``NumpyHandle``) or for a sharded checkpoint (a
+    ``fastst.checkpoint.ShardedHandle``): the reading methods they share, each
+    tensor a `T`. ``metadata()`` is a file's ``__metadata__`` (str to str) or a
+    checkpoint index's ``metadata`` (whose ``total_size`` is an int)."""
+
+    def get_tensor(self, name: str, /) -> T: ...
+    def __getitem__(self, name: str, /) -> T: ...
+    def get_tensors(self) -> Dict[str, T]: ...
+    def get_slice(self, name: str, /) -> SafeSlice[T]: ...
+    def info(self, name: str, /) -> TensorInfo: ...
+    def keys(self) -> List[str]: ...
+    def offset_keys(self) -> List[str]: ...
+    def metadata(self) -> Optional[Dict[str, Any]]: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, name: object, /) -> bool: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __enter__(self) -> Handle[T]: ...
+    def __exit__(self, *exc_info: object) -> None: ...
+
+
+@runtime_checkable
+class ArrayHandle(Handle["npt.NDArray[Any]"], Protocol):
+    """What ``safe_open(..., framework="np")`` returns, a ``NumpyHandle`` for one
+    file or a ``fastst.checkpoint.NumpyShardedHandle`` for a sharded checkpoint:
+    the methods of ``Handle`` and the NumPy-only ones."""
+
+    def get_tensor(self, name: str, /, *, out: Optional[npt.NDArray[Any]] = None
+                   ) -> npt.NDArray[Any]: ...
+    def copy_tensors(self) -> Dict[str, npt.NDArray[Any]]: ...
+    def read_into(self, arrays: Dict[str, npt.NDArray[Any]], /) -> None: ...
+    def read_rows(self, name: str, first: int, last: int, /) -> npt.NDArray[Any]: ...
+    def gather_rows(self, name: str, rows: npt.NDArray[Any], /) -> npt.NDArray[Any]: ...
+    def __enter__(self) -> ArrayHandle: ...
 
 
 class NumpyHandle(Reader):
@@ -33,8 +78,10 @@ class NumpyHandle(Reader):
 
     Its reading methods are the compiled Reader's own: ``get_tensor``,
     ``get_tensors``, ``copy_tensors``, ``read_into``, ``read_rows``,
-    ``gather_rows``, ``info``, ``keys``, ``offset_keys``, ``metadata``, and the
-    mapping protocol (``f[name]``, ``name in f``, ``len(f)``, iteration).
+    ``gather`` (rows of a tensor, into ``out=`` when given), ``gather_rows``,
+    ``info``, ``keys``, ``offset_keys``, ``metadata``, and the mapping protocol
+    (``f[name]``, ``name in f``, ``len(f)``, iteration). It pickles by reopening
+    the same file, which must not have changed.
     """
 
     def __enter__(self) -> NumpyHandle:
@@ -47,6 +94,10 @@ class NumpyHandle(Reader):
         """A lazy handle on tensor `name` that NumPy indexing reads from."""
         return SafeSlice(self, name)
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled, a handle reopens the same file (see ``_reopened``)."""
+        return _reopened, _opening(self, "np", "cpu")
+
     def __repr__(self) -> str:
         return _describe(self)
 
@@ -58,10 +109,12 @@ class FrameworkHandle(Generic[T]):
     ``"jax"``) returns.
     """
 
-    def __init__(self, reader: NumpyHandle, convert: Converter[T]) -> None:
+    def __init__(self, reader: NumpyHandle, convert: Converter[T],
+                 opened_as: Optional[Tuple[str, Any]] = None) -> None:
         self._reader = reader
         self._convert = _naming_the_file(convert, reader.source)
         self._infos: Dict[str, TensorInfo] = {}   # filled as tensors are asked for
+        self._opened_as = opened_as               # (framework, device), for pickling
 
     def get_tensor(self, name: str, *, out: None = None) -> T:
         """The tensor `name`, as the framework's tensor."""
@@ -72,6 +125,13 @@ class FrameworkHandle(Generic[T]):
 
     def __getitem__(self, name: str) -> T:
         return self.get_tensor(name)
+
+    def gather(self, name: str, rows: Any, *, out: None = None) -> T:
+        """Rows `rows` of tensor `name`'s first axis, as the framework's tensor (see
+        ``NumpyHandle.gather``)."""
+        if out is not None:
+            raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
+        return self._convert(self._reader.gather(name, rows), name, self._info(name))
 
     def get_tensors(self) -> Dict[str, T]:
         """Every tensor, in buffer order."""
@@ -114,6 +174,11 @@ class FrameworkHandle(Generic[T]):
         return self._reader.backend
 
     @property
+    def file_identity(self) -> Optional[FileIdentity]:
+        """The opened file's (path, st_dev, st_ino, st_size, st_mtime_ns)."""
+        return self._reader.file_identity
+
+    @property
     def closed(self) -> bool:
         return self._reader.closed
 
@@ -135,8 +200,61 @@ class FrameworkHandle(Generic[T]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled, a handle reopens the same file (see ``_reopened``)."""
+        if self._opened_as is None:
+            raise SafetensorError(f"{self.source}: only a handle from safe_open can be pickled")
+        return _reopened, _opening(self._reader, *self._opened_as)
+
     def __repr__(self) -> str:
         return _describe(self._reader)
+
+
+def _opening(reader: Reader, framework: str, device: Any
+             ) -> Tuple[FileIdentity, str, int, str, Any, type]:
+    """What a pickled handle holds: the file's identity (path, device, inode, size,
+    mtime), the backend, the header's length, the framework, the device, and the
+    class of the reader (a NumpyHandle, or a subclass such as one that verifies)."""
+    if reader.closed:
+        raise SafetensorError(f"{reader.source}: file is closed; a closed handle cannot be "
+                              f"pickled")
+    identity = reader.file_identity
+    if identity is None:
+        raise SafetensorError(f"{reader.source}: a handle on a buffer cannot be pickled; "
+                              f"save the buffer to a file and open that")
+    return identity, reader.backend, reader.data_start - 8, framework, device, type(reader)
+
+
+def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framework: str,
+              device: Any, reader_class: type = NumpyHandle
+              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+    """A pickled handle, unpickled: the same file opened again, as before. A file
+    that is not the one pickled (replaced, rewritten, resized) is refused."""
+    path = identity[0]
+    _check_same_file(path, identity, _stamp(os.stat(path)))
+    convert = None if framework in NUMPY_FRAMEWORKS else framework_converter(framework, device)
+    reader = reader_class()
+    # the header's length is known: a longer one is not the same file
+    reader.open_file(path, backend, max_header_size=header_size)
+    try:
+        _check_same_file(path, identity, reader.file_identity[1:])
+    except SafetensorError:
+        reader.close()
+        raise
+    return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
+
+
+def _stamp(info: os.stat_result) -> Tuple[int, int, int, int]:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _check_same_file(path: Union[str, bytes], identity: FileIdentity,
+                     stamp: Tuple[int, ...]) -> None:
+    if tuple(stamp) != tuple(identity[1:]):
+        raise SafetensorError(
+            f"{os.fsdecode(path)}: file changed since the handle was pickled (device, inode, "
+            f"size, mtime {tuple(identity[1:])}, now {tuple(stamp)}); open it again to read "
+            f"the new file")
 
 
 def _naming_the_file(convert: Converter[T], source: str) -> Converter[T]:
@@ -159,22 +277,22 @@ def _describe(reader: Reader) -> str:
 def safe_open(filename: PathLike, framework: Literal["np", "numpy"] = "np",
               device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> NumpyHandle: ...
+              ) -> ArrayHandle: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> FrameworkHandle[torch.Tensor]: ...
+              ) -> Handle[torch.Tensor]: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["jax", "flax"],
               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> FrameworkHandle[jax.Array]: ...
+              ) -> Handle[jax.Array]: ...
 def safe_open(filename: PathLike,
               framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
               device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
+              ) -> Union[ArrayHandle, Handle[Any]]:
     """Open a safetensors file lazily: validate its header, map it, and hand out
     its tensors, zero-copy where the framework allows.
 
@@ -189,7 +307,10 @@ def safe_open(filename: PathLike,
         ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
         ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``).
         torch and JAX tensors come from a ``FrameworkHandle``, with the same
-        reading methods; only these import their framework.
+        reading methods; only these import their framework. For typing, the
+        result is an ``ArrayHandle`` for NumPy and a ``Handle`` of the
+        framework's tensors otherwise: what one file's handle and a sharded
+        checkpoint's have in common.
     device : str, int, torch.device or jax.Device
         ``"cpu"`` (default; the only one for NumPy), or where the framework should
         put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).
@@ -201,7 +322,8 @@ def safe_open(filename: PathLike,
         Largest header accepted, in bytes (100,000,000 by default).
     verify : bool
         Check each tensor's checksum (see ``fastst.integrity``) the first time it
-        is read; a file without checksums is refused.
+        is read; a file without checksums is refused. For a sharded checkpoint,
+        each shard is checked so as its tensors are read.
 
     Examples
     --------
@@ -220,24 +342,36 @@ def safe_open(filename: PathLike,
     if is_checkpoint_path(filename):
         from .checkpoint import open_checkpoint   # a capability: imported when used
 
-        if verify:
-            raise SafetensorError(f"{os.fsdecode(filename)}: verify=True opens one file; "
-                                  f"check a sharded checkpoint with `fastst verify`")
         return open_checkpoint(filename, convert, backend=backend,
-                               max_header_size=max_header_size)
+                               max_header_size=max_header_size, verify=verify)
     return open_file(filename, convert, backend=backend, max_header_size=max_header_size,
-                     verify=verify)
+                     verify=verify, opened_as=(framework, device))
 
 
+@overload
+def open_file(filename: PathLike, convert: None = None, *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              opened_as: Optional[Tuple[str, Any]] = None) -> NumpyHandle: ...
+@overload
+def open_file(filename: PathLike, convert: Converter[T], *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              opened_as: Optional[Tuple[str, Any]] = None) -> FrameworkHandle[T]: ...
+@overload
+def open_file(filename: PathLike, convert: Optional[Converter[Any]], *,
+              backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+              verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None
+              ) -> Union[NumpyHandle, FrameworkHandle[Any]]: ...
 def open_file(filename: PathLike, convert: Optional[Converter[Any]] = None, *,
               backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
-              verify: bool = False) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+              verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None
+              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
     """One safetensors file, its tensors passed through `convert` (a framework's
     converter, see ``framework_converter``) or NumPy arrays when it is None; with
-    `verify`, each tensor's checksum is checked on its first read."""
+    `verify`, each tensor's checksum is checked on its first read. `opened_as`, the
+    (framework, device) `convert` is for, lets a FrameworkHandle pickle."""
     reader = NumpyHandle() if not verify else _verifying_handle()
     reader.open_file(filename, backend, max_header_size=max_header_size)
-    return reader if convert is None else FrameworkHandle(reader, convert)
+    return reader if convert is None else FrameworkHandle(reader, convert, opened_as)
 
 
 def _verifying_handle() -> NumpyHandle:

@@ -21,10 +21,11 @@ cdef class Reader:
     cdef int kind                # BACKEND_*
     cdef int fd                  # pread backend only
     cdef int busy                # pread calls in flight, so close() cannot pull the fd away
-    cdef object path             # mmap backend: the absolute path, reopened for copies
-    cdef uint64_t file_dev       # mmap backend: st_dev, st_ino and size of the mapped file
+    cdef object path             # files: the absolute path (mmap: reopened for copies)
+    cdef uint64_t file_dev       # files: st_dev, st_ino, size and mtime of the opened file
     cdef uint64_t file_ino
     cdef uint64_t file_size
+    cdef object file_mtime_ns
     cdef bint is_closed
     cdef uint64_t data_offset    # file offset of the tensor buffer
     cdef readonly str source
@@ -54,7 +55,7 @@ cdef class Reader:
             raise
         if self.fd != fd:
             os.close(fd)    # the map needs no descriptor: a process may hold thousands
-            self.path = path if _is_absolute(path) else os.path.abspath(path)
+        self.path = path if _is_absolute(path) else os.path.abspath(path)
         self.is_closed = False
 
     cdef _open_fd(self, int fd, bint use_pread, uint64_t max_header_size):
@@ -84,10 +85,10 @@ cdef class Reader:
         self.kind = BACKEND_PREAD if use_pread else BACKEND_MMAP
         if use_pread:
             self.fd = fd
-        else:
-            self.file_dev = info.st_dev
-            self.file_ino = info.st_ino
-            self.file_size = size
+        self.file_dev = info.st_dev
+        self.file_ino = info.st_ino
+        self.file_size = size
+        self.file_mtime_ns = info.st_mtime_ns
 
     def open_buffer(self, data, *, max_header_size=DEFAULT_MAX_HEADER_SIZE,
                     str source="<buffer>"):
@@ -267,6 +268,75 @@ cdef class Reader:
         self._run(plan, name)
         return out
 
+    def gather(self, name, rows, out=None):
+        """Rows `rows` of tensor `name`'s first axis, in their order (repeats allowed,
+        any integer dtype, negatives counted from the end, as NumPy does), copied with
+        the GIL released into `out` (a C-contiguous array of the result's shape and
+        dtype) or a fresh array. Only those rows are read: the pread backend reads
+        each run of adjacent rows once, in one call; mapped files and buffers copy
+        from memory."""
+        cdef Py_ssize_t i = self._position(name)
+        cdef _Header h = self.header
+        cdef Entry* entry = &h.entries[i]
+        if entry.np_ndim < 0:
+            self._array(i)   # raises the error that says why
+        if entry.np_ndim == 0:
+            raise SafetensorIndexError(f"{self.source}: tensor {_shown(name)} is 0-d: it has "
+                                       f"no rows to gather")
+        cdef cnp.npy_intp[64] dims
+        memcpy(dims, h.numpy_dims(entry), entry.np_ndim * sizeof(cnp.npy_intp))
+        cdef cnp.npy_intp count = dims[0]
+        cdef cnp.ndarray wanted = _row_indices(self.source, name, rows, count)
+        dims[0] = wanted.shape[0]
+        if out is None:
+            out = self._empty_with(i, dims)
+        else:
+            shape = tuple([dims[k] for k in range(entry.np_ndim)])
+            _checked_out(self.source, name, out, (shape, _numpy_dtypes()[entry.code]))
+        cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
+        cdef uint64_t start = self.data_offset + entry.begin
+        if self.kind == BACKEND_PREAD:
+            self._gather_read(name, wanted, out, row_bytes, start)
+        else:
+            self._gather_copy(wanted, out, row_bytes, start)
+        return out
+
+    cdef _gather_copy(self, cnp.ndarray wanted, cnp.ndarray out, uint64_t row_bytes,
+                      uint64_t start):
+        """Mapped file or buffer: memcpy each row from memory. A mapped file is first
+        checked to be the one mapped, no shorter, so that a copy cannot fault."""
+        owner = self.owner     # holds the memory while the GIL is released
+        if owner is None:
+            self._check_open()
+        if self.kind == BACKEND_MMAP:
+            os.close(self._reopen())
+        _rows_plan(wanted, <char*>cnp.PyArray_DATA(out), row_bytes, start).copy_from(
+            self.data - self.data_offset)
+
+    cdef _gather_read(self, object name, cnp.ndarray wanted, cnp.ndarray out,
+                      uint64_t row_bytes, uint64_t start):
+        """pread backend: rows are read straight into `out`, each run of rows adjacent
+        in both in one call; unless sorting the rows would at least halve the calls
+        (repeats, or rows adjacent out of order): then each run of the distinct rows,
+        sorted, is read once, in one call, and its rows put in their places."""
+        distinct = np.unique(wanted)
+        if _runs(distinct) * 2 > _runs(wanted):
+            self._run(_rows_plan(wanted, <char*>cnp.PyArray_DATA(out), row_bytes, start), name)
+            return
+        places = np.searchsorted(distinct, wanted)
+        staged = np.empty(distinct.shape[0] * row_bytes, np.uint8)
+        self._run(_rows_plan(distinct, <char*>cnp.PyArray_DATA(staged), row_bytes, start), name)
+        _scatter_rows(staged, np.ascontiguousarray(places, np.intp), out, row_bytes)
+
+    @property
+    def file_identity(self):
+        """The opened file as (absolute path, st_dev, st_ino, st_size, st_mtime_ns)
+        when it was opened; None for a buffer. Another Reader on the same file,
+        unchanged, has the same identity."""
+        if self.kind == BACKEND_BUFFER:
+            return None
+        return (self.path, self.file_dev, self.file_ino, self.file_size, self.file_mtime_ns)
+
     cdef _run(self, _ReadPlan plan, object what):
         """Carry out a read plan: pread from the file, or memcpy from a buffer.
         `what`, for errors: the tensor's name, or how many tensors the plan reads."""
@@ -424,3 +494,88 @@ cdef cnp.ndarray _checked_out(str source, object name, object out, tuple expecte
         raise ValueError(f"out for tensor {_shown(name)} must be C-contiguous and writable")
     return out
 
+
+
+cdef cnp.ndarray _row_indices(str source, object name, object rows, cnp.npy_intp count):
+    """`rows` (a 1-d sequence of integers) as a fresh intp array of rows in [0, count),
+    negatives counted from the end; SafetensorIndexError for one out of range."""
+    cdef cnp.ndarray wanted = _list_of_ints(source, name, rows, count)
+    if wanted is None:
+        wanted = _integer_array(source, name, rows, count)
+    cdef cnp.npy_intp* row = <cnp.npy_intp*>cnp.PyArray_DATA(wanted)
+    cdef Py_ssize_t k
+    for k in range(wanted.shape[0]):
+        if not -count <= row[k] < count:
+            raise SafetensorIndexError(f"{source}: tensor {_shown(name)}: row {row[k]} out "
+                                       f"of range for {count} rows")
+        if row[k] < 0:
+            row[k] += count
+    return wanted
+
+
+cdef object _list_of_ints(str source, object name, object rows, cnp.npy_intp count):
+    """A list of Python ints as a fresh intp array, without NumPy's conversion of each
+    item (the usual batch from a sampler); None for anything else."""
+    if type(rows) is not list:
+        return None
+    cdef list items = <list>rows
+    cdef Py_ssize_t k, n = len(items)
+    for k in range(n):
+        if type(items[k]) is not int:
+            return None
+    cdef cnp.ndarray wanted = np.empty(n, np.intp)
+    cdef cnp.npy_intp* row = <cnp.npy_intp*>cnp.PyArray_DATA(wanted)
+    for k in range(n):
+        try:
+            row[k] = items[k]
+        except OverflowError:
+            raise SafetensorIndexError(f"{source}: tensor {_shown(name)}: row {_shown(items[k])} "
+                                       f"out of range for {count} rows") from None
+    return wanted
+
+
+cdef cnp.ndarray _integer_array(str source, object name, object rows, cnp.npy_intp count):
+    try:
+        given = np.asarray(rows)
+    except (TypeError, ValueError) as error:
+        raise SafetensorTypeError(f"{source}: tensor {_shown(name)}: rows must be a 1-d "
+                                  f"sequence of integers ({error})") from None
+    if given.ndim != 1 or not (given.dtype.kind in "iu" or (given.size == 0 and
+                                                               given.dtype.kind == "f")):
+        raise SafetensorTypeError(f"{source}: tensor {_shown(name)}: rows must be a 1-d "
+                                  f"sequence of integers, got {given.ndim}-d {given.dtype}")
+    if given.dtype.kind == "u" and given.size and <uint64_t>given.max() > INTP_MAX:
+        raise SafetensorIndexError(f"{source}: tensor {_shown(name)}: row {int(given.max())} "
+                                   f"out of range for {count} rows")
+    return np.array(given, dtype=np.intp)
+
+
+cdef _ReadPlan _rows_plan(cnp.ndarray rows, char* dest, uint64_t row_bytes, uint64_t start):
+    """Copy row rows[k], found at start + rows[k] * row_bytes, to dest + k * row_bytes:
+    rows adjacent in both become one copy."""
+    cdef cnp.npy_intp* row = <cnp.npy_intp*>cnp.PyArray_DATA(rows)
+    cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
+    cdef Py_ssize_t k
+    for k in range(rows.shape[0]):
+        plan.add(dest + k * row_bytes, row_bytes, start + row[k] * row_bytes)
+    return plan
+
+
+cdef Py_ssize_t _runs(cnp.ndarray rows):
+    """How many runs of consecutive increasing rows `rows` holds."""
+    cdef cnp.npy_intp* row = <cnp.npy_intp*>cnp.PyArray_DATA(rows)
+    cdef Py_ssize_t k, runs = rows.shape[0] > 0
+    for k in range(1, rows.shape[0]):
+        runs += row[k] != row[k - 1] + 1
+    return runs
+
+
+cdef _scatter_rows(cnp.ndarray staged, cnp.ndarray places, cnp.ndarray out, uint64_t row_bytes):
+    """out row k = staged row places[k], with the GIL released."""
+    cdef const char* source = <const char*>cnp.PyArray_DATA(staged)
+    cdef char* dest = <char*>cnp.PyArray_DATA(out)
+    cdef cnp.npy_intp* place = <cnp.npy_intp*>cnp.PyArray_DATA(places)
+    cdef Py_ssize_t k, n = places.shape[0]
+    with nogil:
+        for k in range(n):
+            memcpy(dest + k * row_bytes, source + place[k] * row_bytes, row_bytes)

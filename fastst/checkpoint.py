@@ -25,10 +25,11 @@ from typing import (Any, Callable, Dict, Generic, Hashable, Iterable, Iterator, 
 import orjson
 
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorInfo, TensorNotFoundError,
-                    WriteSpec, plan_write, spec_of_array)
+                    WriteSpec, spec_of_array)
 from ._files import TEMP_SUFFIX, PathLike, write_atomically
 from ._handle import Backend, FrameworkHandle, NumpyHandle, is_checkpoint_path, open_file
 from ._slicing import Converter, SafeSlice, T
+from .integrity import plan_with_checksums
 
 __all__ = ["DEFAULT_PATTERN", "INDEX_SUFFIX", "ShardEntry", "ShardedHandle",
            "NumpyShardedHandle", "CheckpointIndex", "is_checkpoint_path", "open_checkpoint",
@@ -347,6 +348,9 @@ class NumpyShardedHandle(ShardedHandle[Any]):
     def get_tensor(self, name: str, *, out: Any = None) -> Any:
         return self._shard_of(name).get_tensor(name, out=out)
 
+    def __enter__(self) -> NumpyShardedHandle:
+        return self
+
     def copy_tensors(self) -> Dict[str, Any]:
         """Every tensor read into fresh memory, shard by shard in index order.
 
@@ -397,20 +401,25 @@ def _usable_cpus() -> int:
 
 
 def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
-                    backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+                    backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+                    verify: bool = False
                     ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
     """Open the checkpoint at `path`, a directory or an ``*.index.json``, as one
     handle (see ``ShardedHandle``), its tensors passed through `convert` (a
     framework's converter) or NumPy arrays when it is None. A directory holding
-    one unsharded file (``model.safetensors``) gives that file's handle."""
+    one unsharded file (``model.safetensors``) gives that file's handle. With
+    `verify`, each shard must hold checksums, and each tensor's is checked on its
+    first read (see ``fastst.integrity``)."""
     text = os.fsdecode(path)
     target = find_checkpoint(text) if os.path.isdir(text) else text
     if not target.endswith(INDEX_SUFFIX):
-        return open_file(target, convert, backend=backend, max_header_size=max_header_size)
+        return open_file(target, convert, backend=backend, max_header_size=max_header_size,
+                         verify=verify)
     index = read_index(target, max_size=max_header_size)
 
     def open_shard(shard: str) -> Shard:
-        return open_file(shard, convert, backend=backend, max_header_size=max_header_size)
+        return open_file(shard, convert, backend=backend, max_header_size=max_header_size,
+                         verify=verify)
 
     if convert is None:
         return NumpyShardedHandle(index, open_shard, backend)
@@ -491,7 +500,7 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
                     max_shard_size: Union[int, str],
                     metadata: Optional[Mapping[str, str]] = None,
                     shard_metadata: Optional[Mapping[str, str]] = None,
-                    fsync: bool = False) -> List[str]:
+                    fsync: bool = False, checksum: Optional[str] = None) -> List[str]:
     """Write `entries` as a checkpoint cut into shards of at most `max_shard_size`
     bytes; returns the paths of the files written, the index last.
 
@@ -504,20 +513,23 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
 
     Each shard holds `shard_metadata`; the index's ``metadata`` is
     ``{"total_size": ...}`` followed by `metadata`. A single file holds both
-    dicts merged. Each file is written atomically, the index last; the shards and
-    index of an earlier save in that place are removed after it.
+    dicts merged. With `checksum` (see ``fastst.integrity``) each file holds the
+    checksums of its own tensors. Each file is written atomically, the index last;
+    the shards and index of an earlier save in that place are removed after it.
     """
     directory, pattern = _save_place(filename)
     shards, total = split_into_shards(entries, parse_size(max_shard_size))
     by_name = {entry.spec.name: entry.spec for entry in entries}
     if len(shards) <= 1:
         single = {**(shard_metadata or {}), **(metadata or {})}
-        files = {pattern.format(suffix=""): plan_write(
-            [by_name[name] for name in (shards[0] if shards else [])], single or None)}
+        files = {pattern.format(suffix=""): plan_with_checksums(
+            [by_name[name] for name in (shards[0] if shards else [])], single or None,
+            checksum)}
     else:
         count = len(shards)
         files = {pattern.format(suffix=f"-{number:05d}-of-{count:05d}"):
-                 plan_write([by_name[name] for name in shard], shard_metadata)
+                 plan_with_checksums([by_name[name] for name in shard], shard_metadata,
+                                     checksum)
                  for number, shard in enumerate(shards, 1)}
     for name, plan in files.items():     # every plan checked before the first file is written
         write_atomically(plan, os.path.join(directory, name), fsync=fsync)
@@ -536,14 +548,14 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
 def save_array_checkpoint(arrays: Dict[str, Any], filename: PathLike, *,
                           max_shard_size: Union[int, str],
                           metadata: Optional[Mapping[str, str]] = None,
-                          fsync: bool = False) -> List[str]:
+                          fsync: bool = False, checksum: Optional[str] = None) -> List[str]:
     """`save_checkpoint` of NumPy arrays, each counting for its bytes."""
     entries = []
     for name, array in arrays.items():
         spec = spec_of_array(name, array)
-        entries.append(ShardEntry(spec, spec.source.nbytes))
+        entries.append(ShardEntry(spec, 0 if spec.source is None else spec.source.nbytes))
     return save_checkpoint(entries, filename, max_shard_size=max_shard_size,
-                           metadata=metadata, fsync=fsync)
+                           metadata=metadata, fsync=fsync, checksum=checksum)
 
 
 def _save_place(filename: PathLike) -> Tuple[str, str]:

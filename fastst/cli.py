@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from . import __version__
 from ._api import safe_open
-from ._handle import is_checkpoint_path
+from ._handle import is_checkpoint_path, open_file
 from .checkpoint import ShardedHandle
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 
@@ -72,7 +72,7 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
     """
     if is_checkpoint_path(path):
         return describe_checkpoint(path, max_header_size)
-    with safe_open(path, framework="np", max_header_size=max_header_size) as reader:
+    with open_file(path, max_header_size=max_header_size) as reader:
         tensors = []
         for name in reader.offset_keys():
             info = reader.info(name)
@@ -348,6 +348,13 @@ def _header_limit(text: str) -> int:
     return value
 
 
+def _add_max_header_size(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--max-header-size", type=_header_limit,
+                         default=DEFAULT_MAX_HEADER_SIZE, metavar="BYTES",
+                         help="the largest header accepted, in bytes "
+                              f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Fast, strict, zero-copy safetensors for NumPy.")
@@ -367,10 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="print each report as JSON: one object for one FILE, a list "
                               "of them for several; a file that cannot be read gives "
                               '{"file": FILE, "error": WHY}')
-    inspect.add_argument("--max-header-size", type=_header_limit,
-                         default=DEFAULT_MAX_HEADER_SIZE, metavar="BYTES",
-                         help="the largest header accepted, in bytes "
-                              f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
+    _add_max_header_size(inspect)
 
     verify = commands.add_parser(
         "verify", help="check the structure and checksums of .safetensors files or folders",
@@ -383,10 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a .safetensors file, or a folder of them (sharded checkpoint)")
     verify.add_argument("--json", action="store_true",
                         help="print the reports as a JSON list, one object per PATH")
-    verify.add_argument("--max-header-size", type=_header_limit,
-                        default=DEFAULT_MAX_HEADER_SIZE, metavar="BYTES",
-                        help="the largest header accepted, in bytes "
-                             f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
+    _add_max_header_size(verify)
 
     _add_convert(commands)
 

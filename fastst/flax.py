@@ -33,11 +33,13 @@ def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = Non
 
 def save_file(tensors: Dict[str, jax.Array], filename: Union[str, "os.PathLike[str]"],
               metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False,
-              checksum: Optional[str] = None) -> None:
+              checksum: Optional[str] = None, max_shard_size: Union[int, str, None] = None
+              ) -> None:
     """Write `tensors` to `filename` atomically (see ``fastst.save_file``, and its
-    `fsync` and `checksum` options)."""
+    `fsync`, `checksum` and `max_shard_size` options: with `max_shard_size`,
+    `filename` is the directory of a sharded checkpoint)."""
     save_numpy_file(_to_numpy(tensors), filename, metadata=metadata, fsync=fsync,
-                    checksum=checksum)
+                    checksum=checksum, max_shard_size=max_shard_size)
 
 
 def load(data: bytes) -> Dict[str, jax.Array]:

@@ -24,7 +24,8 @@ from ._handle import NumpyHandle
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["CHECKSUM_KEY", "ALGORITHMS", "digest_of", "with_checksums", "plan_with_checksums",
+__all__ = ["CHECKSUM_KEY", "ALGORITHMS", "digest_of", "digests_of", "with_checksums",
+           "checksum_metadata", "reserved_checksums", "digests_in_file", "plan_with_checksums",
            "checksums_of",
            "VerifyingHandle", "verify_file", "verify_path", "report_lines"]
 
@@ -93,24 +94,71 @@ def _stored_bytes(array: npt.NDArray[Any]) -> Iterator[npt.NDArray[np.uint8]]:
 def with_checksums(specs: Sequence[WriteSpec], metadata: Optional[Mapping[str, str]],
                    algorithm: str) -> Dict[str, str]:
     """`metadata` plus the checksum entry for the tensors `specs` describe."""
-    import orjson
-
     algorithm = _checked_algorithm(algorithm)
-    result = dict(metadata or {})
-    if CHECKSUM_KEY in result:
-        raise ValueError(f"metadata key {CHECKSUM_KEY!r} is reserved for checksums")
+    _check_key_is_free(metadata)
     sources = [spec[3] for spec in specs if spec[3] is not None]
     if len(sources) < len(specs):
         name = next(spec[0] for spec in specs if spec[3] is None)
         raise ValueError(f"tensor {name!r}: checksums need each tensor's data before the "
                          f"header is written")
-    digests = dict(zip([spec[0] for spec in specs], _digests_of(sources, algorithm)))
+    digests = dict(zip([spec[0] for spec in specs], digests_of(sources, algorithm)))
+    return checksum_metadata(metadata, digests, algorithm)
+
+
+def checksum_metadata(metadata: Optional[Mapping[str, str]], digests: Mapping[str, str],
+                      algorithm: str) -> Dict[str, str]:
+    """`metadata` plus the checksum entry of `digests` ({tensor: hex digest})."""
+    import orjson
+
+    _check_key_is_free(metadata)
+    result = dict(metadata or {})
     result[CHECKSUM_KEY] = orjson.dumps(
         {"algorithm": algorithm, "tensors": dict(sorted(digests.items()))}).decode()
     return result
 
 
-def _digests_of(arrays: List[npt.NDArray[Any]], algorithm: str) -> List[str]:
+def _check_key_is_free(metadata: Optional[Mapping[str, str]]) -> None:
+    if metadata is not None and CHECKSUM_KEY in metadata:
+        raise ValueError(f"metadata key {CHECKSUM_KEY!r} is reserved for checksums")
+
+
+def reserved_checksums(specs: Sequence[WriteSpec], metadata: Optional[Mapping[str, str]],
+                       algorithm: str) -> Dict[str, str]:
+    """`metadata` plus a checksum entry of all-zero digests: a header written with
+    it has exactly the length of the final one, whose digests (hex digits, never
+    escaped in JSON) are as long. For the writers that write the header before
+    the data (``StreamWriter``); checks that the hashing library is there."""
+    algorithm = _checked_algorithm(algorithm)
+    _new_hasher(algorithm)
+    return checksum_metadata(metadata, {spec[0]: "0" * ALGORITHMS[algorithm] for spec in specs},
+                             algorithm)
+
+
+def digests_in_file(fd: int, plan: WritePlan, algorithm: str) -> Dict[str, str]:
+    """{tensor: digest} of the tensors that `plan` placed in the file open at `fd`
+    (read and written), hashed from the file through the page cache."""
+    import mmap
+
+    names = plan.names()
+    mapped = mmap.mmap(fd, plan.total_size, mmap.MAP_SHARED, mmap.PROT_READ)
+    arrays: List[npt.NDArray[np.uint8]] = []
+    try:
+        arrays = [_bytes_in(mapped, plan.data_start, plan.info(name).data_offsets)
+                  for name in names]
+        return dict(zip(names, digests_of(arrays, algorithm)))
+    finally:
+        arrays = []        # the views must go before the map is closed
+        mapped.close()
+
+
+def _bytes_in(mapped: Any, data_start: int, offsets: Tuple[int, int]) -> npt.NDArray[np.uint8]:
+    begin, end = offsets
+    if begin == end:
+        return np.empty(0, np.uint8)
+    return np.frombuffer(mapped, np.uint8, end - begin, data_start + begin)
+
+
+def digests_of(arrays: List[npt.NDArray[Any]], algorithm: str) -> List[str]:
     """The digest of each array; xxhash releases the GIL, so large work is spread
     over threads, a tensor each."""
     threads = min(_usable_cores(), len(arrays), MAX_THREADS)
@@ -244,6 +292,12 @@ class VerifyingHandle(NumpyHandle):
     def gather_rows(self, name: str, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
         self.check(name)
         gathered: npt.NDArray[Any] = super().gather_rows(name, rows)
+        return gathered
+
+    def gather(self, name: str, rows: Any, out: Optional[npt.NDArray[Any]] = None
+               ) -> npt.NDArray[Any]:
+        self.check(name)
+        gathered: npt.NDArray[Any] = super().gather(name, rows, out)
         return gathered
 
 

@@ -33,7 +33,7 @@ import math
 import re
 import sys
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 
@@ -58,22 +58,40 @@ SCALAR_TAGS = ("float", "int", "bytes")    # scalars that JSON numbers and strin
 
 
 def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, str]] = None,
-               *, fsync: bool = False, checksum: Optional[str] = None) -> None:
+               *, fsync: bool = False, checksum: Optional[str] = None,
+               max_shard_size: Union[int, str, None] = None) -> None:
     """Write the nested state `tree` to `filename` atomically (see the module's doc).
 
     `metadata` (str to str) goes into ``__metadata__`` beside the tree; `fsync`
     and `checksum` are those of ``fastst.save_file``.
+
+    With `max_shard_size` the state is saved as a sharded checkpoint, as
+    ``fastst.save_file(..., max_shard_size=...)`` saves tensors (`filename` is
+    the directory, or ``DIR/NAME.safetensors``): its tensors are cut into shards
+    in tree order, and the tree and `metadata` go into the index's ``metadata``
+    (into the file's, when everything fits in one). ``load_state`` takes the
+    directory or the index.
     """
     tensors, state_metadata = state_to_tensors(tree, metadata)
-    plan = plan_with_checksums(tensor_specs(tensors), state_metadata, checksum)
-    write_atomically(plan, filename, fsync=fsync)
+    specs = tensor_specs(tensors)
+    if max_shard_size is not None:
+        from .checkpoint import ShardEntry, save_checkpoint   # a capability: imported when used
+
+        entries = [ShardEntry(spec, 0 if spec.source is None else spec.source.nbytes)
+                   for spec in specs]
+        save_checkpoint(entries, filename, max_shard_size=max_shard_size,
+                        metadata=state_metadata, fsync=fsync, checksum=checksum)
+        return
+    write_atomically(plan_with_checksums(specs, state_metadata, checksum), filename, fsync=fsync)
 
 
 def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
                backend: Backend = "mmap", verify: bool = False) -> Any:
     """The tree ``save_state`` wrote to `filename`, arrays as `framework`'s tensors
     (views of the file's map for NumPy and torch on the CPU); `framework`,
-    `device`, `backend` and `verify` are those of ``fastst.safe_open``.
+    `device`, `backend` and `verify` are those of ``fastst.safe_open``. A sharded
+    state (its directory or index) is read through one handle over its shards,
+    each shard opened when the tree first needs one of its tensors.
 
     Nothing in the file is run: no pickle, no eval, no import it names.
     """

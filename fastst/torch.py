@@ -212,16 +212,13 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
     everything fits in one shard). See ``fastst.checkpoint``.
     """
     if max_shard_size is not None:
-        if checksum is not None:
-            raise ValueError("checksum= is not available with max_shard_size= (sharded "
-                             "saves write no checksums yet)")
         _check_for_save(tensors)
         entries = [ShardEntry(spec_of_tensor(name, tensor), storage_size(tensor),
                               None if tensor.device.type == "meta" else
                               (tensor.device, storage_ptr(tensor), storage_size(tensor)))
                    for name, tensor in tensors.items()]
         save_checkpoint(entries, filename, max_shard_size=max_shard_size, metadata=metadata,
-                        shard_metadata={"format": "pt"}, fsync=fsync)
+                        shard_metadata={"format": "pt"}, fsync=fsync, checksum=checksum)
         return
     write_atomically(_plan(tensors, metadata, checksum), filename, fsync=fsync)
 
@@ -399,7 +396,8 @@ def _remove_duplicate_names(state_dict: Mapping[str, torch.Tensor], *,
 
 def save_model(model: torch.nn.Module, filename: PathLike,
                metadata: Optional[Dict[str, str]] = None, force_contiguous: bool = True, *,
-               max_shard_size: Union[int, str, None] = None) -> None:
+               max_shard_size: Union[int, str, None] = None,
+               checksum: Optional[str] = None) -> None:
     """Save a model's state dict, keeping one name for tensors that share memory
     (tied weights).
 
@@ -412,6 +410,7 @@ def save_model(model: torch.nn.Module, filename: PathLike,
 
     With `max_shard_size`, `filename` is a directory and the model is saved in
     shards, as ``huggingface_hub.save_torch_model`` saves it (see ``save_file``).
+    `checksum` is that of ``fastst.save_file``.
     """
     state_dict = model.state_dict()
     for kept, dropped in _remove_duplicate_names(state_dict).items():
@@ -422,7 +421,8 @@ def save_model(model: torch.nn.Module, filename: PathLike,
             del state_dict[name]
     if force_contiguous:
         state_dict = {name: tensor.contiguous() for name, tensor in state_dict.items()}
-    save_file(state_dict, filename, metadata=metadata, max_shard_size=max_shard_size)
+    save_file(state_dict, filename, metadata=metadata, max_shard_size=max_shard_size,
+              checksum=checksum)
 
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,

@@ -34,7 +34,7 @@ from ._core import (
     TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
 )
 from ._files import AtomicFile, PathLike, copy_range, write_atomically
-from .integrity import plan_with_checksums
+from .integrity import checksum_metadata, digests_in_file, plan_with_checksums, reserved_checksums
 
 __all__ = ["StreamWriter", "TensorSpec", "WritePlan", "WriteSpec", "declared_specs",
            "deserialize", "plan_write", "save_file_from", "serialize", "serialize_file", "spec_of_array",
@@ -202,7 +202,8 @@ SHOWN_GAPS = 4   # tensors, and ranges per tensor, listed when some are left unw
 class StreamWriter:
     """A safetensors file declared whole, then filled in any order, in pieces.
 
-    ``StreamWriter(filename, specs, metadata=None, *, fsync=False, header_padding=0)``:
+    ``StreamWriter(filename, specs, metadata=None, *, fsync=False, header_padding=0,
+    checksum=None)``:
     `specs` declares every tensor, as a mapping ``name -> (dtype, shape)`` or as
     ``(name, dtype, shape)`` triples, a dtype being a header code ("F32"), a NumPy
     dtype, or a torch dtype. The header and every tensor's place are computed at
@@ -227,7 +228,10 @@ class StreamWriter:
 
     The bytes are those ``save_file`` writes for the same tensors and metadata,
     whatever order the pieces came in. Memory stays bounded by the pieces the
-    caller holds: nothing is buffered.
+    caller holds: nothing is buffered. With `checksum` (see ``fastst.save``) the
+    header is written with room for the digests, every tensor is hashed from the
+    file at ``close``, and the header is rewritten with them, before the rename:
+    the bytes are still those of ``save_file(..., checksum=...)``.
 
     A view stays a window onto the file after ``close``: drop it first if later
     writes to the array must not reach the file.
@@ -235,12 +239,16 @@ class StreamWriter:
 
     def __init__(self, filename: PathLike, specs: Declared,
                  metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
-                 header_padding: int = 0) -> None:
+                 header_padding: int = 0, checksum: Optional[str] = None) -> None:
         try:
-            self._plan = plan_write(declared_specs(specs), metadata,
-                                    header_padding=header_padding)
+            declared = declared_specs(specs)
+            planned = metadata if checksum is None else reserved_checksums(declared, metadata,
+                                                                           checksum)
+            self._plan = plan_write(declared, planned, header_padding=header_padding)
         except SafetensorError as error:   # the same error, naming the file
             raise type(error)(f"{os.fsdecode(filename)}: {error}") from None
+        self._checksum = checksum
+        self._specs, self._metadata = declared, metadata
         self._fsync = fsync
         self._lock = threading.Lock()
         self._written: Dict[str, List[List[int]]] = {name: [] for name in self._plan.names()}
@@ -341,8 +349,22 @@ class StreamWriter:
             raise SafetensorError(f"{self.name}: not written, so not saved: "
                                   f"{_describe_gaps(gaps)}")
         self._release_maps(flush=self._fsync)
+        if self._checksum is not None:
+            try:
+                self._write_checksums(self._file.fd, self._checksum)
+            except BaseException:
+                self.abort()
+                raise
         file, self._file = self._file, None
         file.commit(fsync=self._fsync)
+
+    def _write_checksums(self, fd: int, algorithm: str) -> None:
+        """Hash every tensor from the file, then write the final header, with the
+        digests, over the one of the same length written at the start."""
+        digests = digests_in_file(fd, self._plan, algorithm)
+        final = plan_write(self._specs, checksum_metadata(self._metadata, digests, algorithm),
+                           header_size=self._plan.data_start - 8)
+        final.write_prefix(fd, self.name)
 
     def abort(self) -> None:
         """Drop the file being written; any old file stays as it was."""
@@ -510,7 +532,7 @@ def _describe_gaps(gaps: Dict[str, List[Tuple[int, int]]]) -> str:
 
 def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
                    metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
-                   header_padding: int = 0) -> None:
+                   header_padding: int = 0, checksum: Optional[str] = None) -> None:
     """Save tensors produced one at a time, holding one in memory at once.
 
     `tensors` is an iterable of ``(name, tensor)`` pairs, in any order, or a lazy
@@ -523,10 +545,10 @@ def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
     data twice). ``specs_of(open_file)`` gives them for a copy of a file.
 
     The file is written as ``StreamWriter`` writes it: atomically, and identical to
-    ``save_file`` of the same tensors.
+    ``save_file`` of the same tensors (`checksum` included).
     """
-    with StreamWriter(filename, specs, metadata, fsync=fsync,
-                      header_padding=header_padding) as writer:
+    with StreamWriter(filename, specs, metadata, fsync=fsync, header_padding=header_padding,
+                      checksum=checksum) as writer:
         if hasattr(tensors, "keys") and hasattr(tensors, "__getitem__"):
             available = set(tensors.keys())
             for name in writer.names():

@@ -225,6 +225,27 @@ def test_flax_loads_a_checkpoint(checkpoint):
     assert all(np.array_equal(np.asarray(loaded[n]), tensors[n]) for n in tensors)
 
 
+def test_flax_saves_a_checkpoint(tmp_path):
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import ml_dtypes
+    import fastst.flax
+
+    tensors = {f"layer.{k}": jnp.full((10, 10), k, jnp.bfloat16) for k in range(6)}
+    fastst.flax.save_file(tensors, tmp_path, {"format": "flax"}, max_shard_size=400,
+                          checksum="xxh3_64")
+    assert sorted(path.name for path in tmp_path.glob("*.safetensors")) == shard_names(3)
+    loaded = fastst.flax.load_file(tmp_path)
+    assert list(loaded) == list(tensors)
+    for name, array in tensors.items():
+        assert loaded[name].dtype == jnp.bfloat16
+        assert np.array_equal(np.asarray(loaded[name]).view(np.uint16),
+                              np.asarray(array).view(np.uint16))
+    with fastst.safe_open(tmp_path, verify=True) as f:
+        assert f.metadata() == {"total_size": 6 * 200, "format": "flax"}
+        assert f.get_tensor("layer.5").dtype == ml_dtypes.bfloat16
+
+
 # ---------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------
@@ -377,3 +398,19 @@ def test_relative_names_save_in_the_current_directory(tmp_path, monkeypatch):
     fastst.save_file(arrays(), "weights.safetensors", max_shard_size="1GB")
     assert sorted(os.listdir(".")) == ["weights.safetensors"]
     assert list(fastst.load_file(".")) == list(arrays())
+
+
+def test_one_file_and_a_checkpoint_give_handles_of_one_protocol(checkpoint):
+    from fastst._handle import ArrayHandle, Handle
+
+    directory, tensors = checkpoint
+    single = directory / "single.safetensors"
+    fastst.save_file(tensors, single)
+    for path in (directory / INDEX, single):
+        with fastst.safe_open(path) as f:
+            assert isinstance(f, ArrayHandle) and isinstance(f, Handle)
+            assert f.read_rows("layer.3", 0, 2).tolist() == tensors["layer.3"][:2].tolist()
+    torch = pytest.importorskip("torch")
+    with fastst.safe_open(directory, framework="pt") as f:
+        assert isinstance(f, Handle) and not isinstance(f, ArrayHandle)
+        assert isinstance(f.get_tensor("layer.0"), torch.Tensor)

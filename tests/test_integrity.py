@@ -81,9 +81,20 @@ def test_torch_and_state_writers_write_checksums(tmp_path):
     fastst_torch.save_file(tensors, path, checksum="xxh3_128")
     assert recorded(path)["tensors"] == stored_digests(path, "xxh3_128")
     assert fastst_torch.save(tensors, checksum="xxh3_128") == path.read_bytes()
-    with pytest.raises(ValueError, match="not available with max_shard_size"):
-        fastst_torch.save_file(tensors, tmp_path / "shards", max_shard_size=100,
-                               checksum="xxh3_64")
+    fastst_torch.save_file(tensors, tmp_path / "shards", max_shard_size=30,
+                           checksum="xxh3_64")
+    written = sorted((tmp_path / "shards").glob("*.safetensors"))
+    assert len(written) == 2
+    for shard in written:
+        assert recorded(shard)["tensors"] == stored_digests(shard)
+        assert safe_open(shard).metadata()["format"] == "pt"
+    with safe_open(tmp_path / "shards", framework="pt", verify=True) as f:
+        assert torch.equal(f.get_tensor("transposed"), tensors["transposed"])
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    fastst_torch.save_model(model, tmp_path / "model", max_shard_size=300, checksum="xxh3_64")
+    report = verify_path(str(tmp_path / "model"))
+    assert report["ok"] and len(report["files"]) >= 2
+    assert all(file["checked"] == file["tensors"] for file in report["files"])
     state_path = tmp_path / "s.safetensors"
     fastst.save_state(state_path, {"opt": {0: tensors["bf16"]}, "step": 2}, checksum="xxh3_64")
     assert recorded(state_path)["tensors"] == stored_digests(state_path)
@@ -331,12 +342,122 @@ def test_a_checkpoint_saved_in_shards_verifies(tmp_path, capsys):
     fastst.save_file(arrays, tmp_path, max_shard_size=10_000)
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
     assert run_cli(capsys, tmp_path)[0] == 0
-    with pytest.raises(ValueError, match="not available with max_shard_size"):
-        fastst.save_file(arrays, tmp_path / "again", max_shard_size=10_000, checksum="xxh3_64")
-    with pytest.raises(SafetensorError, match="verify=True opens one file"):
-        safe_open(tmp_path, verify=True)
+    with pytest.raises(SafetensorError, match="has no checksums"):
+        safe_open(tmp_path, verify=True).get_tensor("layer0")
+
+
+def save_checked_shards(folder):
+    arrays = {f"layer{i}": np.full(1000, i, np.float32) for i in range(6)}
+    fastst.save_file(arrays, folder, max_shard_size=10_000, checksum="xxh3_64")
+    return arrays, sorted(folder.glob("*-of-*.safetensors"))
+
+
+def test_sharded_saves_write_each_shards_checksums(tmp_path):
+    arrays, written = save_checked_shards(tmp_path)
+    assert len(written) == 3
+    for shard in written:
+        entry = recorded(shard)
+        assert entry["algorithm"] == "xxh3_64"
+        assert entry["tensors"] == stored_digests(shard)
+    with safe_open(tmp_path, verify=True) as f:
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(f.get_tensor(name), array)
+        np.testing.assert_array_equal(f.copy_tensors()["layer5"], arrays["layer5"])
+    with pytest.raises(ValueError, match="header_padding"):
+        fastst.save_file(arrays, tmp_path / "padded", max_shard_size=10_000, header_padding=64)
+
+
+def corrupt_one_tensor(shard, name):
+    with safe_open(shard) as f:
+        start, (begin, _) = f.data_start, f.info(name).data_offsets
+    data = bytearray(shard.read_bytes())
+    data[start + begin + 5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def test_a_corrupt_shard_is_named_on_reading_and_by_verify(tmp_path, capsys):
+    arrays, written = save_checked_shards(tmp_path)
+    with safe_open(written[1]) as f:
+        victim = f.offset_keys()[-1]
+    corrupt_one_tensor(written[1], victim)
+    with safe_open(tmp_path / "model.safetensors.index.json", verify=True) as f:
+        np.testing.assert_array_equal(f.get_tensor("layer0"), arrays["layer0"])
+        with pytest.raises(SafetensorError, match=f"{written[1].name}: tensor '{victim}': "
+                                                  f"checksum mismatch"):
+            f.get_tensor(victim)
+    code, out, _ = run_cli(capsys, tmp_path)
+    assert code == 1
+    failed = [line for line in out.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and written[1].name in failed[0]
+    assert f"tensor '{victim}': checksum mismatch" in out
 
 
 def test_an_empty_folder_fails(tmp_path, capsys):
     os.mkdir(tmp_path / "empty")
     assert run_cli(capsys, tmp_path / "empty")[0] == 1
+
+
+# ---------------------------------------------------------------------------
+# Writers that write the header first
+# ---------------------------------------------------------------------------
+
+
+STREAMED = {"c_order": ARRAYS["c_order"], "bf16": ARRAYS["bf16"], "empty": ARRAYS["empty"],
+            "scalar": ARRAYS["scalar"], 'odd "name"\\/é': np.arange(9, dtype=np.uint16)}
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "xxh3_128"])
+@pytest.mark.parametrize("padding", [0, 100])
+def test_a_streamed_file_with_checksums_is_the_saved_one(tmp_path, algorithm, padding):
+    path, saved = tmp_path / "streamed.safetensors", tmp_path / "saved.safetensors"
+    specs = {name: (array.dtype, array.shape) for name, array in STREAMED.items()}
+    with fastst.writer.StreamWriter(path, specs, {"k": "v"}, checksum=algorithm,
+                                    header_padding=padding) as writer:
+        for name, array in reversed(STREAMED.items()):
+            if array.ndim and len(array) > 1:       # in two pieces, the last rows first
+                writer.write(name, array[1:], start_row=1)
+                writer.write(name, array[:1])
+            else:
+                writer.write(name, array)
+    fastst.save_file(STREAMED, saved, {"k": "v"}, checksum=algorithm, header_padding=padding)
+    assert path.read_bytes() == saved.read_bytes()
+    assert recorded(path)["tensors"] == stored_digests(path, algorithm)
+    assert verify_path(str(path))["ok"]
+
+
+def test_a_tensor_filled_through_a_view_is_hashed(tmp_path):
+    path = tmp_path / "view.safetensors"
+    with fastst.writer.StreamWriter(path, {"w": ("F32", (3, 4))}, checksum="xxh3_64") as writer:
+        view = writer.view("w")
+        view[...] = np.arange(12, dtype=np.float32).reshape(3, 4)
+        del view
+    assert recorded(path)["tensors"] == stored_digests(path)
+    with safe_open(path, verify=True) as f:
+        assert f.get_tensor("w")[2, 3] == 11
+
+
+def test_save_file_from_writes_checksums_and_corruption_is_caught(tmp_path):
+    source, path = tmp_path / "source.safetensors", tmp_path / "copy.safetensors"
+    fastst.save_file(STREAMED, source)
+    with safe_open(source) as f:
+        fastst.writer.save_file_from(fastst.writer.specs_of(f), f, path, checksum="xxh3_64")
+    fastst.save_file(STREAMED, source, checksum="xxh3_64")
+    assert path.read_bytes() == source.read_bytes()
+    corrupt(path, "c_order")
+    with safe_open(path, verify=True) as f:
+        with pytest.raises(SafetensorError, match="tensor 'c_order': checksum mismatch"):
+            f.get_tensor("c_order")
+
+
+def test_streamed_checksums_refuse_a_reserved_key_and_leave_no_file(tmp_path):
+    with pytest.raises(ValueError, match="reserved for checksums"):
+        fastst.writer.StreamWriter(tmp_path / "x.safetensors", {"a": ("U8", (1,))},
+                                   {CHECKSUM_KEY: "{}"}, checksum="xxh3_64")
+    with pytest.raises(ValueError, match="checksum must be one of"):
+        fastst.writer.StreamWriter(tmp_path / "x.safetensors", {"a": ("U8", (1,))},
+                                   checksum="md5")
+    with pytest.raises(SafetensorError, match="not written"):
+        with fastst.writer.StreamWriter(tmp_path / "x.safetensors", {"a": ("U8", (2,))},
+                                        checksum="xxh3_64") as writer:
+            writer.write_bytes("a", b"\x01")
+    assert os.listdir(tmp_path) == []

@@ -284,7 +284,8 @@ def test_random_trees_round_trip(tmp_path_factory, tree):
     lambda torch, params: torch.optim.AdamW(params, lr=0.01, betas=(0.8, 0.95)),
     lambda torch, params: torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True),
 ], ids=["AdamW", "SGD"])
-def test_torch_optimizer_state_reloads_and_steps_identically(tmp_path, make):
+@pytest.mark.parametrize("sharded", [False, True], ids=["one_file", "sharded"])
+def test_torch_optimizer_state_reloads_and_steps_identically(tmp_path, make, sharded):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
@@ -298,10 +299,16 @@ def test_torch_optimizer_state_reloads_and_steps_identically(tmp_path, make):
 
     for _ in range(3):
         step(model, optimizer)
-    path = tmp_path / "optimizer.safetensors"
-    save_state(path, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-
-    loaded = load_state(path, framework="pt")
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    if sharded:
+        path = tmp_path / "checkpoint"
+        save_state(path, state, max_shard_size=64, checksum="xxh3_64")
+        assert len(list(path.glob("model-*-of-*.safetensors"))) >= 3
+        loaded = load_state(path, framework="pt", verify=True)
+    else:
+        path = tmp_path / "optimizer.safetensors"
+        save_state(path, state)
+        loaded = load_state(path, framework="pt")
     assert isinstance(loaded["optimizer"]["state"][0], dict)     # int keys stay int
     assert isinstance(loaded["optimizer"]["state"][0][next(iter(loaded["optimizer"]["state"][0]))],
                       torch.Tensor)
@@ -356,3 +363,29 @@ def test_module_examples():
     import fastst.state
     failures, tried = doctest.testmod(fastst.state, raise_on_error=False)
     assert tried > 0 and failures == 0
+
+
+def test_a_sharded_state_keeps_its_tree_in_the_index_and_loads_lazily(tmp_path):
+    tree = {"layers": [{"w": np.full((8, 8), k, np.float32), "scale": 0.5 * k}
+                       for k in range(4)], "step": 7, "name": "run"}
+    folder = tmp_path / "state"
+    save_state(folder, tree, {"note": "kept"}, max_shard_size=300)
+    shards = sorted(folder.glob("*-of-*.safetensors"))
+    assert len(shards) == 4
+    index = orjson.loads((folder / "model.safetensors.index.json").read_bytes())
+    assert STATE_KEY in index["metadata"] and index["metadata"]["note"] == "kept"
+    assert all(STATE_KEY not in (fastst.safe_open(shard).metadata() or {}) for shard in shards)
+    shards[-1].unlink()
+    with pytest.raises(SafetensorError, match="shard 'model-00004-of-00004.safetensors' is "
+                                              "missing"):
+        load_state(folder / "model.safetensors.index.json")
+    save_state(folder, tree, {"note": "kept"}, max_shard_size=300)
+    assert_same_tree(load_state(folder), tree)
+
+
+def test_a_sharded_state_that_fits_in_one_file_is_one_file(tmp_path):
+    tree = {"w": np.arange(4.0), "step": 1}
+    save_state(tmp_path / "state.safetensors", tree, max_shard_size="1MB")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["state.safetensors"]
+    assert_same_tree(load_state(tmp_path), tree)
+    assert_same_tree(load_state(tmp_path / "state.safetensors"), tree)

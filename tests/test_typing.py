@@ -55,15 +55,17 @@ def test_numpy_api_types(mypy_report):
     assert revealed(lines) == [
         ARRAY,
         "list[str]",
-        "dict[str, str] | None",
+        "dict[str, Any] | None",
         "list[int]",
         ARRAY,
         "list[int]",
-        "fastst._handle.NumpyHandle",
+        "fastst._handle.ArrayHandle",
         f"dict[str, {ARRAY}]",
         "bytes",
         f"dict[str, {ARRAY}]",
         "fastst._core.SafetensorError",
+        "fastst._handle.ArrayHandle",
+        ARRAY,
     ]
 
 
@@ -72,7 +74,7 @@ def test_framework_handles_give_framework_types(mypy_report):
     lines = mypy_report.get("frameworks.py", [])
     assert errors(lines) == []
     assert revealed(lines) == [
-        f"fastst._handle.FrameworkHandle[{TENSOR}]",
+        f"fastst._handle.Handle[{TENSOR}]",
         TENSOR,
         TENSOR,
         f"dict[str, {TENSOR}]",

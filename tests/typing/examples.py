@@ -19,3 +19,7 @@ try:
     fastst.load(b"")
 except fastst.SafetensorError as error:
     reveal_type(error)
+
+with fastst.safe_open("checkpoint/model.safetensors.index.json") as c:
+    reveal_type(c)
+    reveal_type(c.read_rows("w", 0, 2))

@@ -1,0 +1,239 @@
+"""Data loaders over the rows of a safetensors file.
+
+``Rows`` serves the rows of one or more tensors of equal length (features and
+labels, say) a whole batch at a time, each tensor through one ``gather``. It opens
+its file lazily in each process: pickled (to a spawned worker), it carries the
+file's identity and reopens it on first use, refusing a file that changed.
+
+- ``batches(path, names, batch_size)``: NumPy (or JAX) batches, no torch needed.
+- ``RowDataset``: a map-style ``torch.utils.data.Dataset`` (defined only when torch
+  is installed, on first use of the name); ``dataset[[3, 1, 4]]`` gathers a batch.
+- ``data_loader(dataset, batch_size)``: torch's ``DataLoader`` fed by torch's
+  ``BatchSampler``, so that each worker gathers a whole batch in one call.
+
+Examples
+--------
+>>> import numpy as np, fastst, tempfile, os
+>>> from fastst.data import batches
+>>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+>>> fastst.save_file({"x": np.arange(10.0).reshape(5, 2), "y": np.arange(5)}, path)
+>>> [y.tolist() for x, y in batches(path, ["x", "y"], batch_size=2)]
+[[0, 1], [2, 3], [4]]
+"""
+from __future__ import annotations
+
+import operator
+import pickle
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._core import SafetensorError, TensorNotFoundError
+from ._files import PathLike
+from ._handle import Backend, safe_open
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+# RowDataset too, when torch is installed (not listed: `import *` must not need torch)
+__all__ = ["Rows", "batches", "batch_sampler", "data_loader"]
+
+Names = Union[str, Sequence[str]]
+
+
+class Rows:
+    """The rows of tensors `names` of the file at `path`, all of the same length.
+
+    Parameters
+    ----------
+    path : str, bytes or os.PathLike
+    names : str or sequence of str
+        One tensor name (batches are its arrays), or several (batches are tuples
+        of arrays, in this order). Every tensor needs at least one axis, and the
+        same length along the first.
+    backend : {"mmap", "pread"}
+        How the file is read (see ``safe_open``).
+    framework : {"np", "pt", "jax", ...}
+        What the batches are: NumPy arrays (default), torch or JAX tensors.
+    """
+
+    def __init__(self, path: PathLike, names: Names, *, backend: Backend = "mmap",
+                 framework: str = "np") -> None:
+        self._single = isinstance(names, str)
+        self.names: Tuple[str, ...] = (names,) if isinstance(names, str) else tuple(names)
+        self._handle: Any = safe_open(path, framework, backend=backend)
+        self._pickled: Optional[bytes] = None
+        try:
+            self._length = _common_length(self._handle, self.names)
+        except BaseException:
+            self._handle.close()
+            raise
+
+    def __len__(self) -> int:
+        return self._length
+
+    def gather(self, rows: Any) -> Any:
+        """Rows `rows` of every tensor (any integer sequence, as ``f.gather`` takes):
+        an array, or a tuple of arrays when several names were given."""
+        handle = self._open()
+        batch = tuple(handle.gather(name, rows) for name in self.names)
+        return batch[0] if self._single else batch
+
+    def batches(self, batch_size: int, *, shuffle: bool = False, seed: Any = None,
+                drop_last: bool = False) -> Iterator[Any]:
+        """Batches of `batch_size` rows, in order or shuffled (by
+        ``numpy.random.default_rng(seed)``); the last one shorter unless `drop_last`."""
+        for rows in _batched(_order(len(self), shuffle, seed), batch_size, drop_last):
+            yield self.gather(rows)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether this process has the file open (False in a worker before its
+        first batch, and after ``close``)."""
+        return self._handle is not None and not self._handle.closed
+
+    @property
+    def source(self) -> str:
+        return str(self._open().source)
+
+    def _open(self) -> Any:
+        if self._handle is None:
+            if self._pickled is None:
+                raise SafetensorError("rows of a closed file: make a new Rows to read again")
+            self._handle = pickle.loads(self._pickled)   # checks it is the same file
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        self._handle = self._pickled = None
+
+    def __enter__(self) -> Rows:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the open file: how to reopen it, opened on first use."""
+        state = dict(self.__dict__)
+        if self._handle is not None:
+            state["_pickled"] = pickle.dumps(self._handle)
+        state["_handle"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"<fastst.data.Rows {list(self.names)} ({self._length} rows)>"
+
+
+def batches(path: PathLike, names: Names, batch_size: int, *, shuffle: bool = False,
+            seed: Any = None, drop_last: bool = False, backend: Backend = "mmap",
+            framework: str = "np") -> Iterator[Any]:
+    """Batches of rows of tensors `names` of the file at `path`, each gathered in one
+    call a tensor: NumPy arrays (or tuples of them), or JAX / torch tensors with
+    `framework`. See ``Rows`` and ``Rows.batches``."""
+    with Rows(path, names, backend=backend, framework=framework) as rows:
+        yield from rows.batches(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+
+def batch_sampler(dataset: Any, batch_size: int, *, shuffle: bool = False,
+                  drop_last: bool = False, generator: Optional[torch.Generator] = None) -> Any:
+    """torch's ``BatchSampler`` over `dataset`'s rows, in order or shuffled: lists of
+    row numbers that a ``RowDataset`` gathers in one call each."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+    order = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+    return BatchSampler(order, batch_size, drop_last)
+
+
+def data_loader(dataset: Any, batch_size: int, *, shuffle: bool = False,
+                drop_last: bool = False, generator: Optional[torch.Generator] = None,
+                **options: Any) -> Any:
+    """torch's ``DataLoader`` over a ``RowDataset``, each batch gathered in one call
+    by the worker that makes it. `options` go to ``DataLoader`` (``num_workers``,
+    ``multiprocessing_context``, ``pin_memory``, ``timeout``...)."""
+    from torch.utils.data import DataLoader
+    sampler = batch_sampler(dataset, batch_size, shuffle=shuffle, drop_last=drop_last,
+                            generator=generator)
+    return DataLoader(dataset, batch_size=None, sampler=sampler, **options)
+
+
+def _common_length(handle: Any, names: Tuple[str, ...]) -> int:
+    if not names:
+        raise SafetensorError(f"{handle.source}: name at least one tensor to read rows of")
+    lengths = {}
+    for name in names:
+        if not isinstance(name, str):
+            raise TensorNotFoundError(f"{handle.source}: no tensor named {name!r}")
+        shape = handle.info(name).shape
+        if not shape:
+            raise SafetensorError(f"{handle.source}: tensor {name!r} is 0-d: it has no rows")
+        lengths[name] = shape[0]
+    if len(set(lengths.values())) > 1:
+        raise SafetensorError(f"{handle.source}: tensors must have as many rows each; "
+                              f"rows by tensor: {lengths}")
+    return int(lengths[names[0]])
+
+
+def _order(length: int, shuffle: bool, seed: Any) -> npt.NDArray[Any]:
+    if shuffle:
+        return np.random.default_rng(seed).permutation(length)
+    return np.arange(length)
+
+
+def _batched(order: npt.NDArray[Any], batch_size: int, drop_last: bool
+             ) -> Iterator[npt.NDArray[Any]]:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    for start in range(0, stop, batch_size):
+        yield order[start:start + batch_size]
+
+
+def _row_dataset_class() -> type:
+    """RowDataset, made on first use: its base class is torch's Dataset."""
+    from torch.utils.data import Dataset
+
+    class RowDataset(Rows, Dataset):  # type: ignore[misc]
+        """A map-style torch ``Dataset`` over the rows of tensors `names` of the file
+        at `path` (arguments as ``Rows``; torch tensors by default).
+
+        ``dataset[i]`` is row i (a tensor, or a tuple of them); ``dataset[rows]``, for
+        a list or array of row numbers, is a whole batch gathered in one call, as
+        ``data_loader`` (or a ``DataLoader`` given ``sampler=batch_sampler(...)`` and
+        ``batch_size=None``) asks for it. Each worker opens the file on its first batch.
+        """
+
+        def __init__(self, path: PathLike, names: Names, *, backend: Backend = "mmap",
+                     framework: str = "pt") -> None:
+            Rows.__init__(self, path, names, backend=backend, framework=framework)
+
+        def __getitem__(self, index: Any) -> Any:
+            if isinstance(index, (int, np.integer)) or getattr(index, "ndim", None) == 0:
+                # one row: an int, or a 0-d integer array or tensor
+                batch = self.gather([operator.index(index)])
+                return batch[0] if self._single else tuple(part[0] for part in batch)
+            return self.gather(index)
+
+        def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+            """The samples a DataLoader with a batch_size asks for, gathered in one call
+            (its collate_fn then stacks them)."""
+            batch = self.gather(indices)
+            if self._single:
+                return list(batch)
+            return list(zip(*batch))
+
+        def __repr__(self) -> str:
+            return f"<fastst.data.RowDataset {list(self.names)} ({len(self)} rows)>"
+
+    RowDataset.__module__ = __name__
+    RowDataset.__qualname__ = "RowDataset"    # so that pickle finds it here
+    return RowDataset
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RowDataset":
+        cls = globals()["RowDataset"] = _row_dataset_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,8 @@ from ._core import (
     TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
 )
 from ._files import AtomicFile, PathLike, copy_range, write_atomically
-from .integrity import checksum_metadata, digests_in_file, plan_with_checksums, reserved_checksums
+from .integrity import (CHECKSUM_KEY, checksum_metadata, digests_in_file, plan_with_checksums,
+                        reserved_checksums)
 
 __all__ = ["StreamWriter", "TensorSpec", "WritePlan", "WriteSpec", "declared_specs",
            "deserialize", "plan_write", "save_file_from", "serialize", "serialize_file", "spec_of_array",
@@ -593,10 +594,14 @@ def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *
     An in-place edit is one write of the header bytes, not atomic: a reader, or
     a crash, in the middle of it may see a header part old, part new. Where that
     matters, pass ``in_place=False`` for an atomic rewrite.
+
+    The tensors' checksums (``fastst.integrity``), which describe bytes the edit
+    does not change, are kept unless `metadata` gives that key itself.
     """
     reader = Reader()
     reader.open_file(filename, "pread")
     try:
+        metadata = _keeping_checksums(reader.metadata(), metadata)
         specs = specs_of(reader)
         old_room = reader.data_start - 8
         plan = plan_write(specs, metadata, keep_order=True)
@@ -610,6 +615,13 @@ def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *
         return False
     finally:
         reader.close()
+
+
+def _keeping_checksums(old: Optional[Mapping[str, str]],
+                       new: Optional[Mapping[str, str]]) -> Optional[Mapping[str, str]]:
+    if old is None or CHECKSUM_KEY not in old or (new is not None and CHECKSUM_KEY in new):
+        return new
+    return {**(new or {}), CHECKSUM_KEY: old[CHECKSUM_KEY]}
 
 
 def _check_same_layout(reader: Reader, plan: WritePlan, specs: List[WriteSpec]) -> None:

@@ -182,3 +182,16 @@ def test_the_rewrite_copies_in_bounded_memory(tmp_path, monkeypatch):
     assert fastst.update_metadata(path, {"k": "v" * 100}) is False
     assert max(sizes) == 1000 and len(sizes) == 40
     assert fastst.load_file(path)["a"].tobytes() == array.tobytes()
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_an_edit_keeps_the_tensors_checksums(tmp_path, in_place):
+    path = tmp_path / "summed.safetensors"
+    fastst.save_file({"w": np.arange(8, dtype=np.float32)}, path, metadata={"a": "b"},
+                     checksum="xxh3_64", header_padding=128)
+    fastst.update_metadata(path, {"a": "c"}, in_place=in_place)
+    with fastst.safe_open(path, verify=True) as f:
+        assert f.metadata()["a"] == "c"
+        assert f.get_tensor("w").tolist() == list(range(8))
+    fastst.update_metadata(path, None)
+    assert set(fastst.safe_open(path).metadata()) == {"fastst.checksums"}

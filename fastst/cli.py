@@ -14,6 +14,7 @@ from . import __version__
 from ._api import safe_open
 from ._handle import is_checkpoint_path, open_file
 from .checkpoint import ShardedHandle
+from ._progress import byte_bar
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 
 PROG = "fastst"
@@ -463,35 +464,19 @@ def _shard_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-class _ProgressBar:
-    """A bar over bytes written, redrawn on stderr at most every percent."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.shown = max(total, 1), 0, -1
-
-    def __call__(self, nbytes: int) -> None:
-        self.done += nbytes
-        percent = min(self.done * 100 // self.total, 100)   # views can outgrow the source
-        if percent != self.shown:
-            self.shown = percent
-            filled = percent * 30 // 100
-            sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {percent:3d}% "
-                             f"{human_size(self.done)}")
-            sys.stderr.flush()
-
-
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import convert as converter   # imported on use
 
     options: Dict[str, Any] = {"key": args.key, "verify_torch": args.verify,
                                "max_shard_size": args.max_shard_size}
-    if not args.no_progress and sys.stderr.isatty():
-        options["progress"] = _ProgressBar(_source_bytes(args.src))
+    bar = None if args.no_progress else byte_bar(_source_bytes(args.src), "convert")
+    if bar is not None:
+        options["progress"] = bar.update
     try:
         reports = converter.convert(args.src, args.dst, **options)
     finally:
-        if "progress" in options:
-            sys.stderr.write("\n")
+        if bar is not None:
+            bar.close()
     rows = [[_files_cell(r.files), str(r.tensors), human_size(r.bytes), str(len(r.dropped)),
              f"{r.seconds:.2f} s"] for r in reports]
     lines = format_table(["file", "tensors", "bytes", "shared dropped", "time"], rows,

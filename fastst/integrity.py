@@ -18,6 +18,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping,
 
 import numpy as np
 
+from ._progress import byte_bar
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WriteSpec, WritePlan, plan_write
 from ._handle import NumpyHandle
 
@@ -386,19 +387,11 @@ def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
 
 
 def _progress_bar(files: List[str], max_header_size: int) -> Any:
-    """A tqdm bar over the bytes to hash, when a terminal is attached, tqdm is
-    installed and the work is large; else None."""
+    """A bar over the bytes to hash when the work is large (see ``byte_bar``)."""
     if not sys.stderr.isatty():
         return None
-    try:
-        from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
-    except ImportError:
-        return None
     total = sum(_checksummed_bytes(file, max_header_size) for file in files)
-    if total < PROGRESS_MIN_BYTES:
-        return None
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify",
-                leave=False)
+    return byte_bar(total, "verify") if total >= PROGRESS_MIN_BYTES else None
 
 
 def _checksummed_bytes(path: str, max_header_size: int) -> int:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
+from .torch import TORCH_DTYPES
 
 # Measured on H100 machines (bench/gpu.py, bench/RESULTS.md): of the ring shapes
 # tried, 16 threads reading 16 MiB each were the fastest, or within noise of it, with
@@ -46,11 +47,10 @@ class TensorPlace(NamedTuple):
         return self.begin % self.dtype.itemsize == 0
 
 
-# header code -> torch dtype; uint8 for packed codes torch has no dtype for (as
-# NumPy has them), None where this torch lacks the code's dtype
+# header code -> torch dtype: fastst.torch's map, with uint8 for the packed codes torch
+# has no dtype for (as NumPy has them); None where this torch lacks the code's dtype
 _TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = {
-    row.code: torch.uint8 if row.torch is None else getattr(torch, row.torch, None)
-    for row in DTYPES
+    row.code: torch.uint8 if row.torch is None else TORCH_DTYPES[row.code] for row in DTYPES
 }
 _FLOAT4 = "F4"
 

@@ -14,8 +14,28 @@ import fastst
 resource = pytest.importorskip("resource")
 
 
+DESCRIPTOR_HELPERS = """
+import errno, os
+
+def take_every_descriptor():
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError as error:
+        assert error.errno == errno.EMFILE
+    return held
+
+def release(held):
+    for fd in held:
+        os.close(fd)
+"""
+
+
 def run_python(code: str) -> str:
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+    """Run `code` in a fresh interpreter, after DESCRIPTOR_HELPERS; its stdout."""
+    script = DESCRIPTOR_HELPERS + textwrap.dedent(code)
+    result = subprocess.run([sys.executable, "-c", script],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -43,22 +63,16 @@ def test_reads_need_no_free_descriptor(tmp_path):
                       "f": np.arange(4).astype(ml_dtypes.float8_e4m3fn),
                       "i": np.arange(4, dtype=np.int16)}, path)
     out = run_python(f"""
-        import errno, os, resource, sys
+        import resource, sys
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         import fastst
         assert "ml_dtypes" not in sys.modules
         handle = fastst.safe_open({str(path)!r}, "np")
-        held = []
-        try:
-            while True:
-                held.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError as error:
-            assert error.errno == errno.EMFILE
+        held = take_every_descriptor()
         values = [float(handle.get_tensor(name).astype("float32").sum())
                   for name in ("b", "f", "i")]
         names = handle.keys()
-        for fd in held:
-            os.close(fd)
+        release(held)
         print(values, names)
     """)
     assert out.strip() == "[6.0, 6.0, 6.0] ['b', 'f', 'i']"
@@ -71,19 +85,13 @@ def test_pread_copies_need_no_free_descriptor(tmp_path):
     fastst.save_file({"a": np.full(40 << 20, 1, np.uint8),
                       "b": np.full(40 << 20, 2, np.uint8)}, path)
     out = run_python(f"""
-        import errno, os, resource
+        import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         import fastst
         handle = fastst.safe_open({str(path)!r}, "np", backend="pread")
-        held = []
-        try:
-            while True:
-                held.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError as error:
-            assert error.errno == errno.EMFILE
+        held = take_every_descriptor()
         tensors = handle.copy_tensors()
-        for fd in held:
-            os.close(fd)
+        release(held)
         print(int(tensors["a"].sum()), int(tensors["b"].sum()))
     """)
     assert out.split() == [str(40 << 20), str(80 << 20)]

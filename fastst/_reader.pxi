@@ -10,6 +10,8 @@ array (packed bytes for sub-byte dtypes; None when NumPy cannot hold the shape).
 cdef int BACKEND_MMAP = 0
 cdef int BACKEND_PREAD = 1
 cdef int BACKEND_BUFFER = 2
+cdef int BACKEND_RANGES = 3
+cdef uint64_t HEAD_BYTES = 64 << 10   # first request of a ranged file: prefix and most headers
 
 
 cdef class Reader:
@@ -28,6 +30,9 @@ cdef class Reader:
     cdef object file_mtime_ns
     cdef bint is_closed
     cdef uint64_t data_offset    # file offset of the tensor buffer
+    cdef object fetch            # ranges: fetch([(offset, length), ...]) -> bytes-likes
+    cdef object head             # ranges: the file's first bytes, from the first request
+    cdef object identity         # ranges: what the opener says names this version of the file
     cdef readonly str source
 
     def __cinit__(self):
@@ -109,6 +114,115 @@ cdef class Reader:
         self.writable = not owner.view.readonly
         self.is_closed = False
 
+    def open_ranges(self, str source, size, fetch, *,
+                    max_header_size=DEFAULT_MAX_HEADER_SIZE, identity=None):
+        """Open a file of `size` bytes read by byte ranges: ``fetch(ranges)`` takes a
+        list of (offset, length) and returns one bytes-like per range, exactly that
+        long. The first request brings the prefix and, most often, the whole header
+        (its first HEAD_BYTES); a longer header takes a second. Tensors are then read
+        into fresh memory, each plan in as few requests as its byte ranges allow.
+        `identity` is what ``file_identity`` returns."""
+        cdef uint64_t limit = _checked_limit(max_header_size)
+        if not callable(fetch):
+            raise SafetensorTypeError(f"fetch must be callable, got {type(fetch).__name__}")
+        if type(size) is not int or not 0 <= size <= UINT64_MAX:
+            raise SafetensorError(f"{source}: size must be an integer >= 0, got {_shown(size)}")
+        _numpy_dtypes()
+        self.source = source
+        cdef uint64_t n, start
+        head = self._fetch_one(fetch, 0, min(size, HEAD_BYTES), "the header")
+        n, start = _split_prefix(source, <const uint8_t*>PyBytes_AS_STRING(head), size, limit)
+        if start > <uint64_t>len(head):
+            head += self._fetch_one(fetch, len(head), start - len(head), "the header")
+        self.header = parse_header(head[8:start], source, size - start)
+        self.data_offset = start
+        self.kind = BACKEND_RANGES
+        self.fetch = fetch
+        self.head = head
+        self.identity = identity
+        self.file_size = size
+        self.is_closed = False
+
+    cdef bytes _fetch_one(self, object fetch, uint64_t offset, uint64_t length, str what):
+        (got,) = self._checked_fetch(fetch, [(offset, length)], what)
+        return bytes(got)
+
+    cdef list _checked_fetch(self, object fetch, list ranges, object what):
+        """fetch(ranges), each answer checked to be a buffer of its range's length:
+        a store that returns fewer (or more) bytes than asked is an error, never
+        data in the wrong place."""
+        got = fetch(ranges)
+        if not isinstance(got, (list, tuple)) or len(got) != len(ranges):
+            raise SafetensorError(f"{self.source}: fetch must return a list of one bytes-like "
+                                  f"per range ({len(ranges)}), got {type(got).__name__}")
+        views = []
+        for (offset, length), item in zip(ranges, got):
+            try:
+                view = memoryview(item).cast("B")
+            except TypeError:
+                raise SafetensorTypeError(
+                    f"{self.source}: fetch returned a {type(item).__name__} for bytes "
+                    f"[{offset}, {offset + length}), not a bytes-like object") from None
+            if view.nbytes != length:
+                _fail(self.source, f"{self._holder(offset, what)}: bytes [{offset}, "
+                                   f"{offset + length}) came back {view.nbytes} bytes long, "
+                                   f"not {length} (a short read)")
+            views.append(view)
+        return views
+
+    cdef str _holder(self, uint64_t offset, object what):
+        """Who bytes at file offset `offset` belong to, for errors: a tensor, else `what`."""
+        cdef Py_ssize_t i
+        cdef _Header h = self.header
+        if h is not None:
+            for i in range(len(h.names)):
+                if self.data_offset + h.entries[i].begin <= offset < self.data_offset + h.entries[i].end:
+                    return f"tensor {_shown(h.names[i])}"
+        if isinstance(what, str):
+            return what if what.startswith("the ") else f"tensor {_shown(what)}"
+        return f"{what} tensors"
+
+    cdef _run_ranges(self, _ReadPlan plan, object what):
+        """Carry out a read plan by requests for byte ranges: coalesced, cut into parts,
+        in batches of at most BATCH_BYTES; ranges within the first request's bytes are
+        copied from them."""
+        fetch = self.fetch      # a local reference: close() cannot pull it away
+        head = self.head
+        self._check_open()
+        cdef _RangePlan ranges = _range_plan(plan)
+        cdef Py_ssize_t first = 0, last, piece = 0, end_piece, count = len(ranges.ranges)
+        cdef uint64_t batch
+        cdef const char** bases = NULL
+        try:
+            bases = <const char**>malloc(max(count, 1) * sizeof(char*))
+            if bases == NULL:
+                raise MemoryError()
+            while first < count:
+                last, batch = first, 0
+                while last < count and (last == first or batch + ranges.ranges[last][1] <= BATCH_BYTES):
+                    batch += ranges.ranges[last][1]
+                    last += 1
+                views = self._batch(fetch, head, ranges.ranges[first:last], what)
+                for k in range(last - first):
+                    bases[k] = _address(views[k])
+                end_piece = piece
+                while end_piece < ranges.n and ranges.pieces[end_piece].range < last:
+                    end_piece += 1
+                ranges.copy_from(piece, end_piece, bases, first)
+                piece, first = end_piece, last
+        finally:
+            free(bases)
+
+    cdef list _batch(self, object fetch, object head, list batch, object what):
+        """The bytes of each range of `batch`: from the first request's when they hold
+        it, else fetched (all those in one call)."""
+        cdef Py_ssize_t cached = len(head)
+        wanted = [r for r in batch if r[0] + r[1] > cached]
+        fetched = iter(self._checked_fetch(fetch, wanted, what) if wanted else ())
+        head_view = memoryview(head)
+        return [head_view[r[0]:r[0] + r[1]] if r[0] + r[1] <= cached else next(fetched)
+                for r in batch]
+
     cdef inline _check_open(self):
         if self.is_closed:
             raise SafetensorError(f"{self.source}: file is closed")
@@ -128,7 +242,7 @@ cdef class Reader:
             _fail(self.source, f"tensor {_shown(h.names[i])}: shape {_shown(h.shape(i))} cannot be a NumPy "
                                f"array (NumPy allows {MAX_DIMS} dims, each below 2**63, whose "
                                f"nonzero product in bytes stays below 2**63)")
-        if self.kind == BACKEND_PREAD:
+        if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
             return self._pread_array(i)
         descr = _numpy_dtypes()[entry.code]
         # A local reference: another thread's close() cannot unmap the memory under us.
@@ -173,14 +287,14 @@ cdef class Reader:
         cdef Entry* entry = &self.header.entries[i]
         if entry.np_ndim < 1 or not 0 <= first <= last <= self.header.numpy_dims(entry)[0]:
             raise IndexError(f"rows [{first}, {last}) out of range for tensor {_shown(name)}")
-        if self.kind == BACKEND_PREAD:
+        if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
             return self._pread_array(i, first, last)
         return self._array(i)[first:last]
 
     @property
     def backend(self):
         """How tensors are served: "mmap", "pread", or "buffer" (from load())."""
-        return ("mmap", "pread", "buffer")[self.kind]
+        return ("mmap", "pread", "buffer", "ranges")[self.kind]
 
     cdef _release_fd_if_closed(self):
         if self.is_closed and self.busy == 0 and self.fd >= 0:
@@ -295,7 +409,7 @@ cdef class Reader:
             _checked_out(self.source, name, out, (shape, _numpy_dtypes()[entry.code]))
         cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
         cdef uint64_t start = self.data_offset + entry.begin
-        if self.kind == BACKEND_PREAD:
+        if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
             self._gather_read(name, wanted, out, row_bytes, start)
         else:
             self._gather_copy(wanted, out, row_bytes, start)
@@ -335,6 +449,8 @@ cdef class Reader:
         unchanged, has the same identity."""
         if self.kind == BACKEND_BUFFER:
             return None
+        if self.kind == BACKEND_RANGES:
+            return self.identity
         return (self.path, self.file_dev, self.file_ino, self.file_size, self.file_mtime_ns)
 
     cdef _run(self, _ReadPlan plan, object what):
@@ -342,6 +458,9 @@ cdef class Reader:
         `what`, for errors: the tensor's name, or how many tensors the plan reads."""
         if self.kind == BACKEND_BUFFER:
             plan.copy_from(self.data - self.data_offset)
+            return
+        if self.kind == BACKEND_RANGES:
+            self._run_ranges(plan, what)
             return
         if self.kind == BACKEND_MMAP:
             self._check_open()
@@ -401,8 +520,11 @@ cdef class Reader:
         return self._array(self._position(name))
 
     def get_tensors(self):
-        """Every tensor, in buffer order, as a dict of views."""
+        """Every tensor, in buffer order, as a dict of views (of fresh memory for a
+        file read by ranges: all of them in one read plan)."""
         self._check_open()
+        if self.kind == BACKEND_RANGES:
+            return self.copy_tensors()
         cdef Py_ssize_t i
         names = self.header.names
         return {names[i]: self._array(i) for i in range(len(names))}
@@ -456,11 +578,18 @@ cdef class Reader:
         """Drop the handle's reference to the data. Arrays already returned stay valid."""
         self.is_closed = True
         self.owner = None     # `data` stays set: in-flight reads hold the owner themselves
+        self.fetch = self.head = None
         self._release_fd_if_closed()
 
     def __dealloc__(self):
         if self.fd >= 0:
             os.close(self.fd)
+
+
+cdef const char* _address(object view) except? NULL:
+    """Where a C-contiguous memoryview's bytes start (NULL when it is empty)."""
+    cdef const uint8_t[::1] data = view
+    return <const char*>&data[0] if data.shape[0] else NULL
 
 
 cdef inline bint _is_absolute(object path):

@@ -197,3 +197,84 @@ cdef Py_ssize_t _pread_all(int fd, char* out, uint64_t length, uint64_t offset) 
         done += got
     return done
 
+
+
+# ---------------------------------------------------------------------------
+# Byte ranges: a read plan carried out by requests to a store
+# ---------------------------------------------------------------------------
+
+cdef uint64_t RANGE_BYTES = 8 << 20   # largest request: bigger reads are cut into parts fetched in parallel
+cdef uint64_t RANGE_GAP = 4 << 10     # reads this close share a request; the gap is read and dropped
+cdef uint64_t BATCH_BYTES = 128 << 20   # bytes one call to fetch brings at most (memory held at once)
+
+
+cdef struct Piece:
+    char* dest
+    uint64_t length
+    uint64_t at                 # offset in its range's bytes
+    Py_ssize_t range
+
+
+cdef class _RangePlan:
+    """A read plan's jobs as requests for byte ranges: in file order, jobs adjacent in
+    the file (or less than RANGE_GAP apart) share a range whatever their destinations,
+    and ranges are cut at RANGE_BYTES. Each piece copies part of one range to memory."""
+    cdef Piece* pieces
+    cdef Py_ssize_t n
+    cdef Py_ssize_t capacity
+    cdef list ranges            # [(offset, length)], in file order
+
+    def __dealloc__(self):
+        free(self.pieces)
+
+    cdef add(self, char* dest, uint64_t length, uint64_t at, Py_ssize_t range_index):
+        if self.n == self.capacity:
+            self.capacity = _grow(<void**>&self.pieces, self.capacity, sizeof(Piece))
+        self.pieces[self.n].dest = dest
+        self.pieces[self.n].length = length
+        self.pieces[self.n].at = at
+        self.pieces[self.n].range = range_index
+        self.n += 1
+
+    cdef copy_from(self, Py_ssize_t first, Py_ssize_t last, const char** bases,
+                   Py_ssize_t range0):
+        """Copy pieces [first, last), whose ranges start at range0, from `bases`."""
+        cdef Py_ssize_t k
+        cdef Piece* piece
+        with nogil:
+            for k in range(first, last):
+                piece = &self.pieces[k]
+                memcpy(piece.dest, bases[piece.range - range0] + piece.at, piece.length)
+
+
+cdef _RangePlan _range_plan(_ReadPlan plan):
+    cdef _RangePlan out = _RangePlan.__new__(_RangePlan)
+    out.ranges = []
+    offsets = np.empty(plan.n, np.uint64)
+    cdef uint64_t[::1] offset_of = offsets
+    cdef Py_ssize_t k
+    for k in range(plan.n):
+        offset_of[k] = plan.jobs[k].offset
+    cdef cnp.intp_t[::1] order = np.argsort(offsets, kind="stable").astype(np.intp)
+    cdef uint64_t start = 0, end = 0, offset, length, take
+    cdef bint open_range = False
+    cdef char* dest
+    for k in range(plan.n):
+        dest = plan.jobs[order[k]].dest
+        offset = plan.jobs[order[k]].offset
+        length = plan.jobs[order[k]].length
+        while length:
+            if not (open_range and offset <= end + RANGE_GAP and offset < start + RANGE_BYTES):
+                if open_range:
+                    out.ranges.append((start, end - start))
+                start = end = offset
+                open_range = True
+            take = min(length, start + RANGE_BYTES - offset)
+            out.add(dest, take, offset - start, len(out.ranges))
+            end = max(end, offset + take)
+            dest += take
+            offset += take
+            length -= take
+    if open_range:
+        out.ranges.append((start, end - start))
+    return out

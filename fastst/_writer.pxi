@@ -57,6 +57,15 @@ cdef class WritePlan:
         self._check_sources()
         self._output(NULL, fd, target)
 
+    def write_stream(self, stream, str target="<stream>"):
+        """Write the whole file to a binary file object, in order, through
+        ``stream.write`` in pieces of at most STREAM_PIECE bytes: the bytes of
+        `write_to`, for uploads (fsspec files) and other file objects."""
+        self._check_sources()
+        _write_pieces(stream, np.frombuffer(self.prefix, np.uint8), target)
+        for item in self.sources:
+            _write_pieces(stream, _little_endian_c_order(item), target)
+
     cdef _check_sources(self):
         for item in self.sources:
             if item is None:
@@ -224,6 +233,24 @@ cdef char* _emit(char* dest, int fd, int64_t offset, const char* data, size_t le
     with nogil:
         memcpy(dest, data, length)
     return dest + length
+
+
+cdef Py_ssize_t STREAM_PIECE = 16 << 20
+
+
+cdef _write_pieces(object stream, cnp.ndarray array, str target):
+    """A C-ordered array's bytes to stream.write, piece by piece; a short write is
+    continued, a write that takes nothing is an error."""
+    cdef object data = array.reshape(-1).view(np.uint8)
+    cdef Py_ssize_t done = 0, size = data.shape[0]
+    while done < size:
+        piece = data[done:done + STREAM_PIECE]
+        written = stream.write(piece)
+        if written is None:
+            written = piece.shape[0]
+        if not 0 < written <= piece.shape[0]:
+            raise OSError(f"{target}: the stream took {written} of {piece.shape[0]} bytes")
+        done += written
 
 
 def plan_write(specs, object metadata, *, header_padding=0, header_size=None,

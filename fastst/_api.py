@@ -2,11 +2,12 @@
 ``safetensors.numpy`` (and ``load_into``), over safe_open and the write plan."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Union
+import os
+from typing import TYPE_CHECKING, Any, BinaryIO, Dict, Mapping, Optional, Union
 
-from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, WritePlan, spec_of_array
+from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, spec_of_array
 from ._files import PathLike, write_atomically
-from ._handle import Backend, safe_open
+from ._handle import Backend, is_url, safe_open
 from .integrity import plan_with_checksums
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
@@ -15,8 +16,10 @@ if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
 __all__ = ["load", "load_file", "load_into", "safe_open", "save", "save_file"]
 
 
-def load_file(filename: PathLike, *, backend: Backend = "mmap", copy: bool = False,
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, npt.NDArray[Any]]:
+def load_file(filename: Union[PathLike, BinaryIO], *, backend: Backend = "mmap",
+              copy: bool = False, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+              storage_options: Optional[Mapping[str, Any]] = None
+              ) -> Dict[str, npt.NDArray[Any]]:
     """Load every tensor of a file, in buffer order, or of a sharded checkpoint
     (its directory or ``*.index.json``), shard by shard.
 
@@ -25,22 +28,29 @@ def load_file(filename: PathLike, *, backend: Backend = "mmap", copy: bool = Fal
     large files in parallel, the GIL released), and no array depends on the file;
     the shards of a checkpoint are read in parallel too.
 
+    `filename` may also be an fsspec URL (with its `storage_options`) or a binary
+    file object: every tensor is then read into fresh memory, neighbouring
+    tensors in shared requests, big ones in parts fetched in parallel.
+
     >>> import numpy as np, fastst, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
     >>> fastst.save_file({"b": np.zeros(2, np.int8), "a": np.ones(1)}, path)
     >>> {name: array.tolist() for name, array in fastst.load_file(path).items()}
     {'a': [1.0], 'b': [0, 0]}
     """
-    with safe_open(filename, backend=backend, max_header_size=max_header_size) as reader:
+    with safe_open(filename, backend=backend, max_header_size=max_header_size,
+                   storage_options=storage_options) as reader:
         return reader.copy_tensors() if copy else reader.get_tensors()
 
 
-def load_into(filename: PathLike, arrays: Mapping[str, npt.NDArray[Any]], *,
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
-    """Read the named tensors of a file into caller-supplied arrays, allocating
-    nothing. Each array must be C-contiguous, writable, and of its tensor's dtype
-    and shape."""
-    with safe_open(filename, max_header_size=max_header_size) as reader:
+def load_into(filename: Union[PathLike, BinaryIO], arrays: Mapping[str, npt.NDArray[Any]], *,
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+              storage_options: Optional[Mapping[str, Any]] = None) -> None:
+    """Read the named tensors of a file (or URL, or file object) into
+    caller-supplied arrays, allocating nothing. Each array must be C-contiguous,
+    writable, and of its tensor's dtype and shape."""
+    with safe_open(filename, max_header_size=max_header_size,
+                   storage_options=storage_options) as reader:
         reader.read_into(dict(arrays))
 
 
@@ -73,10 +83,11 @@ def save(tensors: Mapping[str, npt.NDArray[Any]],
     return _plan(tensors, metadata, checksum).to_bytes()
 
 
-def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
+def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike, BinaryIO],
               metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
               max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
-              header_padding: int = 0) -> None:
+              header_padding: int = 0, storage_options: Optional[Mapping[str, Any]] = None
+              ) -> None:
     """Write tensors to `filename` atomically.
 
     The file is written beside the target under a temporary name
@@ -93,7 +104,23 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
     directory to save into, or ``DIR/NAME.safetensors`` for shards named after
     NAME (see ``fastst.checkpoint.save_checkpoint``); with `checksum`, each shard
     holds the checksums of its tensors.
+
+    `filename` may also be an fsspec URL (with its `storage_options`): on S3 and
+    Google Cloud Storage the file is uploaded in parts as it is written and the
+    object appears only when complete (a failed save leaves the previous one);
+    elsewhere it is put whole. Or a writable binary file object, written in order
+    from its position.
     """
+    if is_url(filename) or _is_writable_object(filename):
+        if fsync or max_shard_size is not None:
+            raise SafetensorError("fsync= and max_shard_size= apply to local paths, not to "
+                                  "URLs or file objects")
+        from .remote import save_plan   # a capability: imported when used
+
+        save_plan(_plan(tensors, metadata, checksum, header_padding), filename, storage_options)
+        return
+    if storage_options:
+        raise SafetensorError("storage_options apply to URLs only")
     if max_shard_size is not None:
         from .checkpoint import save_array_checkpoint   # a capability: imported when used
 
@@ -103,6 +130,11 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: PathLike,
                               max_shard_size=max_shard_size, fsync=fsync, checksum=checksum)
         return
     write_atomically(_plan(tensors, metadata, checksum, header_padding), filename, fsync=fsync)
+
+
+def _is_writable_object(target: Any) -> bool:
+    return (not isinstance(target, (str, bytes, os.PathLike))
+            and callable(getattr(target, "write", None)))
 
 
 def _plan(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str, str]],

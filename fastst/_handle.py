@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterator, List, Literal, Optional,
-                    Protocol, Tuple, Union, overload, runtime_checkable)
+import re
+from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterator, List, Literal, Mapping,
+                    Optional, Protocol, Tuple, Union, overload, runtime_checkable)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
 from ._files import PathLike
@@ -17,11 +18,12 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
     import torch  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["ArrayHandle", "FrameworkHandle", "Handle", "NumpyHandle", "is_checkpoint_path",
-           "open_file", "safe_open"]
+           "is_remote", "is_url", "open_file", "open_remote", "safe_open"]
 
 Backend = Literal["mmap", "pread"]
 FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
 NUMPY_FRAMEWORKS = ("np", "numpy")
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")   # scheme://..., for fsspec
 # framework name -> the fastst module that adapts NumPy arrays to it (imported on use)
 ADAPTERS = {"pt": "torch", "torch": "torch", "pytorch": "torch", "jax": "jax", "flax": "jax"}
 
@@ -95,7 +97,10 @@ class NumpyHandle(Reader):
         return SafeSlice(self, name)
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        """Pickled, a handle reopens the same file (see ``_reopened``)."""
+        """Pickled, a handle reopens the same file (see ``_reopened``), or the same
+        URL (see ``_reopened_url``)."""
+        if self.backend == "ranges":
+            return _reopened_url, _url_opening(self, "np", "cpu")
         return _reopened, _opening(self, "np", "cpu")
 
     def __repr__(self) -> str:
@@ -204,6 +209,8 @@ class FrameworkHandle(Generic[T]):
         """Pickled, a handle reopens the same file (see ``_reopened``)."""
         if self._opened_as is None:
             raise SafetensorError(f"{self.source}: only a handle from safe_open can be pickled")
+        if self._reader.backend == "ranges":
+            return _reopened_url, _url_opening(self._reader, *self._opened_as)
         return _reopened, _opening(self._reader, *self._opened_as)
 
     def __repr__(self) -> str:
@@ -244,6 +251,37 @@ def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framew
     return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
 
 
+def _url_opening(reader: NumpyHandle, framework: str, device: Any
+                 ) -> Tuple[Tuple[Any, ...], Optional[Dict[str, Any]], int, str, Any, type]:
+    """What a pickled handle on a URL holds: the object's identity (URL, size, ETag,
+    modification time), the storage_options it was opened with, the header's
+    length, the framework, the device and the class of the reader. A handle on a
+    file object does not pickle."""
+    if reader.closed:
+        raise SafetensorError(f"{reader.source}: file is closed; a closed handle cannot be "
+                              f"pickled")
+    identity = reader.file_identity
+    if identity is None:
+        raise SafetensorError(f"{reader.source}: a handle on a file object cannot be "
+                              f"pickled; open a path or a URL instead")
+    options = reader.__dict__.get("storage_options")
+    return identity, options, reader.data_start - 8, framework, device, type(reader)
+
+
+def _reopened_url(identity: Tuple[Any, ...], storage_options: Optional[Dict[str, Any]],
+                  header_size: int, framework: str, device: Any, reader_class: type
+                  ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+    """A pickled handle on a URL, unpickled: the URL opened again, which must still
+    name the same object (size, ETag, modification time)."""
+    from .remote import reopen_reader    # a capability: imported when used
+
+    convert = None if framework in NUMPY_FRAMEWORKS else framework_converter(framework, device)
+    reader = reader_class()
+    reopen_reader(reader, identity, storage_options, header_size)
+    reader.storage_options = storage_options
+    return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
+
+
 def _stamp(info: os.stat_result) -> Tuple[int, int, int, int]:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
@@ -276,32 +314,37 @@ def _describe(reader: Reader) -> str:
 @overload
 def safe_open(filename: PathLike, framework: Literal["np", "numpy"] = "np",
               device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> ArrayHandle: ...
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              storage_options: Optional[Mapping[str, Any]] = None) -> ArrayHandle: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> Handle[torch.Tensor]: ...
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              storage_options: Optional[Mapping[str, Any]] = None) -> Handle[torch.Tensor]: ...
 @overload
 def safe_open(filename: PathLike, framework: Literal["jax", "flax"],
               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
-              ) -> Handle[jax.Array]: ...
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              storage_options: Optional[Mapping[str, Any]] = None) -> Handle[jax.Array]: ...
 def safe_open(filename: PathLike,
               framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
               device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              storage_options: Optional[Mapping[str, Any]] = None
               ) -> Union[ArrayHandle, Handle[Any]]:
     """Open a safetensors file lazily: validate its header, map it, and hand out
     its tensors, zero-copy where the framework allows.
 
     Parameters
     ----------
-    filename : str, bytes or os.PathLike
+    filename : str, bytes, os.PathLike, URL or binary file object
         A ``.safetensors`` file, or a sharded checkpoint: its directory or its
         ``*.index.json``, opened as one handle over all its shards (a
         ``fastst.checkpoint.ShardedHandle``, whose ``metadata()`` is the index's).
+        Or an fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...),
+        or a binary file object with ``seek`` and ``read``: the header is read
+        first, then only the byte ranges asked for, into fresh memory (backend
+        ``"ranges"``; see ``fastst.remote``).
     framework : {"np", "numpy", "pt", "torch", "pytorch", "jax", "flax"}
         ``"np"``/``"numpy"`` (default): NumPy arrays, from a ``NumpyHandle``.
         ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
@@ -324,6 +367,9 @@ def safe_open(filename: PathLike,
         Check each tensor's checksum (see ``fastst.integrity``) the first time it
         is read; a file without checksums is refused. For a sharded checkpoint,
         each shard is checked so as its tensors are read.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system (credentials,
+        ``client_kwargs``, timeouts...).
 
     Examples
     --------
@@ -339,6 +385,12 @@ def safe_open(filename: PathLike,
         convert = None
     else:
         convert = framework_converter(framework, device)
+    if is_remote(filename):
+        return open_remote(filename, convert, max_header_size=max_header_size, verify=verify,
+                           storage_options=storage_options, opened_as=(framework, device))
+    if storage_options:
+        raise SafetensorError(f"storage_options apply to URLs only, not to the path "
+                              f"{os.fsdecode(filename)!r}")
     if is_checkpoint_path(filename):
         from .checkpoint import open_checkpoint   # a capability: imported when used
 
@@ -371,6 +423,37 @@ def open_file(filename: PathLike, convert: Optional[Converter[Any]] = None, *,
     (framework, device) `convert` is for, lets a FrameworkHandle pickle."""
     reader = NumpyHandle() if not verify else _verifying_handle()
     reader.open_file(filename, backend, max_header_size=max_header_size)
+    return reader if convert is None else FrameworkHandle(reader, convert, opened_as)
+
+
+def is_url(target: Any) -> bool:
+    """Whether `target` is a URL string (``scheme://...``), opened through fsspec."""
+    return isinstance(target, str) and URL.match(target) is not None
+
+
+def is_remote(target: Any) -> bool:
+    """Whether `target` is read by byte ranges: a URL or a binary file object (one
+    with ``seek`` and ``read``)."""
+    if isinstance(target, (str, bytes, os.PathLike)):
+        return is_url(target)
+    return callable(getattr(target, "seek", None)) and callable(getattr(target, "read", None))
+
+
+def open_remote(target: Any, convert: Optional[Converter[Any]] = None, *,
+                max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+                storage_options: Optional[Mapping[str, Any]] = None,
+                opened_as: Optional[Tuple[str, Any]] = None
+                ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+    """A URL or a file object, read by byte ranges (see ``fastst.remote``)."""
+    from .remote import open_reader    # a capability: imported when used
+
+    if isinstance(target, str) and target.endswith(".index.json"):
+        raise SafetensorError(f"{target}: sharded checkpoints are opened from a local "
+                              f"directory; open each shard's URL, or download them")
+    reader = NumpyHandle() if not verify else _verifying_handle()
+    open_reader(reader, target, storage_options=storage_options,
+                max_header_size=max_header_size)
+    reader.storage_options = dict(storage_options) if storage_options else None
     return reader if convert is None else FrameworkHandle(reader, convert, opened_as)
 
 

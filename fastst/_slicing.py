@@ -92,7 +92,7 @@ class SafeSlice(Generic[T]):
             return self._reader.get_tensor(self._name)
         if self._packed and self._selects_all_packed(index):
             index = Ellipsis   # the whole tensor, however many axes the index named
-        if self._reader.backend == "pread":
+        if self._reader.backend in ("pread", "ranges"):   # reads into fresh memory
             return self._read_selected(index, array_shape)
         result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
         return result

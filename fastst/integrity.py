@@ -243,6 +243,16 @@ class VerifyingHandle(NumpyHandle):
     def open_file(self, filename: Any, backend: str = "mmap", *,
                   max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
         super().open_file(filename, backend, max_header_size=max_header_size)
+        self._take_checksums()
+
+    def open_ranges(self, source: str, size: int, fetch: Any, *,
+                    max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+                    identity: Any = None) -> None:
+        super().open_ranges(source, size, fetch, max_header_size=max_header_size,
+                            identity=identity)
+        self._take_checksums()
+
+    def _take_checksums(self) -> None:
         found = checksums_of(self.metadata(), self.offset_keys(), self.source)
         if found is None:
             raise SafetensorError(f"{self.source}: verify=True, but the file has no "

@@ -34,6 +34,7 @@ from ._core import (
     TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
 )
 from ._files import AtomicFile, PathLike, copy_range, write_atomically
+from ._handle import is_url
 from .integrity import (CHECKSUM_KEY, checksum_metadata, digests_in_file, plan_with_checksums,
                         reserved_checksums)
 
@@ -241,6 +242,11 @@ class StreamWriter:
     def __init__(self, filename: PathLike, specs: Declared,
                  metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
                  header_padding: int = 0, checksum: Optional[str] = None) -> None:
+        if is_url(filename):
+            raise SafetensorError(
+                f"{filename}: a StreamWriter fills its file in any order, which an object "
+                f"store cannot take; write to a local file and upload it, or use "
+                f"save_file(tensors, url), which uploads in order")
         try:
             declared = declared_specs(specs)
             planned = metadata if checksum is None else reserved_checksums(declared, metadata,

@@ -1,0 +1,296 @@
+"""File objects and fsspec URLs as safetensors files: the header first, then only the
+byte ranges asked for, and uploads of whole files to URLs.
+
+``safe_open``, ``load_file`` and ``save_file`` come here for a binary file object or
+a URL (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...); nothing here is
+imported by ``import fastst``, and fsspec (with s3fs or aiohttp behind it) only when
+a URL is opened. The compiled Reader does the rest (``Reader.open_ranges``): it reads
+the prefix and header in one request (two for a header over 64 KiB), coalesces the
+byte ranges of neighbouring tensors, cuts big ones into parts fetched in parallel,
+and checks that every range came back whole.
+
+A URL is read with a precondition where the store has one: S3 reads carry
+``If-Match: <ETag>`` (through s3fs) and HTTP reads the ``If-Match`` header, so an
+object replaced after it was opened gives a ``SafetensorError``, never a mix of two
+versions. Other stores are checked for length only.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan
+from ._handle import is_url
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "open_reader", "reopen_reader", "save_plan"]
+
+CONNECT_TIMEOUT = 10.0   # seconds to connect to a store, unless storage_options say otherwise
+READ_TIMEOUT = 60.0      # seconds a store may stay silent while answering a request
+MAX_REQUESTS = 16        # requests a URL's reader keeps in flight at once
+HTTP_PROTOCOLS = ("http", "https")
+S3_PROTOCOLS = ("s3", "s3a")
+# Stores whose files honour autocommit=False: the object appears at commit, and
+# discard leaves the previous one. Elsewhere a save is one put of the whole file.
+STAGED_PROTOCOLS = ("s3", "s3a", "gs", "gcs")
+Range = Tuple[int, int]
+
+
+def open_reader(reader: Reader, target: Any, *,
+                storage_options: Optional[Mapping[str, Any]] = None,
+                max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Reader:
+    """Open `reader` on a file object or a URL (with fsspec's `storage_options`)."""
+    if is_url(target):
+        store = UrlRanges(target, storage_options)
+        reader.open_ranges(target, store.size, store, max_header_size=max_header_size,
+                           identity=store.identity)
+        return reader
+    if storage_options:
+        raise SafetensorError(f"storage_options apply to URLs only, not to a "
+                              f"{type(target).__name__}")
+    ranges = FileObjectRanges(target)
+    reader.open_ranges(ranges.source, ranges.size, ranges, max_header_size=max_header_size)
+    return reader
+
+
+def reopen_reader(reader: Reader, identity: Tuple[Any, ...],
+                  storage_options: Optional[Mapping[str, Any]], max_header_size: int) -> Reader:
+    """`reader` opened on the URL of `identity` again, which must still name the same
+    object (size, ETag and modification time as when it was first opened)."""
+    url = identity[0]
+    open_reader(reader, url, storage_options=storage_options, max_header_size=max_header_size)
+    if reader.file_identity != identity:
+        now = reader.file_identity
+        reader.close()
+        raise SafetensorError(f"{url}: the object changed since the handle was pickled "
+                              f"(size, ETag, modified {identity[1:]}, now {now[1:]}); open "
+                              f"it again to read the new object")
+    return reader
+
+
+# ---------------------------------------------------------------------------
+# File objects
+# ---------------------------------------------------------------------------
+
+
+class FileObjectRanges:
+    """Byte ranges of a binary file object, read one at a time under a lock (the
+    object has one position); ``readinto`` is used where the object has it."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        name = getattr(file, "name", None) or getattr(file, "path", None)
+        self.source = name if isinstance(name, str) else f"<{type(file).__name__}>"
+        self.lock = threading.Lock()
+        self.readinto = getattr(file, "readinto", None)
+        end = file.seek(0, os.SEEK_END)
+        self.size = end if isinstance(end, int) else file.tell()
+
+    def __call__(self, ranges: Sequence[Range]) -> List[Any]:
+        with self.lock:
+            return [self.read(offset, length) for offset, length in ranges]
+
+    def read(self, offset: int, length: int) -> Any:
+        """Up to `length` bytes at `offset`: fewer only at the end of the file (the
+        core then reports the short read)."""
+        self.file.seek(offset)
+        if self.readinto is None:
+            pieces, done = [], 0
+            while done < length:
+                piece = self.file.read(length - done)
+                if not piece:
+                    break
+                pieces.append(piece)
+                done += len(piece)
+            return b"".join(pieces)
+        buffer = bytearray(length)
+        view, done = memoryview(buffer), 0
+        while done < length:
+            count = self.readinto(view[done:])
+            if not count:
+                break
+            done += count
+        return view[:done]
+
+
+# ---------------------------------------------------------------------------
+# URLs, through fsspec
+# ---------------------------------------------------------------------------
+
+
+class UrlRanges:
+    """Byte ranges of the object a URL names, fetched by fsspec's ``cat_ranges``
+    (in parallel on async stores, at most MAX_REQUESTS at once), each with the
+    store's precondition on the ETag seen at opening where it has one."""
+
+    def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        fs, self.path = _url_to_fs(url, self.storage_options)
+        try:
+            fs.invalidate_cache(self.path)   # a listing cached earlier may be stale
+            info = fs.info(self.path)
+        except Exception as error:
+            raise _translated(error, url, "opening it") from error
+        if info.get("type", "file") != "file":
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", url)
+        self.size = int(info["size"])
+        self.etag = info.get("ETag") or info.get("etag")
+        modified = (info.get("LastModified") or info.get("Last-Modified")
+                    or info.get("mtime") or info.get("created"))
+        self.identity = (url, self.size, self.etag, modified)
+        self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag)
+
+    def __call__(self, ranges: Sequence[Range]) -> List[Any]:
+        paths = [self.path] * len(ranges)
+        starts = [offset for offset, _ in ranges]
+        ends = [offset + length for offset, length in ranges]
+        kwargs = dict(self.read_kwargs)
+        if getattr(self.fs, "async_impl", False):
+            kwargs["batch_size"] = MAX_REQUESTS
+        try:
+            got = self.fs.cat_ranges(paths, starts, ends, on_error="return", **kwargs)
+        except Exception as error:
+            raise _translated(error, self.url, f"reading {len(ranges)} byte ranges") from error
+        for (offset, length), item in zip(ranges, got):
+            if isinstance(item, BaseException):
+                raise _translated(item, self.url, f"reading bytes [{offset}, "
+                                                  f"{offset + length})") from item
+        return list(got)
+
+
+def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileSystem, str]:
+    try:
+        from fsspec.core import url_to_fs
+    except ImportError:
+        raise ImportError(f"{url}: URLs are read through fsspec; install it with "
+                          f"pip install 'fastst[remote]'") from None
+    protocol = url.split("://", 1)[0].lower()
+    options = _with_timeouts(protocol, storage_options)
+    try:
+        fs, path = url_to_fs(url, **options)
+    except ImportError as error:
+        raise ImportError(f"{url}: fsspec needs another package for {protocol}:// URLs "
+                          f"({error}); pip install 'fastst[remote]' installs s3fs and "
+                          f"aiohttp") from None
+    return fs, path
+
+
+def _with_timeouts(protocol: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """storage_options with fastst's connect and read timeouts where the user gave
+    none: a store that stalls gives an error instead of a hang."""
+    if protocol in S3_PROTOCOLS:
+        config = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
+                  **options.get("config_kwargs", {})}
+        return {**options, "config_kwargs": config}
+    if protocol in HTTP_PROTOCOLS:
+        client = dict(options.get("client_kwargs", {}))
+        if "timeout" not in client:
+            import aiohttp   # fsspec's HTTP file system needs it already
+
+            client["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT,
+                                                      sock_read=READ_TIMEOUT)
+        return {**options, "client_kwargs": client}
+    return options
+
+
+def _with_precondition(fs: AbstractFileSystem, options: Dict[str, Any], etag: Optional[str]
+                       ) -> Tuple[AbstractFileSystem, Dict[str, Any]]:
+    """The file system and the cat_ranges keywords that read only the version of the
+    object whose ETag is `etag`: s3fs passes IfMatch to each GET from its
+    ``s3_additional_kwargs`` (a file system of its own, cached by fsspec under
+    those options), HTTP sends an If-Match header."""
+    if etag is None:
+        return fs, {}
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if set(protocols) & set(S3_PROTOCOLS):
+        extra = {**fs.storage_options.get("s3_additional_kwargs", {}), "IfMatch": etag}
+        return type(fs)(**{**fs.storage_options, "s3_additional_kwargs": extra}), {}
+    if set(protocols) & set(HTTP_PROTOCOLS):
+        return fs, {"headers": {**options.get("headers", {}), "If-Match": etag}}
+    return fs, {}
+
+
+def _translated(error: BaseException, url: str, doing: str) -> BaseException:
+    """The error to raise for a store's `error`: FileNotFoundError and PermissionError
+    as they are; a failed precondition (the object changed) or a body cut short as a
+    SafetensorError; a timeout as TimeoutError; anything else as an OSError naming
+    the URL."""
+    if isinstance(error, (FileNotFoundError, PermissionError, SafetensorError)):
+        return error
+    if _precondition_failed(error):
+        return SafetensorError(f"{url}: the object changed since it was opened (its ETag "
+                               f"no longer matches) while {doing}; open it again to read "
+                               f"the new object")
+    if type(error).__name__ in ("ClientPayloadError", "ContentLengthError",
+                                "IncompleteReadError", "ResponseStreamingError"):
+        return SafetensorError(f"{url}: the store's answer was cut short while {doing} "
+                               f"({error})")
+    if isinstance(error, TimeoutError) or "Timeout" in type(error).__name__:
+        return TimeoutError(f"{url}: no answer in time while {doing} ({type(error).__name__}"
+                            f"; storage_options set the timeouts)")
+    return OSError(f"{url}: {doing} failed: {type(error).__name__}: {error}")
+
+
+def _precondition_failed(error: BaseException) -> bool:
+    seen: Optional[BaseException] = error
+    for _ in range(8):   # the chain of causes, as far as a store's wrappers go
+        if seen is None:
+            return False
+        if getattr(seen, "status", None) == 412:
+            return True
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412"):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+
+def save_plan(plan: WritePlan, target: Any,
+              storage_options: Optional[Mapping[str, Any]] = None) -> None:
+    """Write a WritePlan to a URL or a writable binary file object.
+
+    On S3 and Google Cloud Storage the file is streamed up in parts and the object
+    appears only once complete; a failed save aborts the upload and leaves the
+    previous object. On other stores the file is put whole in one call (atomic
+    where the store's put is). A file object is written in order from where it is.
+    """
+    if not is_url(target):
+        if storage_options:
+            raise SafetensorError("storage_options apply to URLs only")
+        plan.write_stream(target, getattr(target, "name", None) or "<file object>")
+        return
+    fs, path = _url_to_fs(target, dict(storage_options or {}))
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    try:
+        if set(protocols) & set(STAGED_PROTOCOLS):
+            _upload_staged(fs, path, plan, target)
+        else:
+            fs.pipe_file(path, plan.to_bytes())
+    except SafetensorError:
+        raise
+    except Exception as error:
+        raise _translated(error, target, "saving") from error
+
+
+def _upload_staged(fs: AbstractFileSystem, path: str, plan: WritePlan, url: str) -> None:
+    file = fs.open(path, "wb", autocommit=False)
+    try:
+        plan.write_stream(file, url)
+        file.close()
+        file.commit()
+    except BaseException:
+        file.discard()
+        file.closed = True   # discarded: closing it later must not upload what it held
+        raise

@@ -81,9 +81,10 @@ def test_errors_are_value_errors_and_not_found_is_a_key_error():
     assert str(fastst.TensorNotFoundError("x: no tensor named 'a'")) == "x: no tensor named 'a'"
 
 
-def test_import_pulls_in_no_framework():
+def test_import_pulls_in_no_framework_or_store_library():
     code = ("import sys, fastst, fastst.numpy; "
-            "print(sorted(m for m in ('torch', 'jax', 'tensorflow', 'flax') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'jax', 'tensorflow', 'flax', 'fsspec', 's3fs', "
+            "'aiohttp', 'botocore', 'fastst.remote') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -110,7 +111,7 @@ def test_help_shows_the_real_signature_and_every_framework():
     import pydoc
     parameters = inspect.signature(fastst.safe_open).parameters
     assert list(parameters) == ["filename", "framework", "device", "backend", "max_header_size",
-                                "verify"]
+                                "verify", "storage_options"]
     assert parameters["framework"].default == "np" and parameters["device"].default == "cpu"
     assert parameters["backend"].kind is inspect.Parameter.KEYWORD_ONLY
     text = pydoc.render_doc(fastst.safe_open, renderer=pydoc.plaintext)

@@ -1,0 +1,196 @@
+"""Stores on the loopback interface for tests: an HTTP server that honours Range and
+If-Match and counts what it sends, with hostile modes, and S3 (moto in server mode).
+
+Use them as pytest fixtures (``from servers import http_store, s3_store``) or as
+context managers (``with RangeServer() as server``, ``with moto_s3() as options``).
+"""
+import contextlib
+import hashlib
+import http.server
+import re
+import threading
+import time
+
+import pytest
+
+RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+class RangeServer:
+    """A threaded HTTP server on 127.0.0.1 serving `objects` (path -> bytes).
+
+    It answers HEAD and GET, honours ``Range: bytes=a-b`` (206 and Content-Range)
+    and ``If-Match`` (412 when the ETag differs), and counts requests, body bytes
+    sent and the most requests served at once. Hostile modes, set on ``mode``:
+    ``"short"`` sends a body shorter than its Content-Length and closes;
+    ``"short-length"`` answers ranges with fewer bytes than asked, honestly
+    declared; ``"stall"`` answers GETs only when the test ends; ``"change"``
+    replaces each object's content after the first GET (a new ETag);
+    ``"ignore-range"`` answers every GET with the whole object (200).
+    ``delay`` seconds are waited before each GET's answer."""
+
+    def __init__(self, objects=None):
+        self.objects = dict(objects or {})
+        self.mode = None
+        self.delay = 0.0
+        self.requests = []            # (method, path, Range header or None)
+        self.bytes_sent = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.lock = threading.Lock()
+        self.released = threading.Event()   # ends stalls
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def reset_counts(self):
+        with self.lock:
+            self.requests.clear()
+            self.bytes_sent = 0
+            self.most_in_flight = 0
+
+    def gets(self):
+        return [request for request in self.requests if request[0] == "GET"]
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+    def handler(self):
+        store = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True   # headers and body leave without waiting for ACKs
+
+            def log_message(self, *args):
+                pass
+
+            def do_HEAD(self):
+                store.record("HEAD", self.path, None)
+                data = store.objects.get(self.path)
+                if data is None:
+                    return self.answer(404, b"", head=True)
+                self.answer(200, data, head=True, etag=etag_of(data))
+
+            def do_GET(self):
+                asked = self.headers.get("Range")
+                with store.counting():
+                    store.record("GET", self.path, asked)
+                    self.get(asked)
+
+            def get(self, asked):
+                if store.delay:
+                    time.sleep(store.delay)
+                data = store.objects.get(self.path)
+                if data is None:
+                    return self.answer(404, b"")
+                if store.mode == "stall":
+                    store.released.wait(30)
+                    return
+                etag = etag_of(data)
+                if store.mode == "change":
+                    store.objects[self.path] = bytes(255 - b for b in data[:64]) + data[64:]
+                wanted = self.headers.get("If-Match")
+                if wanted is not None and wanted != etag:
+                    return self.answer(412, b"")
+                match = RANGE.match(asked or "")
+                if match is None or store.mode == "ignore-range":
+                    return self.answer(200, data, etag=etag)
+                first = int(match.group(1))
+                last = int(match.group(2)) if match.group(2) else len(data) - 1
+                last = min(last, len(data) - 1)
+                if first >= len(data):
+                    return self.answer(416, b"")
+                body = memoryview(data)[first:last + 1]
+                if store.mode == "short-length":
+                    body = body[:len(body) // 2]
+                self.answer(206, body, etag=etag,
+                            content_range=f"bytes {first}-{first + len(body) - 1}/{len(data)}")
+
+            def answer(self, status, body, *, head=False, etag=None, content_range=None):
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Accept-Ranges", "bytes")
+                if etag:
+                    self.send_header("ETag", etag)
+                if content_range:
+                    self.send_header("Content-Range", content_range)
+                self.end_headers()
+                if head:
+                    return
+                if store.mode == "short" and len(body) > 1:
+                    body = body[:len(body) // 2]
+                    self.close_connection = True
+                with store.lock:   # counted first: the client may go on before write returns
+                    store.bytes_sent += len(body)
+                self.wfile.write(body)
+
+        return Handler
+
+    def record(self, method, path, asked):
+        with self.lock:
+            self.requests.append((method, path, asked))
+
+    @contextlib.contextmanager
+    def counting(self):
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def etag_of(data):
+    return '"' + hashlib.md5(data).hexdigest() + '"'
+
+
+@contextlib.contextmanager
+def moto_s3(bucket="fastst"):
+    """S3 on 127.0.0.1 (moto in server mode, on a port the system picks) with `bucket` made;
+    yields the storage_options that reach it through s3fs."""
+    pytest.importorskip("s3fs")
+    server_module = pytest.importorskip("moto.server")
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0,
+                                              verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        options = {"key": "testing", "secret": "testing", "skip_instance_cache": True,
+                   "client_kwargs": {"endpoint_url": f"http://{host}:{port}",
+                                     "region_name": "eu-west-1"},
+                   "config_kwargs": {"connect_timeout": 5, "read_timeout": 20,
+                                     "retries": {"max_attempts": 2}}}
+        import s3fs
+
+        s3fs.S3FileSystem(**options).mkdir(bucket)
+        yield options
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def http_store():
+    pytest.importorskip("aiohttp")
+    pytest.importorskip("fsspec")
+    with RangeServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def s3_store():
+    with moto_s3() as options:
+        yield options

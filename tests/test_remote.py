@@ -1,0 +1,427 @@
+"""File objects and object stores: reading by byte ranges (HTTP on loopback, S3 through
+moto in server mode, memory://, file objects) and saving to URLs."""
+import io
+import pickle
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import fastst
+from conftest import WRITABLE_DTYPES, random_array
+from fastst import SafetensorError
+from fastst._core import Reader
+
+fsspec = pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+import fastst.remote  # noqa: E402
+from servers import RangeServer, http_store, moto_s3, s3_store  # noqa: E402,F401
+
+HEAD_BYTES = 64 << 10    # the first request of a ranged read: prefix and header, read ahead
+MiB = 1 << 20
+
+
+def every_dtype(seed=0):
+    rng = np.random.default_rng(seed)
+    return {f"t_{code}": random_array(rng, dtype, (3, 5)) for code, dtype in
+            WRITABLE_DTYPES.items()}
+
+
+def assert_same(got, expected):
+    assert list(got) == list(expected) or sorted(got) == sorted(expected)
+    for name, array in expected.items():
+        assert got[name].dtype == array.dtype and got[name].shape == array.shape
+        assert got[name].tobytes() == array.tobytes(), name
+
+
+@pytest.fixture
+def served(http_store):
+    """Put objects on the HTTP server; yields (server, put(name, data) -> URL)."""
+    http_store.mode = None
+    http_store.delay = 0.0
+    http_store.objects.clear()
+    http_store.reset_counts()
+
+    def put(name, data):
+        http_store.objects["/" + name] = bytes(data)
+        return f"{http_store.url}/{name}"
+
+    yield http_store, put
+    http_store.mode = None
+    http_store.delay = 0.0
+
+
+@pytest.fixture
+def memory_url():
+    fs = fsspec.filesystem("memory")
+    url = "memory://fastst-tests/model.safetensors"
+    yield url
+    if fs.exists(url):
+        fs.rm(url)
+
+
+# ---------------------------------------------------------------------------
+# Round trips
+# ---------------------------------------------------------------------------
+
+
+def test_every_dtype_round_trips_through_memory_urls(memory_url):
+    tensors = every_dtype()
+    fastst.save_file(tensors, memory_url, {"k": "v"})
+    assert fsspec.filesystem("memory").cat(memory_url) == fastst.save(tensors, {"k": "v"})
+    assert_same(fastst.load_file(memory_url), tensors)
+    with fastst.safe_open(memory_url) as f:
+        assert f.backend == "ranges" and f.metadata() == {"k": "v"}
+        assert f.file_identity[:2] == (memory_url, len(fastst.save(tensors, {"k": "v"})))
+
+
+def test_every_dtype_round_trips_over_http(served):
+    server, put = served
+    tensors = every_dtype(1)
+    url = put("all.safetensors", fastst.save(tensors))
+    assert_same(fastst.load_file(url), tensors)
+    with fastst.safe_open(url) as f:
+        for name, array in tensors.items():
+            assert f.get_tensor(name).tobytes() == array.tobytes()
+            assert f.get_slice(name)[1:3].tobytes() == array[1:3].tobytes()
+            assert f.gather(name, [2, 0, 2]).tobytes() == array[[2, 0, 2]].tobytes()
+
+
+def test_file_objects_of_every_kind_read_like_the_file(tmp_path, memory_url):
+    tensors = every_dtype(2)
+    data = fastst.save(tensors)
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(data)
+    fsspec.filesystem("memory").pipe(memory_url, data)
+
+    class ReadOnly:    # seek and read, no readinto, no name
+        def __init__(self):
+            self.inner = io.BytesIO(data)
+
+        def seek(self, *args):
+            return self.inner.seek(*args)
+
+        def read(self, size=-1):
+            return self.inner.read(min(size, 7) if size > 0 else size)   # dribbles
+
+    with open(path, "rb") as opened, fsspec.open(memory_url, "rb") as from_fsspec:
+        for file in (io.BytesIO(data), opened, from_fsspec, ReadOnly()):
+            assert_same(fastst.load_file(file), tensors)
+            with fastst.safe_open(file) as f:
+                assert f.get_slice("t_F32")[2].tobytes() == tensors["t_F32"][2].tobytes()
+    with open(path, "rb") as opened:
+        assert fastst.safe_open(opened).source == str(path)
+
+
+def test_load_into_and_read_rows_fill_from_a_url(served):
+    server, put = served
+    tensors = {"a": np.arange(40, dtype=np.int32).reshape(10, 4), "b": np.ones(3)}
+    url = put("into.safetensors", fastst.save(tensors))
+    out = {"a": np.empty((10, 4), np.int32)}
+    fastst.load_into(url, out)
+    assert (out["a"] == tensors["a"]).all()
+    with fastst.safe_open(url) as f:
+        assert (f.read_rows("a", 2, 5) == tensors["a"][2:5]).all()
+
+
+def test_framework_handles_open_urls(memory_url):
+    torch = pytest.importorskip("torch")
+    fastst.save_file({"w": np.eye(3, dtype=np.float32)}, memory_url)
+    with fastst.safe_open(memory_url, framework="pt") as f:
+        assert torch.equal(f.get_tensor("w"), torch.eye(3))
+        assert torch.equal(f.get_slice("w")[1:], torch.eye(3)[1:])
+
+
+# ---------------------------------------------------------------------------
+# What a read moves: bytes and requests
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_object():
+    """256 MiB in 256 tensors of 1 MiB."""
+    tensors = {f"t{k:03d}": np.full(MiB, k, np.uint8) for k in range(256)}
+    return fastst.save(tensors)
+
+
+def test_one_tensor_of_a_256_mib_object_moves_the_header_and_that_tensor(served, big_object):
+    server, put = served
+    url = put("big.safetensors", big_object)
+    server.reset_counts()
+    with fastst.safe_open(url) as f:
+        header_end = f.data_start
+        array = f.get_tensor("t123")
+    assert (array == 123).all() and array.shape == (MiB,)
+    # HEAD (size, ETag), the prefix and header (read ahead to HEAD_BYTES), the tensor
+    assert [method for method, _, _ in server.requests] == ["HEAD", "GET", "GET"]
+    assert header_end < HEAD_BYTES
+    assert server.bytes_sent <= HEAD_BYTES + MiB
+    assert server.bytes_sent < len(big_object) // 200
+
+
+def test_rows_of_a_slice_read_only_those_rows(served):
+    server, put = served
+    matrix = np.arange(4096 * 256, dtype=np.float32).reshape(4096, 256)   # 1 KiB rows
+    url = put("rows.safetensors", fastst.save({"m": matrix}))
+    with fastst.safe_open(url) as f:
+        server.reset_counts()
+        rows = f.get_slice("m")[1000:1010]
+        assert (rows == matrix[1000:1010]).all()
+        assert server.bytes_sent == 10 * 1024 and len(server.gets()) == 1
+        server.reset_counts()
+        assert (f.gather("m", [3000, 3001, 3002]) == matrix[3000:3003]).all()
+        assert server.bytes_sent == 3 * 1024 and len(server.gets()) == 1
+
+
+def test_neighbouring_tensors_share_one_request(served):
+    server, put = served
+    tensors = {f"n{k:02d}": np.full(4096, k, np.uint8) for k in range(50)}   # 200 KiB
+    url = put("small.safetensors", fastst.save(tensors))
+    server.reset_counts()
+    assert_same(fastst.load_file(url), tensors)
+    assert len(server.gets()) == 2      # the first HEAD_BYTES, then everything past them
+    with fastst.safe_open(url) as f:
+        server.reset_counts()
+        wanted = {f"n{k:02d}": np.empty(4096, np.uint8) for k in range(30, 40)}
+        f.read_into(wanted)
+        assert all((array == int(name[1:])).all() for name, array in wanted.items())
+        assert len(server.gets()) == 1 and server.bytes_sent == 10 * 4096
+
+
+def test_a_small_file_is_read_in_one_request(served):
+    server, put = served
+    tensors = {"a": np.arange(100.0), "b": np.zeros((4, 4), np.int8)}
+    url = put("tiny.safetensors", fastst.save(tensors))
+    server.reset_counts()
+    assert_same(fastst.load_file(url), tensors)
+    assert len(server.gets()) == 1
+
+
+def test_big_reads_go_in_parallel_with_bounded_requests_in_flight(served, monkeypatch):
+    server, put = served
+    tensors = {"big": np.arange(6 * MiB, dtype=np.float32)}   # 24 MiB: three 8 MiB parts
+    url = put("parallel.safetensors", fastst.save(tensors))
+    monkeypatch.setattr(fastst.remote, "MAX_REQUESTS", 2)
+    server.delay = 0.3
+    server.reset_counts()
+    assert_same(fastst.load_file(url), tensors)
+    data_gets = [asked for _, _, asked in server.gets()][1:]
+    assert len(data_gets) == 3
+    assert server.most_in_flight == 2
+
+
+# ---------------------------------------------------------------------------
+# Hostile stores
+# ---------------------------------------------------------------------------
+
+
+def test_a_missing_object_is_file_not_found(served, memory_url):
+    server, put = served
+    with pytest.raises(FileNotFoundError):
+        fastst.safe_open(f"{server.url}/nothing.safetensors")
+    with pytest.raises(FileNotFoundError):
+        fastst.load_file(memory_url + ".missing")
+
+
+@pytest.mark.parametrize("mode", ["short", "short-length", "ignore-range"])
+def test_a_store_that_answers_with_the_wrong_length_is_an_error(served, mode):
+    server, put = served
+    tensors = {"big": np.arange(64 * 1024, dtype=np.float64)}   # 512 KiB: past the first read
+    url = put(f"{mode}.safetensors", fastst.save(tensors))
+    with fastst.safe_open(url) as f:
+        server.mode = mode
+        with pytest.raises(SafetensorError, match=url) as error:
+            f.get_tensor("big")
+    if mode == "short-length":
+        assert "tensor 'big'" in str(error.value) and "short read" in str(error.value)
+
+
+def test_a_header_length_past_the_object_is_an_error(served):
+    server, put = served
+    url = put("past.safetensors", struct.pack("<Q", 1 << 20) + b"{}")
+    with pytest.raises(SafetensorError, match="runs past the end of the 10-byte file"):
+        fastst.safe_open(url)
+    assert len(server.gets()) <= 1
+
+
+def test_an_object_changed_after_opening_is_an_error_not_a_mix(served):
+    server, put = served
+    tensors = {"big": np.arange(64 * 1024, dtype=np.float64)}
+    url = put("changing.safetensors", fastst.save(tensors))
+    with fastst.safe_open(url) as f:
+        server.objects["/changing.safetensors"] = fastst.save({"big": -tensors["big"]})
+        with pytest.raises(SafetensorError, match="changed since it was opened"):
+            f.get_tensor("big")
+
+
+def test_an_object_changing_between_requests_is_an_error(served):
+    server, put = served
+    url = put("flip.safetensors", fastst.save({"big": np.zeros(64 * 1024)}))
+    server.mode = "change"      # each GET after the first sees a new ETag
+    with pytest.raises(SafetensorError, match="changed since it was opened"):
+        fastst.load_file(url)
+
+
+def test_a_stalled_store_gives_a_timeout_not_a_hang(served):
+    aiohttp = pytest.importorskip("aiohttp")
+    server, put = served
+    url = put("stall.safetensors", fastst.save({"a": np.zeros(3)}))
+    server.mode = "stall"
+    options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_read=0.5)}}
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no answer in time"):
+        fastst.safe_open(url, storage_options=options)
+    assert time.monotonic() - started < 20   # far below the stall, whatever the machine
+
+
+def test_timeouts_are_set_unless_the_storage_options_set_them():
+    options = fastst.remote._with_timeouts("s3", {"config_kwargs": {"read_timeout": 5}})
+    assert options["config_kwargs"] == {"connect_timeout": fastst.remote.CONNECT_TIMEOUT,
+                                        "read_timeout": 5}
+    options = fastst.remote._with_timeouts("https", {})
+    assert options["client_kwargs"]["timeout"].sock_read == fastst.remote.READ_TIMEOUT
+
+
+def test_a_fetch_that_returns_the_wrong_shape_is_an_error():
+    data = fastst.save({"a": np.zeros(3)})
+    reader = Reader()
+    with pytest.raises(SafetensorError, match="one bytes-like per range"):
+        reader.open_ranges("x", len(data), lambda ranges: data)
+    with pytest.raises(fastst.SafetensorTypeError, match="not a bytes-like"):
+        reader.open_ranges("x", len(data), lambda ranges: [object()])
+    with pytest.raises(SafetensorError, match="size must be an integer"):
+        reader.open_ranges("x", -1, lambda ranges: [])
+
+
+# ---------------------------------------------------------------------------
+# Pickling
+# ---------------------------------------------------------------------------
+
+
+def test_a_url_handle_pickles_by_reopening_and_refuses_a_changed_object(served):
+    server, put = served
+    url = put("pickled.safetensors", fastst.save({"a": np.arange(5)}))
+    handle = fastst.safe_open(url, storage_options={"headers": {"X-Test": "1"}})
+    again = pickle.loads(pickle.dumps(handle))
+    assert (again.get_tensor("a") == np.arange(5)).all()
+    assert again.file_identity == handle.file_identity
+    server.objects["/pickled.safetensors"] = fastst.save({"a": np.arange(6)})
+    with pytest.raises(SafetensorError, match="changed since the handle was pickled"):
+        pickle.loads(pickle.dumps(handle))
+
+
+def test_a_file_object_handle_does_not_pickle():
+    handle = fastst.safe_open(io.BytesIO(fastst.save({"a": np.zeros(1)})))
+    with pytest.raises(SafetensorError, match="file object cannot be pickled"):
+        pickle.dumps(handle)
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+
+def test_saving_to_a_file_object_writes_the_bytes_of_a_file(tmp_path):
+    tensors = every_dtype(3)
+    tensors["fortran"] = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+    tensors["big_endian"] = np.arange(5, dtype=">i4")
+    fastst.save_file(tensors, tmp_path / "disk.safetensors", {"m": "1"})
+    out = io.BytesIO()
+    fastst.save_file(tensors, out, {"m": "1"})
+    assert out.getvalue() == (tmp_path / "disk.safetensors").read_bytes()
+
+
+def test_options_that_need_a_local_path_are_refused_for_urls(memory_url, tmp_path):
+    with pytest.raises(SafetensorError, match="apply to local paths"):
+        fastst.save_file({"a": np.zeros(1)}, memory_url, fsync=True)
+    with pytest.raises(SafetensorError, match="apply to URLs only"):
+        fastst.save_file({"a": np.zeros(1)}, tmp_path / "a.safetensors",
+                         storage_options={"anon": True})
+    with pytest.raises(SafetensorError, match="apply to URLs only"):
+        fastst.safe_open(tmp_path / "a.safetensors", storage_options={"anon": True})
+
+
+# ---------------------------------------------------------------------------
+# S3 (moto in server mode on 127.0.0.1)
+# ---------------------------------------------------------------------------
+
+
+def test_s3_round_trip_with_golden_bytes(s3_store, tmp_path):
+    tensors = every_dtype(4)
+    url = "s3://fastst/every.safetensors"
+    fastst.save_file(tensors, url, {"k": "v"}, storage_options=s3_store)
+    fastst.save_file(tensors, tmp_path / "disk.safetensors", {"k": "v"})
+    fs = fsspec.filesystem("s3", **s3_store)
+    assert fs.cat(url) == (tmp_path / "disk.safetensors").read_bytes()
+    assert_same(fastst.load_file(url, storage_options=s3_store), tensors)
+    with fastst.safe_open(url, storage_options=s3_store) as f:
+        assert f.metadata() == {"k": "v"}
+        assert f.get_slice("t_F64")[1:2].tobytes() == tensors["t_F64"][1:2].tobytes()
+
+
+def test_s3_a_big_upload_goes_in_parts(s3_store):
+    tensors = {"a": np.arange(3 * MiB, dtype=np.float32), "b": np.ones(7, np.int8)}  # 12 MiB
+    url = "s3://fastst/parts.safetensors"
+    fastst.save_file(tensors, url, storage_options={**s3_store, "default_block_size": 5 * MiB})
+    assert_same(fastst.load_file(url, storage_options=s3_store), tensors)
+
+
+def test_s3_a_failed_save_leaves_the_previous_object(s3_store, monkeypatch):
+    url = "s3://fastst/kept.safetensors"
+    old = {"a": np.arange(10.0)}
+    fastst.save_file(old, url, storage_options=s3_store)
+    from fsspec.spec import AbstractBufferedFile
+    write = AbstractBufferedFile.write
+    calls = []
+
+    def failing_write(self, data):
+        calls.append(len(data))
+        if len(calls) == 3:
+            raise OSError("connection lost")
+        return write(self, data)
+
+    monkeypatch.setattr(AbstractBufferedFile, "write", failing_write)
+    new = {"a": np.arange(2 * MiB, dtype=np.float32), "b": np.zeros(2 * MiB, np.float32)}
+    with pytest.raises(OSError, match="connection lost"):
+        fastst.save_file(new, url, storage_options={**s3_store, "default_block_size": 5 * MiB})
+    monkeypatch.undo()
+    assert_same(fastst.load_file(url, storage_options=s3_store), old)
+
+
+def test_s3_an_object_replaced_after_opening_is_an_error(s3_store):
+    url = "s3://fastst/replaced.safetensors"
+    tensors = {"big": np.arange(64 * 1024, dtype=np.float64)}
+    fastst.save_file(tensors, url, storage_options=s3_store)
+    with fastst.safe_open(url, storage_options=s3_store) as f:
+        fastst.save_file({"big": -tensors["big"]}, url, storage_options=s3_store)
+        with pytest.raises(SafetensorError, match="changed since it was opened"):
+            f.get_tensor("big")
+
+
+def test_s3_missing_object_and_pickling(s3_store):
+    with pytest.raises(FileNotFoundError):
+        fastst.safe_open("s3://fastst/none.safetensors", storage_options=s3_store)
+    url = "s3://fastst/pickle.safetensors"
+    fastst.save_file({"a": np.arange(4)}, url, storage_options=s3_store)
+    with fastst.safe_open(url, storage_options=s3_store) as f:
+        again = pickle.loads(pickle.dumps(f))
+        assert (again.get_tensor("a") == np.arange(4)).all()
+
+
+def test_a_stream_writer_refuses_a_url():
+    with pytest.raises(SafetensorError, match="cannot take; write to a local file"):
+        fastst.StreamWriter("s3://bucket/model.safetensors", {"a": ("F32", (2,))})
+
+
+def test_verify_checks_checksums_read_from_a_url(memory_url):
+    pytest.importorskip("xxhash")
+    fastst.save_file({"a": np.arange(5.0)}, memory_url, checksum="xxh3_64")
+    with fastst.safe_open(memory_url, verify=True) as f:
+        assert (f.get_tensor("a") == np.arange(5.0)).all()
+    data = bytearray(fsspec.filesystem("memory").cat(memory_url))
+    data[-1] ^= 1
+    fsspec.filesystem("memory").pipe(memory_url, bytes(data))
+    with fastst.safe_open(memory_url, verify=True) as f:
+        with pytest.raises(SafetensorError, match="checksum mismatch"):
+            f.get_tensor("a")

@@ -5,6 +5,7 @@ Use them as pytest fixtures (``from servers import http_store, s3_store``) or as
 context managers (``with RangeServer() as server``, ``with moto_s3() as options``).
 """
 import contextlib
+import functools
 import hashlib
 import http.server
 import re
@@ -154,6 +155,7 @@ class RangeServer:
                 self.in_flight -= 1
 
 
+@functools.lru_cache(maxsize=64)   # bytes cache their hash: a hit costs no pass over them
 def etag_of(data):
     return '"' + hashlib.md5(data).hexdigest() + '"'
 

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, BinaryIO, Dict, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol, Union, cast
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, spec_of_array
 from ._files import PathLike, write_atomically
-from ._handle import Backend, is_url, safe_open
+from ._handle import Backend, Openable, is_url, safe_open
 from .integrity import plan_with_checksums
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
 
+class WritableFile(Protocol):
+    """A binary file object that save_file writes to in order."""
+    def write(self, data: Any, /) -> Optional[int]: ...
+
+
 __all__ = ["load", "load_file", "load_into", "safe_open", "save", "save_file"]
 
 
-def load_file(filename: Union[PathLike, BinaryIO], *, backend: Backend = "mmap",
+def load_file(filename: Openable, *, backend: Backend = "mmap",
               copy: bool = False, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
               storage_options: Optional[Mapping[str, Any]] = None
               ) -> Dict[str, npt.NDArray[Any]]:
@@ -43,7 +48,7 @@ def load_file(filename: Union[PathLike, BinaryIO], *, backend: Backend = "mmap",
         return reader.copy_tensors() if copy else reader.get_tensors()
 
 
-def load_into(filename: Union[PathLike, BinaryIO], arrays: Mapping[str, npt.NDArray[Any]], *,
+def load_into(filename: Openable, arrays: Mapping[str, npt.NDArray[Any]], *,
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
               storage_options: Optional[Mapping[str, Any]] = None) -> None:
     """Read the named tensors of a file (or URL, or file object) into
@@ -83,7 +88,7 @@ def save(tensors: Mapping[str, npt.NDArray[Any]],
     return _plan(tensors, metadata, checksum).to_bytes()
 
 
-def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike, BinaryIO],
+def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike, WritableFile],
               metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
               max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
               header_padding: int = 0, storage_options: Optional[Mapping[str, Any]] = None
@@ -121,15 +126,16 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike,
         return
     if storage_options:
         raise SafetensorError("storage_options apply to URLs only")
+    path = cast(PathLike, filename)   # neither a URL nor a file object
     if max_shard_size is not None:
         from .checkpoint import save_array_checkpoint   # a capability: imported when used
 
         if header_padding:
             raise ValueError("header_padding= is not available with max_shard_size=")
-        save_array_checkpoint(_as_dict(tensors), filename, metadata=metadata,
+        save_array_checkpoint(_as_dict(tensors), path, metadata=metadata,
                               max_shard_size=max_shard_size, fsync=fsync, checksum=checksum)
         return
-    write_atomically(_plan(tensors, metadata, checksum, header_padding), filename, fsync=fsync)
+    write_atomically(_plan(tensors, metadata, checksum, header_padding), path, fsync=fsync)
 
 
 def _is_writable_object(target: Any) -> bool:

@@ -6,7 +6,8 @@ import importlib
 import os
 import re
 from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterator, List, Literal, Mapping,
-                    Optional, Protocol, Tuple, Union, overload, runtime_checkable)
+                    Optional, Protocol, Tuple, TypeGuard, Union, cast, overload,
+                    runtime_checkable)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
 from ._files import PathLike
@@ -17,10 +18,20 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
     import numpy.typing as npt
     import torch  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["ArrayHandle", "FrameworkHandle", "Handle", "NumpyHandle", "is_checkpoint_path",
+__all__ = ["ArrayHandle", "FrameworkHandle", "Handle", "NumpyHandle", "Openable", "ReadableFile",
+           "is_checkpoint_path",
            "is_remote", "is_url", "open_file", "open_remote", "safe_open"]
 
 Backend = Literal["mmap", "pread"]
+
+
+class ReadableFile(Protocol):
+    """A binary file object that safe_open reads by byte ranges."""
+    def seek(self, offset: int, whence: int = ..., /) -> int: ...
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+Openable = Union[PathLike, ReadableFile]   # a path (or URL string), or a file object
 FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
 NUMPY_FRAMEWORKS = ("np", "numpy")
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")   # scheme://..., for fsspec
@@ -85,6 +96,8 @@ class NumpyHandle(Reader):
     (``f[name]``, ``name in f``, ``len(f)``, iteration). It pickles by reopening
     the same file, which must not have changed.
     """
+
+    storage_options: Optional[Dict[str, Any]] = None   # a URL's, to reopen it when unpickled
 
     def __enter__(self) -> NumpyHandle:
         return self
@@ -251,7 +264,7 @@ def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framew
     return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
 
 
-def _url_opening(reader: NumpyHandle, framework: str, device: Any
+def _url_opening(reader: Reader, framework: str, device: Any
                  ) -> Tuple[Tuple[Any, ...], Optional[Dict[str, Any]], int, str, Any, type]:
     """What a pickled handle on a URL holds: the object's identity (URL, size, ETag,
     modification time), the storage_options it was opened with, the header's
@@ -264,7 +277,7 @@ def _url_opening(reader: NumpyHandle, framework: str, device: Any
     if identity is None:
         raise SafetensorError(f"{reader.source}: a handle on a file object cannot be "
                               f"pickled; open a path or a URL instead")
-    options = reader.__dict__.get("storage_options")
+    options = getattr(reader, "storage_options", None)
     return identity, options, reader.data_start - 8, framework, device, type(reader)
 
 
@@ -312,21 +325,21 @@ def _describe(reader: Reader) -> str:
 
 
 @overload
-def safe_open(filename: PathLike, framework: Literal["np", "numpy"] = "np",
+def safe_open(filename: Openable, framework: Literal["np", "numpy"] = "np",
               device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
               storage_options: Optional[Mapping[str, Any]] = None) -> ArrayHandle: ...
 @overload
-def safe_open(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
+def safe_open(filename: Openable, framework: Literal["pt", "torch", "pytorch"],
               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
               storage_options: Optional[Mapping[str, Any]] = None) -> Handle[torch.Tensor]: ...
 @overload
-def safe_open(filename: PathLike, framework: Literal["jax", "flax"],
+def safe_open(filename: Openable, framework: Literal["jax", "flax"],
               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
               storage_options: Optional[Mapping[str, Any]] = None) -> Handle[jax.Array]: ...
-def safe_open(filename: PathLike,
+def safe_open(filename: Openable,
               framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
               device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
@@ -388,15 +401,16 @@ def safe_open(filename: PathLike,
     if is_remote(filename):
         return open_remote(filename, convert, max_header_size=max_header_size, verify=verify,
                            storage_options=storage_options, opened_as=(framework, device))
+    path = cast(PathLike, filename)   # neither a URL nor a file object
     if storage_options:
         raise SafetensorError(f"storage_options apply to URLs only, not to the path "
-                              f"{os.fsdecode(filename)!r}")
-    if is_checkpoint_path(filename):
+                              f"{os.fsdecode(path)!r}")
+    if is_checkpoint_path(path):
         from .checkpoint import open_checkpoint   # a capability: imported when used
 
-        return open_checkpoint(filename, convert, backend=backend,
+        return open_checkpoint(path, convert, backend=backend,
                                max_header_size=max_header_size, verify=verify)
-    return open_file(filename, convert, backend=backend, max_header_size=max_header_size,
+    return open_file(path, convert, backend=backend, max_header_size=max_header_size,
                      verify=verify, opened_as=(framework, device))
 
 
@@ -426,7 +440,7 @@ def open_file(filename: PathLike, convert: Optional[Converter[Any]] = None, *,
     return reader if convert is None else FrameworkHandle(reader, convert, opened_as)
 
 
-def is_url(target: Any) -> bool:
+def is_url(target: Any) -> TypeGuard[str]:
     """Whether `target` is a URL string (``scheme://...``), opened through fsspec."""
     return isinstance(target, str) and URL.match(target) is not None
 
@@ -439,7 +453,7 @@ def is_remote(target: Any) -> bool:
     return callable(getattr(target, "seek", None)) and callable(getattr(target, "read", None))
 
 
-def open_remote(target: Any, convert: Optional[Converter[Any]] = None, *,
+def open_remote(target: Openable, convert: Optional[Converter[Any]] = None, *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
                 storage_options: Optional[Mapping[str, Any]] = None,
                 opened_as: Optional[Tuple[str, Any]] = None

@@ -25,7 +25,7 @@ from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan
 from ._handle import is_url
 
 if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem
+    from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
 
 __all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "open_reader", "reopen_reader", "save_plan"]
 
@@ -63,8 +63,8 @@ def reopen_reader(reader: Reader, identity: Tuple[Any, ...],
     object (size, ETag and modification time as when it was first opened)."""
     url = identity[0]
     open_reader(reader, url, storage_options=storage_options, max_header_size=max_header_size)
-    if reader.file_identity != identity:
-        now = reader.file_identity
+    now = reader.file_identity or ()
+    if now != identity:
         reader.close()
         raise SafetensorError(f"{url}: the object changed since the handle was pickled "
                               f"(size, ETag, modified {identity[1:]}, now {now[1:]}); open "
@@ -87,8 +87,12 @@ class FileObjectRanges:
         self.source = name if isinstance(name, str) else f"<{type(file).__name__}>"
         self.lock = threading.Lock()
         self.readinto = getattr(file, "readinto", None)
-        end = file.seek(0, os.SEEK_END)
-        self.size = end if isinstance(end, int) else file.tell()
+        try:
+            end = file.seek(0, os.SEEK_END)
+            self.size = end if isinstance(end, int) else file.tell()
+        except (OSError, ValueError) as error:   # a pipe, a socket, a closed file
+            raise SafetensorError(f"{self.source}: a file object is read by byte ranges and "
+                                  f"must be open and seekable ({error})") from None
 
     def __call__(self, ranges: Sequence[Range]) -> List[Any]:
         with self.lock:
@@ -165,7 +169,7 @@ class UrlRanges:
 
 def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileSystem, str]:
     try:
-        from fsspec.core import url_to_fs
+        from fsspec.core import url_to_fs  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
         raise ImportError(f"{url}: URLs are read through fsspec; install it with "
                           f"pip install 'fastst[remote]'") from None

@@ -1,6 +1,7 @@
 """File objects and object stores: reading by byte ranges (HTTP on loopback, S3 through
 moto in server mode, memory://, file objects) and saving to URLs."""
 import io
+import os
 import pickle
 import struct
 import time
@@ -131,6 +132,8 @@ def test_framework_handles_open_urls(memory_url):
     with fastst.safe_open(memory_url, framework="pt") as f:
         assert torch.equal(f.get_tensor("w"), torch.eye(3))
         assert torch.equal(f.get_slice("w")[1:], torch.eye(3)[1:])
+        again = pickle.loads(pickle.dumps(f))
+        assert torch.equal(again.get_tensor("w"), torch.eye(3))
 
 
 # ---------------------------------------------------------------------------
@@ -425,3 +428,14 @@ def test_verify_checks_checksums_read_from_a_url(memory_url):
     with fastst.safe_open(memory_url, verify=True) as f:
         with pytest.raises(SafetensorError, match="checksum mismatch"):
             f.get_tensor("a")
+
+
+def test_a_file_object_that_cannot_seek_is_refused(tmp_path):
+    closed = io.BytesIO(fastst.save({"a": np.zeros(1)}))
+    closed.close()
+    with pytest.raises(SafetensorError, match="must be open and seekable"):
+        fastst.safe_open(closed)
+    read_end, write_end = os.pipe()
+    with open(read_end, "rb") as pipe, open(write_end, "wb"):
+        with pytest.raises(SafetensorError, match="must be open and seekable"):
+            fastst.load_file(pipe)

@@ -27,7 +27,8 @@ from ._handle import is_url
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "open_reader", "reopen_reader", "save_plan"]
+__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "open_reader", "reopen_reader",
+           "save_plan", "with_default_timeouts"]
 
 CONNECT_TIMEOUT = 10.0   # seconds to connect to a store, unless storage_options say otherwise
 READ_TIMEOUT = 60.0      # seconds a store may stay silent while answering a request
@@ -174,7 +175,7 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
         raise ImportError(f"{url}: URLs are read through fsspec; install it with "
                           f"pip install 'fastst[remote]'") from None
     protocol = url.split("://", 1)[0].lower()
-    options = _with_timeouts(protocol, storage_options)
+    options = with_default_timeouts(protocol, storage_options)
     try:
         fs, path = url_to_fs(url, **options)
     except ImportError as error:
@@ -184,7 +185,7 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
     return fs, path
 
 
-def _with_timeouts(protocol: str, options: Dict[str, Any]) -> Dict[str, Any]:
+def with_default_timeouts(protocol: str, options: Dict[str, Any]) -> Dict[str, Any]:
     """storage_options with fastst's connect and read timeouts where the user gave
     none: a store that stalls gives an error instead of a hang."""
     if protocol in S3_PROTOCOLS:

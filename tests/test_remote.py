@@ -279,10 +279,10 @@ def test_a_stalled_store_gives_a_timeout_not_a_hang(served):
 
 
 def test_timeouts_are_set_unless_the_storage_options_set_them():
-    options = fastst.remote._with_timeouts("s3", {"config_kwargs": {"read_timeout": 5}})
+    options = fastst.remote.with_default_timeouts("s3", {"config_kwargs": {"read_timeout": 5}})
     assert options["config_kwargs"] == {"connect_timeout": fastst.remote.CONNECT_TIMEOUT,
                                         "read_timeout": 5}
-    options = fastst.remote._with_timeouts("https", {})
+    options = fastst.remote.with_default_timeouts("https", {})
     assert options["client_kwargs"]["timeout"].sock_read == fastst.remote.READ_TIMEOUT
 
 
@@ -439,3 +439,35 @@ def test_a_file_object_that_cannot_seek_is_refused(tmp_path):
     with open(read_end, "rb") as pipe, open(write_end, "wb"):
         with pytest.raises(SafetensorError, match="must be open and seekable"):
             fastst.load_file(pipe)
+
+
+def test_ranged_reads_match_the_bytes_whatever_the_plan():
+    """Gathers in any order (repeats, neighbours, far apart), rows and whole tensors over
+    a plan that spans several 8 MiB parts: the same arrays as reading from memory, and
+    every range asked for lies in the file."""
+    rng = np.random.default_rng(7)
+    tensors = {"wide": rng.standard_normal((2500, 1024), dtype=np.float32),   # ~10 MiB
+               "narrow": np.arange(3000, dtype=np.int16).reshape(1000, 3),
+               "empty": np.zeros((0, 4), np.uint8)}
+    data = fastst.save(tensors)
+    asked = []
+
+    def fetch(ranges):
+        asked.extend(ranges)
+        return [data[offset:offset + length] for offset, length in ranges]
+
+    reader = Reader()
+    reader.open_ranges("mem", len(data), fetch)
+    assert_same(reader.copy_tensors(), tensors)
+    for _ in range(20):
+        name = ("wide", "narrow")[int(rng.integers(2))]
+        rows = rng.integers(-len(tensors[name]), len(tensors[name]), size=int(rng.integers(1, 50)))
+        if rng.integers(2):
+            rows = np.concatenate([rows, rows[:3], np.arange(10, 20)])
+        assert (reader.gather(name, rows) == tensors[name][rows]).all()
+        first = int(rng.integers(0, len(tensors[name])))
+        last = int(rng.integers(first, len(tensors[name]) + 1))
+        assert (reader.read_rows(name, first, last) == tensors[name][first:last]).all()
+    assert reader.get_tensor("empty").shape == (0, 4)
+    assert all(0 <= offset and offset + length <= len(data) and length <= 8 * MiB
+               for offset, length in asked)

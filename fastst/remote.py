@@ -32,6 +32,7 @@ __all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "open_reader", "re
 
 CONNECT_TIMEOUT = 10.0   # seconds to connect to a store, unless storage_options say otherwise
 READ_TIMEOUT = 60.0      # seconds a store may stay silent while answering a request
+SLOWEST_RATE = 256 << 10   # bytes a second below which a call's answer counts as stalled
 MAX_REQUESTS = 16        # requests a URL's reader keeps in flight at once
 HTTP_PROTOCOLS = ("http", "https")
 S3_PROTOCOLS = ("s3", "s3a")
@@ -138,7 +139,7 @@ class UrlRanges:
         fs, self.path = _url_to_fs(url, self.storage_options)
         try:
             fs.invalidate_cache(self.path)   # a listing cached earlier may be stale
-            info = fs.info(self.path)
+            info = fs.info(self.path, **_deadline(fs, 0))
         except Exception as error:
             raise _translated(error, url, "opening it") from error
         if info.get("type", "file") != "file":
@@ -154,7 +155,7 @@ class UrlRanges:
         paths = [self.path] * len(ranges)
         starts = [offset for offset, _ in ranges]
         ends = [offset + length for offset, length in ranges]
-        kwargs = dict(self.read_kwargs)
+        kwargs = {**self.read_kwargs, **_deadline(self.fs, sum(ends) - sum(starts))}
         if getattr(self.fs, "async_impl", False):
             kwargs["batch_size"] = MAX_REQUESTS
         try:
@@ -166,6 +167,17 @@ class UrlRanges:
                 raise _translated(item, self.url, f"reading bytes [{offset}, "
                                                   f"{offset + length})") from item
         return list(got)
+
+
+def _deadline(fs: AbstractFileSystem, size: int) -> Dict[str, float]:
+    """The keyword that bounds a whole call of an async file system (fsspec's `sync`
+    gives up after `timeout` seconds): the connect and read timeouts, plus the time
+    `size` bytes take at SLOWEST_RATE. The store's own timeouts apply per attempt,
+    and s3fs and botocore retry timed-out attempts many times over; this bounds
+    them all."""
+    if not getattr(fs, "async_impl", False):
+        return {}
+    return {"timeout": CONNECT_TIMEOUT + READ_TIMEOUT + size / SLOWEST_RATE}
 
 
 def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileSystem, str]:

@@ -471,3 +471,21 @@ def test_ranged_reads_match_the_bytes_whatever_the_plan():
     assert reader.get_tensor("empty").shape == (0, 4)
     assert all(0 <= offset and offset + length <= len(data) and length <= 8 * MiB
                for offset, length in asked)
+
+
+def test_a_stalled_s3_store_gives_a_timeout_within_the_deadline(served, monkeypatch):
+    """An S3 endpoint that answers HEAD and never a GET: s3fs and botocore retry
+    timed-out attempts many times over, and the deadline on the whole call bounds
+    them."""
+    pytest.importorskip("s3fs")
+    server, put = served
+    put("bucket/stalled.safetensors", fastst.save({"a": np.zeros(3)}))
+    server.mode = "stall"
+    monkeypatch.setattr(fastst.remote, "CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr(fastst.remote, "READ_TIMEOUT", 0.5)
+    options = {"key": "k", "secret": "s", "skip_instance_cache": True,
+               "client_kwargs": {"endpoint_url": server.url, "region_name": "eu-west-1"}}
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no answer in time"):
+        fastst.safe_open("s3://bucket/stalled.safetensors", storage_options=options)
+    assert time.monotonic() - started < 20

@@ -373,7 +373,8 @@ def safe_open(filename: Openable,
     backend : {"mmap", "pread"}
         ``"mmap"`` (default) maps the file privately: arrays are views, writable,
         and writes never reach the file. ``"pread"`` reads each tensor into fresh
-        memory when asked, for files that may change while open.
+        memory when asked, for files that may change while open. URLs and file objects
+        are always read by ranges into fresh memory, whatever `backend` says.
     max_header_size : int
         Largest header accepted, in bytes (100,000,000 by default).
     verify : bool

@@ -132,13 +132,14 @@ cdef class Reader:
         cdef uint64_t n, start
         head = self._fetch_one(fetch, 0, min(size, HEAD_BYTES), "the header")
         n, start = _split_prefix(source, <const uint8_t*>PyBytes_AS_STRING(head), size, limit)
+        # Kept for the tensors it holds, when it holds any beyond the header.
+        self.head = head if start < <uint64_t>len(head) else b""
         if start > <uint64_t>len(head):
             head += self._fetch_one(fetch, len(head), start - len(head), "the header")
         self.header = parse_header(head[8:start], source, size - start)
         self.data_offset = start
         self.kind = BACKEND_RANGES
         self.fetch = fetch
-        self.head = head
         self.identity = identity
         self.file_size = size
         self.is_closed = False

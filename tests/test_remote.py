@@ -489,3 +489,15 @@ def test_a_stalled_s3_store_gives_a_timeout_within_the_deadline(served, monkeypa
     with pytest.raises(TimeoutError, match="no answer in time"):
         fastst.safe_open("s3://bucket/stalled.safetensors", storage_options=options)
     assert time.monotonic() - started < 20
+
+
+def test_a_header_longer_than_the_first_read_takes_a_second_request(served):
+    server, put = served
+    tensors = {f"name_{k:05d}_" + "x" * 40: np.array([k], np.int32) for k in range(2000)}
+    url = put("long-header.safetensors", fastst.save(tensors))
+    server.reset_counts()
+    with fastst.safe_open(url) as f:
+        assert f.data_start > HEAD_BYTES
+        assert len(server.gets()) == 2
+        assert f.get_tensor("name_01234_" + "x" * 40).tolist() == [1234]
+    assert_same(fastst.load_file(url), tensors)

@@ -22,6 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan
+from ._files import write_atomically
 from ._handle import is_url
 
 if TYPE_CHECKING:
@@ -280,8 +281,9 @@ def save_plan(plan: WritePlan, target: Any,
 
     On S3 and Google Cloud Storage the file is streamed up in parts and the object
     appears only once complete; a failed save aborts the upload and leaves the
-    previous object. On other stores the file is put whole in one call (atomic
-    where the store's put is). A file object is written in order from where it is.
+    previous object. A ``file://`` URL is written as ``save_file`` writes a path
+    (atomically). On other stores the file is put whole in one call (atomic where
+    the store's put is). A file object is written in order from where it is.
     """
     if not is_url(target):
         if storage_options:
@@ -293,6 +295,8 @@ def save_plan(plan: WritePlan, target: Any,
     try:
         if set(protocols) & set(STAGED_PROTOCOLS):
             _upload_staged(fs, path, plan, target)
+        elif set(protocols) & {"file", "local"}:
+            write_atomically(plan, path)
         else:
             fs.pipe_file(path, plan.to_bytes())
     except SafetensorError:

@@ -501,3 +501,14 @@ def test_a_header_longer_than_the_first_read_takes_a_second_request(served):
         assert len(server.gets()) == 2
         assert f.get_tensor("name_01234_" + "x" * 40).tolist() == [1234]
     assert_same(fastst.load_file(url), tensors)
+
+
+def test_file_urls_save_atomically_and_read_by_ranges(tmp_path):
+    tensors = every_dtype(5)
+    url = (tmp_path / "local.safetensors").as_uri()
+    fastst.save_file(tensors, url)
+    assert (tmp_path / "local.safetensors").read_bytes() == fastst.save(tensors)
+    assert sorted(os.listdir(tmp_path)) == ["local.safetensors"]   # no temporary left
+    with fastst.safe_open(url) as f:
+        assert f.backend == "ranges"
+        assert_same(f.get_tensors(), tensors)

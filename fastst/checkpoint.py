@@ -383,7 +383,7 @@ class ShardedHandle(Generic[T]):
         (None when missing: opening it will say so)."""
         handle = self._opened.get(shard)
         if handle is not None:
-            return tuple(handle.file_identity[1:])   # type: ignore[return-value]
+            return tuple(handle.file_identity[1:])
         try:
             return _file_stamp(self._index.shard_path(shard))
         except FileNotFoundError:

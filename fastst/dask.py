@@ -72,8 +72,9 @@ def from_safetensors(source: Any, name: Union[str, Sequence[str], None] = None,
     Parameters
     ----------
     source : str or os.PathLike
-        A ``.safetensors`` file, or a URL that ``safe_open`` opens (with
-        `storage_options`).
+        A ``.safetensors`` file, a sharded checkpoint (its directory or
+        ``*.index.json``: each tensor is read from its shard), or a URL that
+        ``safe_open`` opens (with `storage_options`).
     name : str, sequence of str or None
         One tensor (a dask array is returned), several, or None for every tensor
         (a dict name -> dask array, in the file's order).
@@ -103,11 +104,27 @@ def from_safetensors(source: Any, name: Union[str, Sequence[str], None] = None,
     refused with a SafetensorError (read those with ``safe_open``).
     """
     with _open(source, backend, storage_options) as handle:
-        opening = _opening(handle)
         names = handle.offset_keys() if name is None else [name] if isinstance(name, str) \
             else list(name)
-        arrays = {each: _tensor_array(handle, opening, each, chunks) for each in names}
+        if hasattr(handle, "shard_file"):
+            arrays = _from_shards(handle, names, chunks, backend, storage_options)
+        else:
+            opening = _opening(handle)
+            arrays = {each: _tensor_array(handle, opening, each, chunks) for each in names}
     return arrays[name] if isinstance(name, str) else arrays
+
+
+def _from_shards(checkpoint: Any, names: List[str], chunks: Chunks, backend: Optional[str],
+                 storage_options: Optional[Mapping[str, Any]]) -> Dict[str, da.Array]:
+    """A sharded checkpoint's tensors, each read from its shard (each shard opened once)."""
+    by_shard: Dict[str, List[str]] = {}
+    for each in names:
+        by_shard.setdefault(checkpoint.shard_file(each), []).append(each)
+    found: Dict[str, da.Array] = {}
+    for shard, tensors in by_shard.items():
+        found.update(from_safetensors(shard, tensors, chunks, backend=backend,
+                                      storage_options=storage_options))
+    return {each: found[each] for each in names}
 
 
 def _open(source: Any, backend: Optional[str],
@@ -320,6 +337,10 @@ def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
     that fails, the old file stays as it was too, but the temporary file beside
     it (``.<name>.<random>.fastst-tmp``) is left for the caller to remove.
     """
+    if _is_url(path):
+        raise SafetensorNotImplementedError(
+            f"{path}: to_safetensors writes local files (its workers write in place); "
+            f"write locally, then upload")
     named = _named_arrays(arrays, name)
     declared = {key: (array.dtype, array.shape) for key, array in named.items()}
     writer = StreamWriter(path, declared, metadata, fsync=fsync, header_padding=header_padding)

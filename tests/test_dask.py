@@ -109,6 +109,18 @@ def test_a_list_of_names_gives_those_tensors(path, tensors):
     np.testing.assert_array_equal(arrays["z"].compute(), tensors["z"])
 
 
+def test_a_sharded_checkpoint_reads_each_tensor_from_its_shard(tmp_path, tensors):
+    folder = tmp_path / "checkpoint"
+    fastst.save_file(tensors, folder, max_shard_size=1000)
+    assert len(list(folder.glob("*.safetensors"))) > 1
+    arrays = from_safetensors(folder, chunks=7)
+    assert sorted(arrays) == sorted(tensors)
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(array.compute(), tensors[name])
+    x = from_safetensors(folder / "model.safetensors.index.json", "x", chunks=50)
+    np.testing.assert_array_equal(x.compute(), tensors["x"])
+
+
 def test_the_graph_holds_no_open_file_and_pickles_small(path, tensors):
     x = from_safetensors(path, "x", chunks=1)
     arguments = task_arguments(x)
@@ -337,6 +349,8 @@ def test_a_failed_chunk_leaves_the_old_file(tmp_path, tensors, scheduler):
 
 def test_arrays_that_cannot_be_written_are_refused(tmp_path):
     target = tmp_path / "refused.safetensors"
+    with pytest.raises(fastst.SafetensorNotImplementedError, match="writes local files"):
+        to_safetensors({"x": da.zeros(3)}, "s3://bucket/x.safetensors")
     with pytest.raises(fastst.SafetensorTypeError, match="needs a name"):
         to_safetensors(da.zeros(3), target)
     with pytest.raises(fastst.SafetensorTypeError, match="dtype .* has no safetensors code"):
@@ -405,8 +419,8 @@ def gib_file(tmp_path_factory):
 def test_a_reduction_over_1_gib_on_the_cluster_equals_numpy(client, gib_file):
     x = from_safetensors(gib_file, "x")
     assert x.nbytes == 1 << 30 and x.numblocks[0] > 2
-    total, mean = client.compute([x.sum(dtype=np.float64), x.mean(dtype=np.float64)],
-                                 sync=True)
+    futures = client.compute([x.sum(dtype=np.float64), x.mean(dtype=np.float64)])
+    total, mean = (future.result(timeout=TIMEOUT) for future in futures)
     with fastst.safe_open(gib_file) as f:
         data_start = f.data_start
     mapped = np.memmap(gib_file, np.float32, "r", data_start, (GIB_ROWS, 128))
@@ -423,7 +437,8 @@ def test_writing_then_reading_on_the_cluster_round_trips(client, tmp_path, rng):
                     "labels": da.from_array(labels, chunks=1000)}, target,
                    metadata={"written": "cluster"}, scheduler=client)
     arrays = from_safetensors(target, chunks=700)
-    x, y = client.compute([arrays["x"], arrays["labels"]], sync=True)
+    x, y = (future.result(timeout=TIMEOUT)
+            for future in client.compute([arrays["x"], arrays["labels"]]))
     np.testing.assert_array_equal(x, source)
     np.testing.assert_array_equal(y, labels)
     copy = tmp_path / "copy.safetensors"
@@ -440,3 +455,10 @@ def test_a_changed_file_is_refused_on_the_cluster(client, tmp_path, tensors):
     rewrite(target, tensors)
     with pytest.raises(fastst.SafetensorError, match="file changed since"):
         client.compute(x).result(timeout=TIMEOUT)
+
+
+def test_docstring_examples():
+    import doctest
+
+    failures, tried = doctest.testmod(fastst_dask, raise_on_error=False)
+    assert tried > 0 and failures == 0

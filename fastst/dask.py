@@ -104,14 +104,22 @@ def from_safetensors(source: Any, name: Union[str, Sequence[str], None] = None,
     refused with a SafetensorError (read those with ``safe_open``).
     """
     with _open(source, backend, storage_options) as handle:
-        names = handle.offset_keys() if name is None else [name] if isinstance(name, str) \
-            else list(name)
+        names = handle.offset_keys() if name is None else _names(handle.source, name)
         if hasattr(handle, "shard_file"):
             arrays = _from_shards(handle, names, chunks, backend, storage_options)
         else:
             opening = _opening(handle)
             arrays = {each: _tensor_array(handle, opening, each, chunks) for each in names}
     return arrays[name] if isinstance(name, str) else arrays
+
+
+def _names(source: str, name: Any) -> List[str]:
+    names = [name] if isinstance(name, str) else list(name) \
+        if isinstance(name, (list, tuple)) else None
+    if names is None or not all(isinstance(each, str) for each in names):
+        raise SafetensorTypeError(f"{source}: name must be a tensor name, a list of them or "
+                                  f"None, got {name!r}")
+    return names
 
 
 def _from_shards(checkpoint: Any, names: List[str], chunks: Chunks, backend: Optional[str],

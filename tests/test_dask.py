@@ -202,6 +202,12 @@ def test_bad_chunks_are_refused(path, chunks, message):
         from_safetensors(path, "x", chunks=chunks)
 
 
+@pytest.mark.parametrize("name", [3, ["x", 3], {"x"}, b"x"])
+def test_names_that_are_not_str_are_refused(path, name):
+    with pytest.raises(fastst.SafetensorTypeError, match="name must be a tensor name"):
+        from_safetensors(path, name)
+
+
 def test_a_missing_tensor_is_refused(path):
     with pytest.raises(fastst.TensorNotFoundError, match="no tensor named 'w'"):
         from_safetensors(path, "w")

@@ -33,7 +33,8 @@ from ._core import (
     DTYPES, Reader, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
     TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
 )
-from ._files import AtomicFile, PathLike, copy_range, write_atomically
+from ._core import write_array_at
+from ._files import AtomicFile, PathLike, copy_range, fsync_path, write_atomically
 from .integrity import (CHECKSUM_KEY, checksum_metadata, digests_in_file, plan_with_checksums,
                         reserved_checksums)
 
@@ -467,11 +468,10 @@ class TensorRegion:
         piece = self._checked(_as_array(self.target, self.name, array), start_row)
         rows = len(piece) if self.shape else 1
         row_bytes = self.size // self.shape[0] if self.shape and self.shape[0] else self.size
-        data = piece.reshape(-1).view(np.uint8)
-        if len(data) != rows * row_bytes:
+        if piece.nbytes != rows * row_bytes:
             raise SafetensorError(f"{self.target}: tensor {self.name!r}: a piece of "
-                                  f"{len(data)} bytes does not fill {rows} rows")
-        self._pwrite(memoryview(data), self.offset + start_row * row_bytes)
+                                  f"{piece.nbytes} bytes does not fill {rows} rows")
+        self._write_at(piece, self.offset + start_row * row_bytes)
 
     def __setitem__(self, index: Any, array: Any) -> None:
         self.write(array, self._start_row(index if isinstance(index, tuple) else (index,)))
@@ -511,16 +511,14 @@ class TensorRegion:
                                       f"{axis}")
         return index[0].indices(self.shape[0])[0] if index else 0
 
-    def _pwrite(self, data: memoryview, position: int) -> None:
+    def _write_at(self, piece: np.ndarray, position: int) -> None:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise SafetensorError(f"{self.target}: tensor {self.name!r}: the file being "
                                   f"written is gone (committed or aborted)") from None
         try:
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], position + written)
+            write_array_at(fd, piece, position, self.target)
         finally:
             os.close(fd)
 
@@ -547,7 +545,7 @@ class PendingFile:
         the directory after)."""
         try:
             if self.fsync:
-                _fsync_path(self.temp)
+                fsync_path(self.temp)
             os.replace(self.temp, self.target)
         except FileNotFoundError:
             raise SafetensorError(f"{self.target}: the file being written is gone "
@@ -556,7 +554,7 @@ class PendingFile:
             self.abort()
             raise
         if self.fsync:
-            _fsync_path(os.path.dirname(self.target) or ".")
+            fsync_path(os.path.dirname(self.target))
 
     def abort(self) -> None:
         """Remove the file; any old file at the target stays as it was."""
@@ -571,14 +569,6 @@ class PendingFile:
 
 def _pending_file(temp: str, target: str, fsync: bool) -> PendingFile:
     return PendingFile(temp, target, fsync=fsync)
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def declared_specs(specs: Declared) -> List[WriteSpec]:

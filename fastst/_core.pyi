@@ -114,6 +114,9 @@ class WritePlan:
     ) -> tuple[int, int]: ...
 
 def spec_of_array(name: str, array: npt.ArrayLike, /) -> WriteSpec: ...
+def write_array_at(
+    fd: int, array: npt.NDArray[Any], offset: int, target: str = ..., /
+) -> None: ...
 def plan_write(
     specs: Iterable[WriteSpec | tuple[str, str, Sequence[int], npt.NDArray[Any] | None]],
     metadata: Mapping[str, str] | None,

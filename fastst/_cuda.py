@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
+from ._handle import is_checkpoint_path
+from .checkpoint import ShardedHandle
 from .torch import TORCH_DTYPES
 
 # Measured on H100 machines (bench/gpu.py, bench/RESULTS.md): of the ring shapes
@@ -292,6 +294,33 @@ def load_file(filename: Any, device: torch.device, *, backend: str = "mmap",
 def load_through(filename: Any, backend: str,
                  make_dest: Callable[[int, str], torch.Tensor],
                  make_ring: Callable[[torch.Tensor, int], Ring]) -> Dict[str, torch.Tensor]:
+    """Every tensor of a file, or of a sharded checkpoint (its directory or
+    ``*.index.json``: one allocation per shard, shard after shard in index
+    order), streamed through rings (see ``load_file_through``)."""
+    tensors: Dict[str, torch.Tensor] = {}
+    for path in files_of(filename, backend):
+        tensors.update(load_file_through(path, backend, make_dest, make_ring))
+    return tensors
+
+
+def files_of(filename: Any, backend: str) -> List[Any]:
+    """The files `filename` names: itself, or a checkpoint's shards in index order,
+    each checked against the index (the tensors it holds) before any is read."""
+    if not is_checkpoint_path(filename):
+        return [filename]
+    with safe_open(filename, backend=backend) as opened:
+        if not isinstance(opened, ShardedHandle):
+            return [opened.source]     # a directory holding one file
+        index = opened.index
+        for names in index.shards.values():
+            opened.info(names[0])   # opens the shard, which checks it against the index
+    return [index.shard_path(shard) for shard in index.shards]
+
+
+def load_file_through(filename: Any, backend: str,
+                      make_dest: Callable[[int, str], torch.Tensor],
+                      make_ring: Callable[[torch.Tensor, int], Ring]
+                      ) -> Dict[str, torch.Tensor]:
     """Read the header, allocate the tensor buffer with ``make_dest(bytes, source)``,
     stream the file into it through ``make_ring(dest, bytes)`` and return the
     tensors, in file order."""

@@ -45,7 +45,7 @@ class AtomicFile:
             self.abort()
             raise
         if fsync:
-            _fsync_directory(self.directory)
+            fsync_path(self.directory)
 
     def abort(self) -> None:
         """Close and remove the temporary file (again: nothing happens)."""
@@ -129,8 +129,9 @@ def _preallocate(fd: int, size: int) -> None:
     os.ftruncate(fd, size)
 
 
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def fsync_path(path: str) -> None:
+    """Flush the file or directory at `path` to disk."""
+    fd = os.open(path or ".", os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

@@ -210,6 +210,15 @@ cdef object _checked_position(str target, object name, str what, object value):
     return int(value)
 
 
+def write_array_at(int fd, cnp.ndarray array not None, int64_t offset, str target="<file>"):
+    """Write `array`'s bytes, in C order and little-endian, to `fd` at byte `offset`
+    (a pwrite, the GIL released): the writers' output loop, for a piece whose place
+    the caller knows (a region of a file that other processes fill)."""
+    if offset < 0:
+        raise SafetensorError(f"{target}: offset must be >= 0, got {offset}")
+    _emit_array(array, NULL, fd, offset, target)
+
+
 cdef char* _emit_array(cnp.ndarray item, char* dest, int fd, int64_t offset,
                        str target) except? NULL:
     """Array `item`'s bytes, in C order and little-endian, copied to `dest` (the

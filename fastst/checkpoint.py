@@ -27,7 +27,8 @@ import orjson
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorInfo, TensorNotFoundError,
                     WriteSpec, spec_of_array)
 from ._files import TEMP_SUFFIX, PathLike, write_atomically
-from ._handle import Backend, FrameworkHandle, NumpyHandle, is_checkpoint_path, open_file
+from ._handle import (NUMPY_FRAMEWORKS, Backend, FrameworkHandle, NumpyHandle,
+                      framework_converter, is_checkpoint_path, open_file)
 from ._slicing import Converter, SafeSlice, T
 from .integrity import plan_with_checksums
 
@@ -163,6 +164,17 @@ def _check_shard_name(shard: str, name: str, path: str) -> None:
 
 # an open shard: a NumpyHandle, or a FrameworkHandle for a framework's tensors
 Shard = Any
+Stamp = Tuple[int, int, int, int]   # a file's st_dev, st_ino, st_size, st_mtime_ns
+
+
+class Opening(NamedTuple):
+    """How ``safe_open`` opened a checkpoint: what a pickled handle opens again."""
+    index_path: str          # absolute
+    framework: str
+    device: Any
+    backend: Backend
+    max_header_size: int
+    verify: bool
 
 
 class ShardedHandle(Generic[T]):
@@ -175,16 +187,22 @@ class ShardedHandle(Generic[T]):
     is opened when one of its tensors is first asked for, and checked then: it
     must hold exactly the tensors the index gives it. ``close()`` closes every
     shard opened.
+
+    A handle from ``safe_open`` pickles by opening the checkpoint again (so it
+    passes to spawned workers and process pools): the index and every shard must
+    be the files they were when it was pickled.
     """
 
     def __init__(self, index: CheckpointIndex, open_shard: Callable[[str], Shard],
-                 backend: str) -> None:
+                 backend: str, opening: Optional[Opening] = None) -> None:
         self._index = index
         self._open_shard = open_shard
         self._backend = backend
+        self._opening = opening
         self._opened: Dict[str, Shard] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._pickled_stamps: Dict[str, Stamp] = {}   # shards as pickled, when unpickled
 
     # -- shards ----------------------------------------------------------------
 
@@ -218,6 +236,7 @@ class ShardedHandle(Generic[T]):
             raise SafetensorError(f"{index.path}: tensor {wanted!r}: shard {shard!r} is a "
                                   f"directory") from None
         try:
+            self._check_unchanged(shard, handle)
             self._check_contents(shard, handle)
         except SafetensorError:
             handle.close()
@@ -239,6 +258,12 @@ class ShardedHandle(Generic[T]):
             missing = next(name for name in expected if name not in handle)
             raise SafetensorError(f"{index.path}: tensor {missing!r} is absent from its "
                                   f"shard {shard!r}")
+
+    def _check_unchanged(self, shard: str, handle: Shard) -> None:
+        pickled = self._pickled_stamps.get(shard)
+        if pickled is not None and tuple(handle.file_identity[1:]) != pickled:
+            raise SafetensorError(f"{self._index.path}: shard {shard!r} changed since the "
+                                  f"handle was pickled; open the checkpoint again to read it")
 
     def _all_shards(self) -> List[Tuple[str, Shard]]:
         return [(shard, self._shard(shard, names[0]))
@@ -264,6 +289,12 @@ class ShardedHandle(Generic[T]):
         for _, handle in self._all_shards():
             tensors.update(handle.get_tensors())
         return tensors
+
+    def gather(self, name: str, rows: Any) -> T:
+        """Rows `rows` of tensor `name`'s first axis, from its shard (see
+        ``NumpyHandle.gather``)."""
+        tensor: T = self._shard_of(name).gather(name, rows)
+        return tensor
 
     def get_slice(self, name: str) -> SafeSlice[T]:
         """A lazy handle on tensor `name` (see ``SafeSlice``)."""
@@ -335,6 +366,29 @@ class ShardedHandle(Generic[T]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickled, the handle holds how the checkpoint was opened and the identity
+        of its index and shards (see ``_reopened_checkpoint``)."""
+        opening = self._opening
+        if opening is None:
+            raise SafetensorError(f"{self._index.path}: only a checkpoint from safe_open can "
+                                  f"be pickled")
+        self._check_open()
+        shards = {shard: self._stamp_of(shard) for shard in self._index.shards}
+        stamps = {shard: stamp for shard, stamp in shards.items() if stamp is not None}
+        return _reopened_checkpoint, (opening, _file_stamp(opening.index_path), stamps)
+
+    def _stamp_of(self, shard: str) -> Optional[Stamp]:
+        """The shard as this handle reads it: its opened file, or the file on disk
+        (None when missing: opening it will say so)."""
+        handle = self._opened.get(shard)
+        if handle is not None:
+            return tuple(handle.file_identity[1:])
+        try:
+            return _file_stamp(self._index.shard_path(shard))
+        except FileNotFoundError:
+            return None
+
     def __repr__(self) -> str:
         state = ("closed" if self._closed else
                  f"{len(self)} tensors in {len(self._index.shards)} shards")
@@ -387,6 +441,34 @@ class NumpyShardedHandle(ShardedHandle[Any]):
     def gather_rows(self, name: str, rows: Any) -> Any:
         return self._shard_of(name).gather_rows(name, rows)
 
+    def gather(self, name: str, rows: Any, out: Any = None) -> Any:
+        """Rows `rows` of tensor `name`'s first axis, into `out` when given (see
+        ``NumpyHandle.gather``)."""
+        return self._shard_of(name).gather(name, rows, out)
+
+
+def _file_stamp(path: str) -> Stamp:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _reopened_checkpoint(opening: Opening, index_stamp: Stamp, shard_stamps: Dict[str, Stamp]
+                         ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
+    """A pickled checkpoint handle, unpickled: the checkpoint opened again as it
+    was. An index that changed is refused now; a shard that changed, when it is
+    opened."""
+    if _file_stamp(opening.index_path) != tuple(index_stamp):
+        raise SafetensorError(f"{opening.index_path}: index changed since the handle was "
+                              f"pickled; open the checkpoint again to read it")
+    convert = (None if opening.framework in NUMPY_FRAMEWORKS
+               else framework_converter(opening.framework, opening.device))
+    handle = open_checkpoint(opening.index_path, convert, backend=opening.backend,
+                             max_header_size=opening.max_header_size, verify=opening.verify,
+                             opened_as=(opening.framework, opening.device))
+    if isinstance(handle, ShardedHandle):
+        handle._pickled_stamps = dict(shard_stamps)
+    return handle
+
 
 
 def _copy_of(handle: Shard) -> Dict[str, Any]:
@@ -402,28 +484,31 @@ def _usable_cpus() -> int:
 
 def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
                     backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
-                    verify: bool = False
+                    verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None
                     ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
     """Open the checkpoint at `path`, a directory or an ``*.index.json``, as one
     handle (see ``ShardedHandle``), its tensors passed through `convert` (a
     framework's converter) or NumPy arrays when it is None. A directory holding
     one unsharded file (``model.safetensors``) gives that file's handle. With
     `verify`, each shard must hold checksums, and each tensor's is checked on its
-    first read (see ``fastst.integrity``)."""
+    first read (see ``fastst.integrity``). `opened_as`, the (framework, device)
+    `convert` is for, lets the handle pickle."""
     text = os.fsdecode(path)
     target = find_checkpoint(text) if os.path.isdir(text) else text
     if not target.endswith(INDEX_SUFFIX):
         return open_file(target, convert, backend=backend, max_header_size=max_header_size,
-                         verify=verify)
+                         verify=verify, opened_as=opened_as)
     index = read_index(target, max_size=max_header_size)
+    opening = None if opened_as is None else Opening(
+        os.path.abspath(target), *opened_as, backend, max_header_size, verify)
 
     def open_shard(shard: str) -> Shard:
         return open_file(shard, convert, backend=backend, max_header_size=max_header_size,
                          verify=verify)
 
     if convert is None:
-        return NumpyShardedHandle(index, open_shard, backend)
-    return ShardedHandle(index, open_shard, backend)
+        return NumpyShardedHandle(index, open_shard, backend, opening)
+    return ShardedHandle(index, open_shard, backend, opening)
 
 
 # ---------------------------------------------------------------------------

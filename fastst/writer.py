@@ -33,12 +33,14 @@ from ._core import (
     DTYPES, Reader, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
     TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
 )
-from ._files import AtomicFile, PathLike, copy_range, write_atomically
+from ._core import write_array_at
+from ._files import AtomicFile, PathLike, copy_range, fsync_path, write_atomically
 from ._handle import is_url
 from .integrity import (CHECKSUM_KEY, checksum_metadata, digests_in_file, plan_with_checksums,
                         reserved_checksums)
 
-__all__ = ["StreamWriter", "TensorSpec", "WritePlan", "WriteSpec", "declared_specs",
+__all__ = ["PendingFile", "StreamWriter", "TensorRegion", "TensorSpec", "WritePlan", "WriteSpec",
+           "declared_specs",
            "deserialize", "plan_write", "save_file_from", "serialize", "serialize_file", "spec_of_array",
            "specs_of", "update_metadata", "write_atomically"]
 
@@ -219,7 +221,10 @@ class StreamWriter:
       tensor, for dtypes the caller has no array type for;
     * ``view(name)``: a writable NumPy array over the tensor's bytes in the file
       (a shared map, as ``np.lib.format.open_memmap``) to fill in place; the
-      tensor counts as written once the view is taken.
+      tensor counts as written once the view is taken;
+    * ``region(name)``: a picklable ``TensorRegion`` that other processes sharing
+      the file system write rows to (dask workers); with ``detach()``, which hands
+      the file over as a ``PendingFile`` for them to commit.
 
     Each piece is checked (name, dtype, row shape, range) before any byte is
     written. ``close()`` (or leaving the ``with`` block) renames the file over
@@ -373,6 +378,37 @@ class StreamWriter:
                            header_size=self._plan.data_start - 8)
         final.write_prefix(fd, self.name)
 
+    def region(self, name: str) -> TensorRegion:
+        """A picklable target for tensor `name`'s bytes in the temporary file, that
+        another process sharing the file system fills (see ``TensorRegion``); the
+        tensor counts as written once the region is taken, as with ``view``."""
+        fd = self._open_fd()
+        os.fstat(fd)    # the file is still there
+        info = self._plan.info(name, self.name)
+        if info.array_shape is None:
+            raise SafetensorError(f"{self.name}: tensor {name!r}: shape {info.shape} cannot "
+                                  f"be a NumPy array; write its bytes with write_bytes")
+        begin, end = info.data_offsets
+        region = TensorRegion(self._file.temp, self.name, name, info.dtype, info.array_shape,
+                              self._plan.data_start + begin, end - begin)
+        self._mark(name, (0, end - begin))
+        return region
+
+    def detach(self) -> PendingFile:
+        """Hand the temporary file over, as it is, to whoever finishes filling it
+        (through regions, from other processes): the writer closes, and the
+        returned ``PendingFile`` commits the file (renames it over the target) or
+        aborts it. Not with `checksum`, whose digests are computed at ``close``."""
+        if self._checksum is not None:
+            raise SafetensorNotImplementedError(
+                f"{self.name}: a file with checksums is committed by close(), not detached")
+        self._open_fd()
+        self._release_maps(flush=True)
+        file, self._file = self._file, None
+        os.close(file.fd)
+        file.fd = -1
+        return PendingFile(file.temp, file.target, fsync=self._fsync)
+
     def abort(self) -> None:
         """Drop the file being written; any old file stays as it was."""
         file, self._file = self._file, None
@@ -406,6 +442,139 @@ class StreamWriter:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._written)} tensors"
         return f"<fastst.StreamWriter {self.name!r} ({state})>"
+
+
+class TensorRegion:
+    """Where one declared tensor's bytes go in a ``StreamWriter``'s temporary file,
+    as ``StreamWriter.region`` gives it: the file's path, the tensor's byte offset,
+    dtype and shape. It pickles as those, so that processes which share the file
+    system (dask workers) write rows of the tensor in parallel, each write opening
+    the file and writing with ``pwrite``, after checking the piece's dtype, row
+    shape and range.
+
+    ``region[first:last] = rows`` (or ``region[first:last, :, ...]``, as
+    ``dask.array.store`` writes, whole rows only) is ``region.write(rows, first)``.
+    """
+
+    __slots__ = ("path", "target", "name", "dtype", "shape", "offset", "size")
+
+    def __init__(self, path: str, target: str, name: str, dtype: str,
+                 shape: Tuple[int, ...], offset: int, size: int) -> None:
+        self.path, self.target, self.name = path, target, name
+        self.dtype, self.shape = dtype, tuple(shape)
+        self.offset, self.size = offset, size
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return TensorRegion, (self.path, self.target, self.name, self.dtype, self.shape,
+                              self.offset, self.size)
+
+    def write(self, array: Any, start_row: int = 0) -> None:
+        """Write `array` as rows ``[start_row, start_row + len(array))`` of the tensor
+        (the whole tensor when it has no axis)."""
+        piece = self._checked(_as_array(self.target, self.name, array), start_row)
+        rows = len(piece) if self.shape else 1
+        row_bytes = self.size // self.shape[0] if self.shape and self.shape[0] else self.size
+        if piece.nbytes != rows * row_bytes:
+            raise SafetensorError(f"{self.target}: tensor {self.name!r}: a piece of "
+                                  f"{piece.nbytes} bytes does not fill {rows} rows")
+        self._write_at(piece, self.offset + start_row * row_bytes)
+
+    def __setitem__(self, index: Any, array: Any) -> None:
+        self.write(array, self._start_row(index if isinstance(index, tuple) else (index,)))
+
+    def _checked(self, piece: np.ndarray, start_row: Any) -> np.ndarray:
+        where = f"{self.target}: tensor {self.name!r}"
+        expected = numpy_dtype(self.dtype)
+        if spec_of_array(self.name, np.empty(0, piece.dtype)).dtype != self.dtype:
+            raise SafetensorTypeError(f"{where} is {self.dtype}: its pieces must be "
+                                      f"{expected} arrays, got {piece.dtype}")
+        start = operator.index(start_row)
+        if not self.shape:
+            if piece.shape or start:
+                raise SafetensorError(f"{where} has no axis: write it whole, got a piece "
+                                      f"of shape {piece.shape} at row {start}")
+        elif piece.shape[1:] != self.shape[1:] or not 0 <= start <= start + len(piece) \
+                <= self.shape[0]:
+            raise SafetensorError(f"{where} has shape {self.shape}: a piece of shape "
+                                  f"{piece.shape} does not fit at row {start}")
+        return np.ascontiguousarray(piece).astype(expected, copy=False)
+
+    def _start_row(self, index: Tuple[Any, ...]) -> int:
+        """The first row of an index of slices that selects whole rows."""
+        if not self.shape:
+            if index not in ((), (Ellipsis,)):
+                raise SafetensorError(f"{self.target}: tensor {self.name!r} has no axis: "
+                                      f"write it whole, got index {index!r}")
+            return 0
+        if len(index) > len(self.shape) or not all(isinstance(part, slice) for part in index):
+            raise SafetensorError(f"{self.target}: tensor {self.name!r}: a region takes "
+                                  f"slices of rows, got index {index!r}")
+        for axis, part in enumerate(index):
+            start, stop, step = part.indices(self.shape[axis])
+            if step != 1 or (axis and (start, stop) != (0, self.shape[axis])):
+                raise SafetensorError(f"{self.target}: tensor {self.name!r}: a region is "
+                                      f"written in whole rows; index {index!r} cuts axis "
+                                      f"{axis}")
+        return index[0].indices(self.shape[0])[0] if index else 0
+
+    def _write_at(self, piece: np.ndarray, position: int) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SafetensorError(f"{self.target}: tensor {self.name!r}: the file being "
+                                  f"written is gone (committed or aborted)") from None
+        try:
+            write_array_at(fd, piece, position, self.target)
+        finally:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return (f"<fastst.writer.TensorRegion {self.name!r} {self.dtype} {list(self.shape)} "
+                f"of {self.target!r}>")
+
+
+class PendingFile:
+    """A ``StreamWriter``'s temporary file handed over by ``StreamWriter.detach``:
+    its path, its target, and whether to flush it to disk. It pickles as those,
+    so that the process that sees the last piece written commits it."""
+
+    __slots__ = ("temp", "target", "fsync")
+
+    def __init__(self, temp: str, target: str, *, fsync: bool = False) -> None:
+        self.temp, self.target, self.fsync = temp, target, fsync
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return _pending_file, (self.temp, self.target, self.fsync)
+
+    def commit(self) -> None:
+        """Rename the file over the target (flushed to disk first with `fsync`, and
+        the directory after)."""
+        try:
+            if self.fsync:
+                fsync_path(self.temp)
+            os.replace(self.temp, self.target)
+        except FileNotFoundError:
+            raise SafetensorError(f"{self.target}: the file being written is gone "
+                                  f"(committed or aborted already)") from None
+        except BaseException:
+            self.abort()
+            raise
+        if self.fsync:
+            fsync_path(os.path.dirname(self.target))
+
+    def abort(self) -> None:
+        """Remove the file; any old file at the target stays as it was."""
+        try:
+            os.unlink(self.temp)
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<fastst.writer.PendingFile {self.target!r}>"
+
+
+def _pending_file(temp: str, target: str, fsync: bool) -> PendingFile:
+    return PendingFile(temp, target, fsync=fsync)
 
 
 def declared_specs(specs: Declared) -> List[WriteSpec]:

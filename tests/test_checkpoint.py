@@ -4,7 +4,9 @@ written by save_file(..., max_shard_size=...); stale shards removed after."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -414,3 +416,152 @@ def test_one_file_and_a_checkpoint_give_handles_of_one_protocol(checkpoint):
     with fastst.safe_open(directory, framework="pt") as f:
         assert isinstance(f, Handle) and not isinstance(f, ArrayHandle)
         assert isinstance(f.get_tensor("layer.0"), torch.Tensor)
+
+
+# ---------------------------------------------------------------------------
+# Pickling and gathers
+# ---------------------------------------------------------------------------
+
+def shard_contents(handle):
+    """What a worker reads through a handle it was sent."""
+    return {"tensors": {name: np.asarray(handle.get_tensor(name)) for name in handle.keys()},
+            "gathered": np.asarray(handle.gather("layer.4", [5, -1, 5, 0])),
+            "backend": handle.backend, "source": handle.source}
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_a_checkpoint_handle_pickles_by_opening_the_checkpoint_again(
+        checkpoint, backend, framework):
+    if framework == "pt":
+        pytest.importorskip("torch")
+    directory, tensors = checkpoint
+    with fastst.safe_open(directory, framework, backend=backend) as f:
+        f.get_tensor("layer.0")            # one shard opened, the others not
+        copy = pickle.loads(pickle.dumps(f))
+    with copy:
+        assert type(copy) is type(f) and copy.backend == backend
+        assert copy.source == str(directory / INDEX)
+        for name, array in tensors.items():
+            np.testing.assert_array_equal(np.asarray(copy.get_tensor(name)), array)
+
+
+def test_a_checkpoint_handle_pickled_in_one_directory_opens_in_another(
+        checkpoint, tmp_path, monkeypatch):
+    directory, tensors = checkpoint
+    monkeypatch.chdir(directory)
+    with fastst.safe_open(INDEX) as f:
+        pickled = pickle.dumps(f)
+    monkeypatch.chdir(tmp_path.parent)
+    with pickle.loads(pickled) as copy:
+        np.testing.assert_array_equal(copy["layer.5"], tensors["layer.5"])
+
+
+def test_a_checkpoint_handle_passes_to_a_spawned_pool(checkpoint):
+    directory, tensors = checkpoint
+    with fastst.safe_open(directory, backend="pread") as f, \
+            multiprocessing.get_context("spawn").Pool(1) as pool:
+        result = pool.apply_async(shard_contents, (f,)).get(timeout=120)
+    assert result["backend"] == "pread" and result["source"] == str(directory / INDEX)
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(result["tensors"][name], array)
+    np.testing.assert_array_equal(result["gathered"], tensors["layer.4"][[5, -1, 5, 0]])
+
+
+def rewrite(path, array):
+    fastst.save_file({path.name.split(".")[0]: array}, path)
+
+
+def test_a_shard_changed_after_pickling_is_refused_when_opened(checkpoint):
+    directory, tensors = checkpoint
+    with fastst.safe_open(directory) as f:
+        f.get_tensor("layer.0")
+        pickled = pickle.dumps(f)
+    shard = directory / shard_names(3)[2]
+    fastst.save_file({"layer.4": tensors["layer.4"] + 1, "layer.5": tensors["layer.5"]}, shard)
+    with pickle.loads(pickled) as copy:
+        np.testing.assert_array_equal(copy["layer.0"], tensors["layer.0"])
+        with pytest.raises(fastst.SafetensorError, match=r"shard 'model-00003-of-00003"
+                                                         r".safetensors' changed since"):
+            copy.get_tensor("layer.4")
+
+
+def test_a_shard_replaced_after_opening_is_pickled_as_the_handle_reads_it(checkpoint):
+    """The handle reads the shard it opened: an unpickled copy must not read the
+    file that replaced it."""
+    directory, tensors = checkpoint
+    with fastst.safe_open(directory) as f:
+        f.get_tensor("layer.0")
+        shard = directory / shard_names(3)[0]
+        fastst.save_file({"layer.0": tensors["layer.0"] + 1, "layer.1": tensors["layer.1"]},
+                         shard)
+        pickled = pickle.dumps(f)
+    with pickle.loads(pickled) as copy, pytest.raises(fastst.SafetensorError,
+                                                      match="changed since"):
+        copy.get_tensor("layer.0")
+
+
+def test_an_index_changed_after_pickling_is_refused(checkpoint):
+    directory, _ = checkpoint
+    with fastst.safe_open(directory) as f:
+        pickled = pickle.dumps(f)
+    index = directory / INDEX
+    index.write_text(index.read_text() + " ")
+    with pytest.raises(fastst.SafetensorError, match="index changed since the handle was "
+                                                     "pickled"):
+        pickle.loads(pickled)
+
+
+def test_closed_and_hand_made_checkpoint_handles_refuse_to_pickle(checkpoint):
+    from fastst.checkpoint import NumpyShardedHandle
+
+    directory, _ = checkpoint
+    f = fastst.safe_open(directory)
+    f.close()
+    with pytest.raises(fastst.SafetensorError, match="closed"):
+        pickle.dumps(f)
+    hand_made = NumpyShardedHandle(read_index(directory / INDEX), fastst.safe_open, "mmap")
+    with pytest.raises(fastst.SafetensorError, match="only a checkpoint from safe_open"):
+        pickle.dumps(hand_made)
+
+
+def test_a_directory_with_one_file_pickles_as_that_file(tmp_path):
+    fastst.save_file(arrays(2), tmp_path / "model.safetensors")
+    with fastst.safe_open(tmp_path) as f:
+        copy = pickle.loads(pickle.dumps(f))
+    with copy:
+        assert isinstance(copy, fastst.NumpyHandle)
+        np.testing.assert_array_equal(copy["layer.1"], arrays(2)["layer.1"])
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_gathers_read_rows_from_each_tensors_shard(checkpoint, backend):
+    directory, tensors = checkpoint
+    rows = np.array([3, 0, -1, 3], dtype=np.int16)
+    with fastst.safe_open(directory, backend=backend) as f:
+        for name, array in tensors.items():
+            np.testing.assert_array_equal(f.gather(name, rows), array[rows])
+        out = np.empty(4, np.float32)
+        assert f.gather("layer.2", rows, out) is out
+        np.testing.assert_array_equal(out, tensors["layer.2"][rows])
+        with pytest.raises(fastst.SafetensorIndexError):
+            f.gather("layer.2", [100])
+        with pytest.raises(fastst.TensorNotFoundError):
+            f.gather("nope", [0])
+    torch = pytest.importorskip("torch")
+    with fastst.safe_open(directory, "pt", backend=backend) as f:
+        gathered = f.gather("layer.1", rows)
+        assert isinstance(gathered, torch.Tensor)
+        assert gathered.tolist() == tensors["layer.1"][rows].tolist()
+
+
+def test_rows_span_tensors_of_several_shards_in_spawned_loaders(checkpoint):
+    from fastst.data import Rows
+
+    directory, tensors = checkpoint
+    with Rows(directory, ["layer.1", "layer.5"], backend="pread") as rows:
+        restored = pickle.loads(pickle.dumps(rows))
+        features, labels = restored.gather([7, 2])
+        np.testing.assert_array_equal(features, tensors["layer.1"][[7, 2]])
+        np.testing.assert_array_equal(labels, tensors["layer.5"][[7, 2]])
+        restored.close()

@@ -14,7 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # What an example needs beyond fastst's own dependencies, by what it imports.
 FRAMEWORK_OF_IMPORT = {"torch": "torch", "fastst.torch": "torch", "jax": "jax",
-                       "fastst.flax": "jax", "fastst.jax": "jax"}
+                       "fastst.flax": "jax", "fastst.jax": "jax", "fastst.dask": "dask",
+                       "dask": "dask", "fsspec": "fsspec"}
 INSTALL_COMMANDS = ['pip install . && fastst demo',
                     'pip install -e ".[test]" && python -m pytest']
 

@@ -411,3 +411,69 @@ def test_handle_stages_large_tensors(tmp_path, ring_buffers):
         got = f.get_tensors()
     assert len(ring_buffers) == 2      # the two large ones
     assert_same(got, {name: want[name] for name in got})
+
+
+def test_a_sharded_checkpoint_streams_shard_by_shard(tmp_path):
+    tensors = {f"layer.{k}": np.arange(k, k + 300, dtype=np.float32) for k in range(5)}
+    fastst.save_file(tensors, tmp_path, max_shard_size=2500)
+    rings, allocations = [], []
+
+    def make_dest(total, source):
+        allocations.append(source)
+        return torch.full((total,), 0xAB, dtype=torch.uint8)
+
+    def make_ring(dest, total):
+        rings.append(HostRing(dest, *_cuda.ring_shape(total, 256, 3)))
+        return rings[-1]
+
+    for opened in (tmp_path, tmp_path / "model.safetensors.index.json"):
+        rings.clear(), allocations.clear()
+        got = _cuda.load_through(opened, "pread", make_dest, make_ring)
+        assert list(got) == list(tensors)
+        for name, array in tensors.items():
+            np.testing.assert_array_equal(got[name].numpy(), array)
+        assert [os.path.basename(source) for source in allocations] == [
+            f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+        assert all(ring.finished and ring.released for ring in rings)
+
+
+def test_a_broken_checkpoint_is_refused_before_any_shard_is_streamed(tmp_path):
+    tensors = {f"layer.{k}": np.full(300, k, dtype=np.float32) for k in range(4)}
+    fastst.save_file(tensors, tmp_path, max_shard_size=2500)
+    fastst.save_file({"layer.2": tensors["layer.2"]}, tmp_path / "model-00002-of-00002.safetensors")
+    streamed = []
+
+    def make_dest(total, source):
+        streamed.append(source)
+        return torch.empty(total, dtype=torch.uint8)
+
+    with pytest.raises(fastst.SafetensorError, match="'layer.3' is absent from its shard"):
+        _cuda.load_through(tmp_path, "mmap", make_dest, None)
+    assert streamed == []
+
+
+def test_a_directory_of_one_file_streams_that_file(tmp_path):
+    fastst.save_file({"w": np.arange(6, dtype=np.int16)}, tmp_path / "model.safetensors")
+    def make_dest(total, source):
+        return torch.empty(total, dtype=torch.uint8)
+
+    def make_ring(dest, total):
+        return HostRing(dest, *_cuda.ring_shape(total, 4, 2))
+
+    got = _cuda.load_through(tmp_path, "mmap", make_dest, make_ring)
+    assert got["w"].tolist() == list(range(6))
+
+
+@needs_cuda
+def test_a_sharded_checkpoint_and_its_model_on_the_device(tmp_path, ring_buffers):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
+    ft.save_model(model, tmp_path, max_shard_size=4000)
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    got = ft.load_file(tmp_path, device="cuda")
+    assert len(ring_buffers) >= 2                     # one ring per shard
+    assert_same(got, ft.load_file(tmp_path))
+    assert all(tensor.device.type == "cuda" for tensor in got.values())
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)).cuda()
+    assert ft.load_model(fresh, tmp_path, device="cuda") == ([], [])
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name].cpu(), tensor)

@@ -175,3 +175,19 @@ def test_a_verifying_handle_pickles_as_one(tmp_path, tensors, framework):
         np.testing.assert_array_equal(np.asarray(copy.gather("y", [2, 0])), [2, 0])
         with pytest.raises(fastst.SafetensorError, match="tensor 'x': checksum mismatch"):
             copy.gather("x", [0])
+
+
+def rows_of(handle, first, last):
+    return handle.read_rows("x", first, last), os.getpid()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_handle_passes_to_joblib_workers(path, tensors, backend):
+    joblib = pytest.importorskip("joblib")
+    with fastst.safe_open(path, backend=backend) as f, \
+            joblib.Parallel(n_jobs=2, backend="loky", timeout=120) as parallel:
+        results = parallel(joblib.delayed(rows_of)(f, first, first + 512)
+                           for first in range(0, 4096, 512))
+    rows = np.concatenate([np.asarray(part) for part, _ in results])
+    np.testing.assert_array_equal(rows, tensors["x"])
+    assert os.getpid() not in {pid for _, pid in results}

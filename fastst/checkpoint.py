@@ -194,7 +194,8 @@ class ShardedHandle(Generic[T]):
     """
 
     def __init__(self, index: CheckpointIndex, open_shard: Callable[[str], Shard],
-                 backend: str, opening: Optional[Opening] = None) -> None:
+                 backend: str, opening: Optional[Opening] = None,
+                 pickled_stamps: Optional[Dict[str, Stamp]] = None) -> None:
         self._index = index
         self._open_shard = open_shard
         self._backend = backend
@@ -202,7 +203,8 @@ class ShardedHandle(Generic[T]):
         self._opened: Dict[str, Shard] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._pickled_stamps: Dict[str, Stamp] = {}   # shards as pickled, when unpickled
+        # shards as they were when the handle was pickled, for one unpickled
+        self._pickled_stamps = dict(pickled_stamps or {})
 
     # -- shards ----------------------------------------------------------------
 
@@ -462,12 +464,10 @@ def _reopened_checkpoint(opening: Opening, index_stamp: Stamp, shard_stamps: Dic
                               f"pickled; open the checkpoint again to read it")
     convert = (None if opening.framework in NUMPY_FRAMEWORKS
                else framework_converter(opening.framework, opening.device))
-    handle = open_checkpoint(opening.index_path, convert, backend=opening.backend,
-                             max_header_size=opening.max_header_size, verify=opening.verify,
-                             opened_as=(opening.framework, opening.device))
-    if isinstance(handle, ShardedHandle):
-        handle._pickled_stamps = dict(shard_stamps)
-    return handle
+    return open_checkpoint(opening.index_path, convert, backend=opening.backend,
+                           max_header_size=opening.max_header_size, verify=opening.verify,
+                           opened_as=(opening.framework, opening.device),
+                           pickled_stamps=shard_stamps)
 
 
 
@@ -484,7 +484,8 @@ def _usable_cpus() -> int:
 
 def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
                     backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
-                    verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None
+                    verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None,
+                    pickled_stamps: Optional[Dict[str, Stamp]] = None
                     ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
     """Open the checkpoint at `path`, a directory or an ``*.index.json``, as one
     handle (see ``ShardedHandle``), its tensors passed through `convert` (a
@@ -492,7 +493,8 @@ def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
     one unsharded file (``model.safetensors``) gives that file's handle. With
     `verify`, each shard must hold checksums, and each tensor's is checked on its
     first read (see ``fastst.integrity``). `opened_as`, the (framework, device)
-    `convert` is for, lets the handle pickle."""
+    `convert` is for, lets the handle pickle; `pickled_stamps`, the shards'
+    identities when it was pickled, makes it refuse shards that changed since."""
     text = os.fsdecode(path)
     target = find_checkpoint(text) if os.path.isdir(text) else text
     if not target.endswith(INDEX_SUFFIX):
@@ -507,8 +509,8 @@ def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
                          verify=verify)
 
     if convert is None:
-        return NumpyShardedHandle(index, open_shard, backend, opening)
-    return ShardedHandle(index, open_shard, backend, opening)
+        return NumpyShardedHandle(index, open_shard, backend, opening, pickled_stamps)
+    return ShardedHandle(index, open_shard, backend, opening, pickled_stamps)
 
 
 # ---------------------------------------------------------------------------

@@ -468,3 +468,43 @@ def test_docstring_examples():
 
     failures, tried = doctest.testmod(fastst_dask, raise_on_error=False)
     assert tried > 0 and failures == 0
+
+
+# ---------------------------------------------------------------------------
+# From object stores on the loopback interface
+# ---------------------------------------------------------------------------
+
+from servers import http_store, s3_store  # noqa: E402,F401  (fixtures)
+
+
+def test_chunks_of_a_url_are_ranged_reads_of_their_rows_only(http_store, tensors):
+    http_store.objects["/dask.safetensors"] = fastst.save(tensors)
+    url = f"{http_store.url}/dask.safetensors"
+    x = from_safetensors(url, "x", chunks=25)
+    assert x.numblocks[0] == 4
+    http_store.reset_counts()
+    np.testing.assert_array_equal(x[30:45].compute(scheduler="threads"), tensors["x"][30:45])
+    row_bytes = tensors["x"][0].nbytes
+    # the chunk holding rows 25..50, and no other: a worker opens the URL (one
+    # request for its head) and reads one range
+    assert len(http_store.gets()) <= 3
+    assert http_store.bytes_sent <= (64 << 10) + 25 * row_bytes
+    np.testing.assert_array_equal(from_safetensors(url, "x").compute(), tensors["x"])
+
+
+def test_a_url_changed_after_the_array_was_made_is_refused(http_store, tensors):
+    http_store.objects["/changing.safetensors"] = fastst.save(tensors)
+    x = from_safetensors(f"{http_store.url}/changing.safetensors", "x", chunks=50)
+    changed = dict(tensors, x=tensors["x"] + 1)
+    http_store.objects["/changing.safetensors"] = fastst.save(changed)
+    with pytest.raises(fastst.SafetensorError, match="changed"):
+        x.compute(scheduler="sync")
+
+
+def test_an_s3_tensor_sums_on_the_cluster(client, s3_store, rng):
+    source = rng.standard_normal((4000, 32)).astype(np.float32)
+    url = "s3://fastst/dask/cluster.safetensors"
+    fastst.save_file({"x": source}, url, storage_options=s3_store)
+    x = from_safetensors(url, "x", chunks=1000, storage_options=s3_store)
+    total = client.compute(x.sum(dtype=np.float64)).result(timeout=TIMEOUT)
+    assert total == pytest.approx(np.sum(source, dtype=np.float64), rel=1e-12)

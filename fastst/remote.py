@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import tempfile
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan
 from ._files import write_atomically
@@ -28,8 +30,8 @@ from ._handle import is_url
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "open_reader", "reopen_reader",
-           "save_plan", "with_default_timeouts"]
+__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "SpooledUpload", "open_reader",
+           "reopen_reader", "save_plan", "with_default_timeouts"]
 
 CONNECT_TIMEOUT = 10.0   # seconds to connect to a store, unless storage_options say otherwise
 READ_TIMEOUT = 60.0      # seconds a store may stay silent while answering a request
@@ -224,11 +226,11 @@ def _with_precondition(fs: AbstractFileSystem, options: Dict[str, Any], etag: Op
     those options), HTTP sends an If-Match header."""
     if etag is None:
         return fs, {}
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    if set(protocols) & set(S3_PROTOCOLS):
+    protocols = _protocols(fs)
+    if protocols & set(S3_PROTOCOLS):
         extra = {**fs.storage_options.get("s3_additional_kwargs", {}), "IfMatch": etag}
         return type(fs)(**{**fs.storage_options, "s3_additional_kwargs": extra}), {}
-    if set(protocols) & set(HTTP_PROTOCOLS):
+    if protocols & set(HTTP_PROTOCOLS):
         return fs, {"headers": {**options.get("headers", {}), "If-Match": etag}}
     return fs, {}
 
@@ -291,12 +293,11 @@ def save_plan(plan: WritePlan, target: Any,
         plan.write_stream(target, getattr(target, "name", None) or "<file object>")
         return
     fs, path = _url_to_fs(target, dict(storage_options or {}))
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     try:
-        if set(protocols) & set(STAGED_PROTOCOLS):
-            _upload_staged(fs, path, plan, target)
-        elif set(protocols) & {"file", "local"}:
+        if _is_local(fs):
             write_atomically(plan, path)
+        elif _is_staged(fs):
+            _upload_staged(fs, path, lambda file: plan.write_stream(file, target))
         else:
             fs.pipe_file(path, plan.to_bytes())
     except SafetensorError:
@@ -305,10 +306,70 @@ def save_plan(plan: WritePlan, target: Any,
         raise _translated(error, target, "saving") from error
 
 
-def _upload_staged(fs: AbstractFileSystem, path: str, plan: WritePlan, url: str) -> None:
+class SpooledUpload:
+    """A file for a URL, written on local disk first (the streaming writer fills
+    its file in any order, which an upload cannot take) and uploaded when
+    complete: ``path`` is where to write it, ``upload()`` sends it, as
+    ``save_file`` sends a file (in parts where the store stages uploads, so the
+    object appears whole or not at all), and removes it; ``discard()`` removes
+    it. A ``file://`` URL is written in place, with no spool. The spool lies in
+    ``tempfile.gettempdir()`` (``TMPDIR``), which needs room for the file."""
+
+    def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
+        self.url = url
+        self.fs, self.remote_path = _url_to_fs(url, dict(storage_options or {}))
+        self.spool: Optional[str] = None
+        if _is_local(self.fs):
+            self.path = self.remote_path
+        else:
+            self.spool = tempfile.mkdtemp(prefix="fastst-upload-")
+            self.path = os.path.join(self.spool, os.path.basename(self.remote_path)
+                                     or "upload.safetensors")
+
+    def upload(self) -> None:
+        if self.spool is None:
+            return
+        try:
+            if _is_staged(self.fs):
+                with open(self.path, "rb") as local:
+                    _upload_staged(self.fs, self.remote_path,
+                                   lambda file: shutil.copyfileobj(local, file, UPLOAD_PIECE))
+            else:
+                self.fs.put_file(self.path, self.remote_path)
+        except SafetensorError:
+            raise
+        except Exception as error:
+            raise _translated(error, self.url, "uploading") from error
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        if self.spool is not None:
+            shutil.rmtree(self.spool, ignore_errors=True)
+            self.spool = None
+
+
+UPLOAD_PIECE = 16 << 20   # bytes a spooled file is uploaded by
+
+
+def _protocols(fs: AbstractFileSystem) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+
+
+def _is_local(fs: AbstractFileSystem) -> bool:
+    return bool(_protocols(fs) & {"file", "local"})
+
+
+def _is_staged(fs: AbstractFileSystem) -> bool:
+    return bool(_protocols(fs) & set(STAGED_PROTOCOLS))
+
+
+def _upload_staged(fs: AbstractFileSystem, path: str, write: Callable[[Any], Any]) -> None:
+    """`write(file)` into an upload of `path` that is committed when it returns and
+    discarded when it raises: the object appears whole or not at all."""
     file = fs.open(path, "wb", autocommit=False)
     try:
-        plan.write_stream(file, url)
+        write(file)
         file.close()
         file.commit()
     except BaseException:

@@ -242,37 +242,48 @@ class StreamWriter:
 
     A view stays a window onto the file after ``close``: drop it first if later
     writes to the array must not reach the file.
+
+    `filename` may be an fsspec URL (with `storage_options`): the file is then
+    filled on local disk (in ``tempfile.gettempdir()``, which needs room for it)
+    and uploaded at ``close``, as ``save_file`` uploads (on S3 and GCS in parts,
+    the object appearing whole or not at all); an aborted writer uploads nothing.
     """
 
     def __init__(self, filename: PathLike, specs: Declared,
                  metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
-                 header_padding: int = 0, checksum: Optional[str] = None) -> None:
-        if is_url(filename):
-            raise SafetensorError(
-                f"{filename}: a StreamWriter fills its file in any order, which an object "
-                f"store cannot take; write to a local file and upload it, or use "
-                f"save_file(tensors, url), which uploads in order")
+                 header_padding: int = 0, checksum: Optional[str] = None,
+                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+        self._file: Optional[AtomicFile] = None
+        self._upload = _spooled_upload(filename, storage_options)
+        if self._upload is not None:
+            filename = self._upload.path
         try:
             declared = declared_specs(specs)
             planned = metadata if checksum is None else reserved_checksums(declared, metadata,
                                                                            checksum)
             self._plan = plan_write(declared, planned, header_padding=header_padding)
         except SafetensorError as error:   # the same error, naming the file
-            raise type(error)(f"{os.fsdecode(filename)}: {error}") from None
+            self.abort()
+            raise type(error)(f"{self._target(filename)}: {error}") from None
+        except BaseException:
+            self.abort()
+            raise
         self._checksum = checksum
         self._specs, self._metadata = declared, metadata
         self._fsync = fsync
         self._lock = threading.Lock()
         self._written: Dict[str, List[List[int]]] = {name: [] for name in self._plan.names()}
         self._maps: List[mmap.mmap] = []
-        self._file: Optional[AtomicFile] = None
-        self._file = AtomicFile(filename, self._plan.total_size)
-        self.name = self._file.target
         try:
+            self._file = AtomicFile(filename, self._plan.total_size)
+            self.name = self._file.target if self._upload is None else self._upload.url
             self._plan.write_prefix(self._file.fd, self.name)
         except BaseException:
-            self._file.abort()
+            self.abort()
             raise
+
+    def _target(self, filename: PathLike) -> str:
+        return os.fsdecode(filename) if self._upload is None else self._upload.url
 
     def __enter__(self) -> "StreamWriter":
         return self
@@ -284,7 +295,7 @@ class StreamWriter:
             self.abort()
 
     def __del__(self) -> None:
-        if getattr(self, "_file", None) is not None:
+        if getattr(self, "_file", None) is not None or getattr(self, "_upload", None):
             self.abort()
 
     @property
@@ -369,6 +380,8 @@ class StreamWriter:
                 raise
         file, self._file = self._file, None
         file.commit(fsync=self._fsync)
+        if self._upload is not None:
+            self._upload.upload()
 
     def _write_checksums(self, fd: int, algorithm: str) -> None:
         """Hash every tensor from the file, then write the final header, with the
@@ -399,9 +412,10 @@ class StreamWriter:
         (through regions, from other processes): the writer closes, and the
         returned ``PendingFile`` commits the file (renames it over the target) or
         aborts it. Not with `checksum`, whose digests are computed at ``close``."""
-        if self._checksum is not None:
+        if self._checksum is not None or self._upload is not None:
             raise SafetensorNotImplementedError(
-                f"{self.name}: a file with checksums is committed by close(), not detached")
+                f"{self.name}: a file with checksums, or for a URL, is committed by "
+                f"close(), not detached")
         self._open_fd()
         self._release_maps(flush=True)
         file, self._file = self._file, None
@@ -415,6 +429,8 @@ class StreamWriter:
         if file is not None:
             self._release_maps(flush=False)
             file.abort()
+        if self._upload is not None:
+            self._upload.discard()
 
     def _open_fd(self) -> int:
         file = self._file
@@ -577,6 +593,17 @@ def _pending_file(temp: str, target: str, fsync: bool) -> PendingFile:
     return PendingFile(temp, target, fsync=fsync)
 
 
+def _spooled_upload(filename: Any, storage_options: Optional[Mapping[str, Any]]) -> Any:
+    """A SpooledUpload for a URL (see ``fastst.remote``), None for a path."""
+    if not is_url(filename):
+        if storage_options:
+            raise SafetensorError("storage_options apply to URLs only")
+        return None
+    from .remote import SpooledUpload   # a capability: imported when used
+
+    return SpooledUpload(filename, storage_options)
+
+
 def declared_specs(specs: Declared) -> List[WriteSpec]:
     """WriteSpecs without sources from a mapping ``name -> (dtype, shape)`` or
     ``(name, dtype, shape)`` triples (a dtype: header code, NumPy or torch dtype)."""
@@ -708,7 +735,8 @@ def _describe_gaps(gaps: Dict[str, List[Tuple[int, int]]]) -> str:
 
 def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
                    metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
-                   header_padding: int = 0, checksum: Optional[str] = None) -> None:
+                   header_padding: int = 0, checksum: Optional[str] = None,
+                   storage_options: Optional[Mapping[str, Any]] = None) -> None:
     """Save tensors produced one at a time, holding one in memory at once.
 
     `tensors` is an iterable of ``(name, tensor)`` pairs, in any order, or a lazy
@@ -721,10 +749,11 @@ def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
     data twice). ``specs_of(open_file)`` gives them for a copy of a file.
 
     The file is written as ``StreamWriter`` writes it: atomically, and identical to
-    ``save_file`` of the same tensors (`checksum` included).
+    ``save_file`` of the same tensors (`checksum` included); to a URL, through a
+    local spool, uploaded when complete.
     """
     with StreamWriter(filename, specs, metadata, fsync=fsync, header_padding=header_padding,
-                      checksum=checksum) as writer:
+                      checksum=checksum, storage_options=storage_options) as writer:
         if hasattr(tensors, "keys") and hasattr(tensors, "__getitem__"):
             available = set(tensors.keys())
             for name in writer.names():

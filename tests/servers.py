@@ -11,6 +11,7 @@ import http.server
 import re
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -178,6 +179,9 @@ def moto_s3(bucket="fastst"):
                                      "retries": {"max_attempts": 2}}}
         import s3fs
 
+        # moto keeps its buckets in this process, from one server to the next: start empty
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://{host}:{port}/moto-api/reset", method="POST"), timeout=30).close()
         s3fs.S3FileSystem(**options).mkdir(bucket)
         yield options
     finally:

@@ -4,6 +4,7 @@ import io
 import os
 import pickle
 import struct
+import tempfile
 import time
 
 import numpy as np
@@ -412,9 +413,61 @@ def test_s3_missing_object_and_pickling(s3_store):
         assert (again.get_tensor("a") == np.arange(4)).all()
 
 
-def test_a_stream_writer_refuses_a_url():
-    with pytest.raises(SafetensorError, match="cannot take; write to a local file"):
-        fastst.StreamWriter("s3://bucket/model.safetensors", {"a": ("F32", (2,))})
+def spools():
+    return sorted(name for name in os.listdir(tempfile.gettempdir())
+                  if name.startswith("fastst-upload-"))
+
+
+def test_a_stream_writer_fills_a_spool_and_uploads_it_at_close(s3_store, tmp_path):
+    url = "s3://fastst/streamed.safetensors"
+    tensors = {"a": np.arange(3 * MiB, dtype=np.float32).reshape(3, MiB),
+               "b": np.arange(10, dtype=np.int16)}
+    before = spools()
+    options = {**s3_store, "default_block_size": 5 * MiB}
+    with fastst.StreamWriter(url, {"a": ("F32", (3, MiB)), "b": ("I16", (10,))},
+                             {"k": "v"}, checksum="xxh3_64", storage_options=options) as writer:
+        assert writer.name == url
+        writer.write("b", tensors["b"])
+        writer.write("a", tensors["a"][2:], start_row=2)     # out of order
+        writer.view("a")[:2] = tensors["a"][:2]
+        fs = fsspec.filesystem("s3", **s3_store)
+        assert not fs.exists(url)                             # nothing uploaded yet
+    assert spools() == before
+    fastst.save_file(tensors, tmp_path / "disk.safetensors", {"k": "v"}, checksum="xxh3_64")
+    assert fs.cat(url) == (tmp_path / "disk.safetensors").read_bytes()
+
+
+def test_an_aborted_or_unfilled_stream_writer_uploads_nothing(s3_store):
+    url = "s3://fastst/streamed-kept.safetensors"
+    old = {"a": np.arange(4.0)}
+    fastst.save_file(old, url, storage_options=s3_store)
+    before = spools()
+    with pytest.raises(RuntimeError, match="stop"):
+        with fastst.StreamWriter(url, {"a": ("F64", (4,))}, storage_options=s3_store) as writer:
+            writer.write("a", np.zeros(4))
+            raise RuntimeError("stop")
+    with pytest.raises(SafetensorError, match="not written, so not saved"):
+        with fastst.StreamWriter(url, {"a": ("F64", (4,))}, storage_options=s3_store) as writer:
+            writer.write("a", np.zeros(2))
+    with pytest.raises(SafetensorError, match=f"^{url}: tensor .a. is given twice"):
+        fastst.StreamWriter(url, [("a", "F64", (4,)), ("a", "F64", (4,))],
+                            storage_options=s3_store)
+    assert spools() == before
+    assert_same(fastst.load_file(url, storage_options=s3_store), old)
+
+
+def test_save_file_from_streams_tensors_to_a_url(memory_url, tmp_path):
+    source = tmp_path / "source.safetensors"
+    tensors = every_dtype(3)
+    fastst.save_file(tensors, source)
+    with fastst.safe_open(source) as f:
+        fastst.save_file_from(fastst.writer.specs_of(f), f, memory_url)
+    assert_same(fastst.load_file(memory_url), tensors)
+    with pytest.raises(SafetensorError, match="storage_options apply to URLs only"):
+        fastst.StreamWriter(tmp_path / "x.safetensors", {"a": ("F32", (1,))},
+                            storage_options={"anon": True})
+    with pytest.raises(fastst.SafetensorNotImplementedError, match="not detached"):
+        fastst.StreamWriter(memory_url, {"a": ("F32", (1,))}).detach()
 
 
 def test_verify_checks_checksums_read_from_a_url(memory_url):

@@ -115,9 +115,7 @@ class NumpyHandle(Reader):
     def __reduce__(self) -> Tuple[Any, ...]:
         """Pickled, a handle reopens the same file (see ``_reopened``), or the same
         URL (see ``_reopened_url``)."""
-        if self.backend == "ranges":
-            return _reopened_url, _url_opening(self, "np", "cpu")
-        return _reopened, _opening(self, "np", "cpu")
+        return _pickled(self, "np", "cpu")
 
     def __repr__(self) -> str:
         return _describe(self)
@@ -225,27 +223,32 @@ class FrameworkHandle(Generic[T]):
         """Pickled, a handle reopens the same file (see ``_reopened``)."""
         if self._opened_as is None:
             raise SafetensorError(f"{self.source}: only a handle from safe_open can be pickled")
-        if self._reader.backend == "ranges":
-            return _reopened_url, _url_opening(self._reader, *self._opened_as)
-        return _reopened, _opening(self._reader, *self._opened_as)
+        return _pickled(self._reader, *self._opened_as)
 
     def __repr__(self) -> str:
         return _describe(self._reader)
 
 
-def _opening(reader: Reader, framework: str, device: Any
-             ) -> Tuple[FileIdentity, str, int, str, Any, type]:
-    """What a pickled handle holds: the file's identity (path, device, inode, size,
-    mtime), the backend, the header's length, the framework, the device, and the
-    class of the reader (a NumpyHandle, or a subclass such as one that verifies)."""
+def _pickled(reader: Reader, framework: str, device: Any) -> Tuple[Any, ...]:
+    """How a handle pickles: the function that opens it again (``_reopened`` for a
+    file, ``_reopened_url`` for a URL) and its arguments: the file's identity (path,
+    device, inode, size, mtime; or URL, size, ETag, modification time), the
+    backend (or a URL's storage_options), the header's length, the framework, the
+    device, and the class of the reader (a NumpyHandle, or a subclass such as one
+    that verifies)."""
     if reader.closed:
         raise SafetensorError(f"{reader.source}: file is closed; a closed handle cannot be "
                               f"pickled")
     identity = reader.file_identity
+    ranged = reader.backend == "ranges"
     if identity is None:
-        raise SafetensorError(f"{reader.source}: a handle on a buffer cannot be pickled; "
-                              f"save the buffer to a file and open that")
-    return identity, reader.backend, reader.data_start - 8, framework, device, type(reader)
+        raise SafetensorError(
+            f"{reader.source}: a handle on a file object cannot be pickled; open a path or "
+            f"a URL instead" if ranged else f"{reader.source}: a handle on a buffer cannot "
+            f"be pickled; save the buffer to a file and open that")
+    opening = getattr(reader, "storage_options", None) if ranged else reader.backend
+    return (_reopened_url if ranged else _reopened,
+            (identity, opening, reader.data_start - 8, framework, device, type(reader)))
 
 
 def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framework: str,
@@ -265,23 +268,6 @@ def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framew
         reader.close()
         raise
     return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
-
-
-def _url_opening(reader: Reader, framework: str, device: Any
-                 ) -> Tuple[Tuple[Any, ...], Optional[Dict[str, Any]], int, str, Any, type]:
-    """What a pickled handle on a URL holds: the object's identity (URL, size, ETag,
-    modification time), the storage_options it was opened with, the header's
-    length, the framework, the device and the class of the reader. A handle on a
-    file object does not pickle."""
-    if reader.closed:
-        raise SafetensorError(f"{reader.source}: file is closed; a closed handle cannot be "
-                              f"pickled")
-    identity = reader.file_identity
-    if identity is None:
-        raise SafetensorError(f"{reader.source}: a handle on a file object cannot be "
-                              f"pickled; open a path or a URL instead")
-    options = getattr(reader, "storage_options", None)
-    return identity, options, reader.data_start - 8, framework, device, type(reader)
 
 
 def _reopened_url(identity: Tuple[Any, ...], storage_options: Optional[Dict[str, Any]],

@@ -325,35 +325,70 @@ def load_file_through(filename: Any, backend: str,
     stream the file into it through ``make_ring(dest, bytes)`` and return the
     tensors, in file order."""
     with safe_open(filename, backend=backend) as reader:
-        source = reader.source
-        data_start = reader.data_start
-        specs = [tensor_place(name, reader.info(name), source) for name in reader.offset_keys()]
+        return load_opened_through(reader, make_dest, make_ring)
+
+
+def load_handle(reader: Any, device: torch.device, *, chunk_bytes: int = CHUNK_BYTES,
+                buffers: int = RING_BUFFERS) -> Dict[str, torch.Tensor]:
+    """Every tensor of the file an open handle (a NumpyHandle on a file) reads, on
+    the CUDA `device`, through one ring (see ``load_opened_through``)."""
+    def make_dest(total: int, source: str) -> torch.Tensor:
+        return device_buffer(total, device, source)
+
+    def make_ring(dest: torch.Tensor, total: int) -> PinnedRing:
+        return PinnedRing(dest, *ring_shape(total, chunk_bytes, buffers))
+
+    return load_opened_through(reader, make_dest, make_ring)
+
+
+def load_opened_through(reader: Any, make_dest: Callable[[int, str], torch.Tensor],
+                        make_ring: Callable[[torch.Tensor, int], Ring]
+                        ) -> Dict[str, torch.Tensor]:
+    """The tensors of the file `reader` opened, streamed from it into one buffer
+    from ``make_dest(bytes, source)`` through ``make_ring(dest, bytes)``, in file
+    order. The file is opened again by its path and must be the one the reader
+    opened (device, inode, size, modification time)."""
+    path, *opened = reader.file_identity
+    source = reader.source
+    data_start = reader.data_start
+    specs = [tensor_place(name, reader.info(name), source) for name in reader.offset_keys()]
+    with open(path, "rb") as file:
+        now = os.fstat(file.fileno())
+        if [now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns] != opened:
+            raise SafetensorError(f"{source}: file changed since it was opened (replaced or "
+                                  f"rewritten); open it again to read the new file")
+        return stream_file(file.fileno(), source, data_start, specs, make_dest, make_ring)
+
+
+def stream_file(fd: int, source: str, data_start: int, specs: List[TensorPlace],
+                make_dest: Callable[[int, str], torch.Tensor],
+                make_ring: Callable[[torch.Tensor, int], Ring]) -> Dict[str, torch.Tensor]:
+    """The tensors `specs` of the file open as `fd`, streamed into one buffer from
+    ``make_dest(bytes, source)`` through ``make_ring(dest, bytes)``."""
     total = max((spec.end for spec in specs), default=0)
-    with open(filename, "rb") as file:
-        dest = make_dest(total, source)
+    dest = make_dest(total, source)
 
-        def read(buffer: memoryview, start: int) -> int:
-            return read_into(file.fileno(), buffer, data_start + start)
+    def read(buffer: memoryview, start: int) -> int:
+        return read_into(fd, buffer, data_start + start)
 
-        def truncated(offset: int) -> SafetensorError:
-            # a read past the end shows where it started; the first byte missing
-            # is where the file now ends
-            position = max(data_start, min(data_start + offset,
-                                           os.fstat(file.fileno()).st_size))
-            spec = tensor_at(specs, position - data_start)
-            return SafetensorError(
-                f"{source}: tensor {spec.name!r} (file bytes {data_start + spec.begin}.."
-                f"{data_start + spec.end}) is cut short: the file ends at byte {position}, "
-                f"truncated after its header was read")
+    def truncated(offset: int) -> SafetensorError:
+        # a read past the end shows where it started; the first byte missing is
+        # where the file now ends
+        position = max(data_start, min(data_start + offset, os.fstat(fd).st_size))
+        spec = tensor_at(specs, position - data_start)
+        return SafetensorError(
+            f"{source}: tensor {spec.name!r} (file bytes {data_start + spec.begin}.."
+            f"{data_start + spec.end}) is cut short: the file ends at byte {position}, "
+            f"truncated after its header was read")
 
-        if total:
+    if total:
+        try:
+            ring = make_ring(dest, total)
             try:
-                ring = make_ring(dest, total)
-                try:
-                    stream(read, total, ring, truncated)
-                finally:
-                    ring.release()
-            except BaseException:
-                del dest   # the traceback keeps this frame, not the device memory
-                raise
+                stream(read, total, ring, truncated)
+            finally:
+                ring.release()
+        except BaseException:
+            del dest   # the traceback keeps this frame, not the device memory
+            raise
     return tensor_views(dest, specs)

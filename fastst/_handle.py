@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterator, List, Literal, Mapping,
-                    Optional, Protocol, Tuple, TypeGuard, Union, cast, overload,
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterator, List, Literal,
+                    Mapping, Optional, Protocol, Tuple, TypeGuard, Union, cast, overload,
                     runtime_checkable)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
@@ -132,6 +132,9 @@ class FrameworkHandle(Generic[T]):
                  opened_as: Optional[Tuple[str, Any]] = None) -> None:
         self._reader = reader
         self._convert = _naming_the_file(convert, reader.source)
+        # a converter may take a whole file at once (CUDA: one stream, one allocation)
+        self._convert_file: Optional[Callable[[NumpyHandle], Dict[str, T]]] = getattr(
+            convert, "convert_file", None)
         self._infos: Dict[str, TensorInfo] = {}   # filled as tensors are asked for
         self._opened_as = opened_as               # (framework, device), for pickling
 
@@ -154,6 +157,10 @@ class FrameworkHandle(Generic[T]):
 
     def get_tensors(self) -> Dict[str, T]:
         """Every tensor, in buffer order."""
+        # a subclass of NumpyHandle (one that verifies checksums) reads tensor by tensor
+        if (self._convert_file is not None and type(self._reader) is NumpyHandle
+                and self._reader.backend in ("mmap", "pread")):
+            return self._convert_file(self._reader)
         convert = self._convert
         return {name: convert(array, name, self._info(name))
                 for name, array in self._reader.get_tensors().items()}

@@ -73,19 +73,40 @@ def converter(device: Any = "cpu"
     On the CPU the tensor views the array's memory; read-only arrays (views of
     ``bytes``) are copied, since torch tensors are always writable. Any other
     device gets a copy, moved there with ``.to(device)``; on a CUDA device large
-    tensors go through a ring of pinned buffers filled by several threads.
+    tensors go through a ring of pinned buffers filled by several threads, and a
+    handle's ``get_tensors()`` streams the whole file through one ring into one
+    device allocation.
     """
     target = _target_device(device)
     if target is not None and target.type == "cuda":
-        from . import _cuda   # only when CUDA is asked for
+        return CudaConverter(target)
 
     def convert(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
         tensor = _tensor_of(array, name, info)
-        if target is not None and target.type == "cuda":
-            return _cuda.to_device(tensor, target)   # large ones through the pinned ring
         return tensor if target is None else tensor.to(target)
 
     return convert
+
+
+class CudaConverter:
+    """The converter for a CUDA device: one tensor through the pinned ring
+    (large ones; small ones with ``.to``), or, with ``convert_file``, every
+    tensor of an open file through one ring (see ``fastst._cuda``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        from . import _cuda   # only when CUDA is asked for
+
+        self.device = device
+        self.load_handle = _cuda.load_handle
+        self.to_device = _cuda.to_device
+
+    def __call__(self, array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
+        return self.to_device(_tensor_of(array, name, info), self.device)
+
+    def convert_file(self, reader: Any) -> Dict[str, torch.Tensor]:
+        """Every tensor of the file `reader` (a NumpyHandle) opened, on the device."""
+        tensors: Dict[str, torch.Tensor] = self.load_handle(reader, self.device)
+        return tensors
 
 
 def _tensor_of(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:

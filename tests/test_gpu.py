@@ -477,3 +477,78 @@ def test_a_sharded_checkpoint_and_its_model_on_the_device(tmp_path, ring_buffers
     assert ft.load_model(fresh, tmp_path, device="cuda") == ([], [])
     for name, tensor in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name].cpu(), tensor)
+
+
+def host_stand_ins(chunk_bytes=64, buffers=3):
+    rings = []
+
+    def make_dest(total, source):
+        return torch.full((total,), 0xAB, dtype=torch.uint8)
+
+    def make_ring(dest, total):
+        rings.append(HostRing(dest, *_cuda.ring_shape(total, chunk_bytes, buffers)))
+        return rings[-1]
+
+    return make_dest, make_ring, rings
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_an_open_handle_streams_its_file_through_one_ring(every_dtype, backend):
+    make_dest, make_ring, rings = host_stand_ins()
+    with fastst.safe_open(every_dtype, backend=backend) as f:
+        got = _cuda.load_opened_through(f, make_dest, make_ring)
+    assert len(rings) == 1 and rings[0].finished and rings[0].released
+    assert_same(got, ft.load_file(every_dtype))
+
+
+def test_an_open_handle_refuses_a_file_replaced_since(tmp_path):
+    path = tmp_path / "w.safetensors"
+    fastst.save_file({"w": np.arange(8, dtype=np.float32)}, path)
+    make_dest, make_ring, rings = host_stand_ins()
+    with fastst.safe_open(path) as f:
+        fastst.save_file({"w": np.zeros(8, dtype=np.float32)}, path)
+        with pytest.raises(fastst.SafetensorError, match="changed since it was opened"):
+            _cuda.load_opened_through(f, make_dest, make_ring)
+    assert rings == []
+
+
+class FileConverter:
+    """A converter that, like CUDA's, can take a whole file at once."""
+
+    def __init__(self):
+        self.files = []
+
+    def __call__(self, array, name, info):
+        return ("one", name)
+
+    def convert_file(self, reader):
+        self.files.append(reader.source)
+        return {name: ("file", name) for name in reader.offset_keys()}
+
+
+def test_get_tensors_hands_the_whole_file_to_a_converter_that_takes_one(tmp_path):
+    from fastst._handle import open_file, open_remote
+
+    path = tmp_path / "w.safetensors"
+    fastst.save_file({"a": np.ones(3), "b": np.zeros(2)}, path, checksum="xxh3_64")
+    convert = FileConverter()
+    for backend in ("mmap", "pread"):
+        with open_file(path, convert, backend=backend) as f:
+            assert f.get_tensors() == {"a": ("file", "a"), "b": ("file", "b")}
+            assert f.get_tensor("a") == ("one", "a")
+    assert convert.files == [str(path)] * 2
+    with open_file(path, convert, verify=True) as f:     # checked tensor by tensor
+        assert f.get_tensors() == {"a": ("one", "a"), "b": ("one", "b")}
+    with open(path, "rb") as file, open_remote(file, convert) as f:   # read by ranges
+        assert f.get_tensors() == {"a": ("one", "a"), "b": ("one", "b")}
+    assert len(convert.files) == 2
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_cuda_handle_gets_every_tensor_through_one_ring(every_dtype, ring_buffers, backend):
+    with fastst.safe_open(every_dtype, framework="pt", device="cuda", backend=backend) as f:
+        got = f.get_tensors()
+    assert len(ring_buffers) == 1
+    assert all(tensor.device.type == "cuda" for tensor in got.values())
+    assert_same(got, ft.load_file(every_dtype))

@@ -14,10 +14,12 @@ with the last tensor viewing it.
 """
 from __future__ import annotations
 
+import bisect
+import contextlib
 import os
 import threading
-from typing import (Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Protocol, Sequence,
-                    Tuple)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Protocol,
+                    Sequence, Tuple, Union)
 
 import numpy as np
 import torch
@@ -185,11 +187,41 @@ def stream(read: Callable[[memoryview, int], int], total: int, ring: Ring,
         raise errors[0]
 
 
-class PinnedRing:
-    """A ring of pinned host buffers copied into `dest` (a CUDA uint8 tensor) on a
-    stream of its own, each buffer released by the event recorded after its copy."""
+class Scatter:
+    """A tensor buffer whose bytes go to several device tensors rather than one
+    allocation: byte range [begin, end) of the buffer into a uint8 tensor of
+    end - begin bytes (a model's parameter, viewed as bytes), for each piece."""
 
-    def __init__(self, dest: torch.Tensor, buffer_bytes: int, count: int) -> None:
+    def __init__(self, device: torch.device,
+                 pieces: Iterable[Tuple[int, int, torch.Tensor]]) -> None:
+        self.device = device
+        # empty pieces take no bytes; without them, no two pieces start at one offset
+        self.pieces = sorted((piece for piece in pieces if piece[1] > piece[0]),
+                             key=lambda piece: piece[0])
+        self.begins = [begin for begin, _, _ in self.pieces]
+
+    def copy_in(self, start: int, data: torch.Tensor) -> None:
+        """Bytes [start, start + len(data)) of the buffer, to the pieces they fall in."""
+        end = start + data.numel()
+        k = max(bisect.bisect_right(self.begins, start) - 1, 0)
+        while k < len(self.pieces) and self.pieces[k][0] < end:
+            begin, stop, target = self.pieces[k]
+            low, high = max(start, begin), min(end, stop)
+            if low < high:
+                target[low - begin:high - begin].copy_(data[low - start:high - start],
+                                                       non_blocking=True)
+            k += 1
+
+
+Destination = Union[torch.Tensor, Scatter]   # where a ring's bytes go
+
+
+class PinnedRing:
+    """A ring of pinned host buffers copied into `dest` (a CUDA uint8 tensor, or a
+    Scatter of them) on a stream of its own, each buffer released by the event
+    recorded after its copy."""
+
+    def __init__(self, dest: Destination, buffer_bytes: int, count: int) -> None:
         self.dest = dest
         self.stream = torch.cuda.Stream(dest.device)
         # one allocation for the whole ring, cut into the threads' buffers
@@ -209,7 +241,10 @@ class PinnedRing:
             self.events[k].synchronize()
 
     def send(self, k: int, nbytes: int, start: int) -> None:
-        self.dest[start:start + nbytes].copy_(self.parts[k][:nbytes], non_blocking=True)
+        if isinstance(self.dest, Scatter):
+            self.dest.copy_in(start, self.parts[k][:nbytes])
+        else:
+            self.dest[start:start + nbytes].copy_(self.parts[k][:nbytes], non_blocking=True)
         self.events[k].record(self.stream)
 
     def finish(self) -> None:
@@ -303,6 +338,42 @@ def load_through(filename: Any, backend: str,
     return tensors
 
 
+def load_into(targets: Dict[str, torch.Tensor], filename: Any, device: torch.device, *,
+              backend: str = "mmap", chunk_bytes: int = CHUNK_BYTES,
+              buffers: int = RING_BUFFERS) -> Tuple[List[str], Dict[str, torch.Tensor]]:
+    """Load `filename` (a file or a sharded checkpoint) onto the CUDA `device`,
+    its tensors written straight into the tensors of `targets` (a model's state
+    dict) that live on `device` and have their dtype and shape: the names so
+    written, and the other tensors, in one allocation per file (see
+    ``load_opened_into``)."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    on_device = {name: tensor for name, tensor in targets.items()
+                 if tensor.device == torch.device("cuda", index)}
+
+    def make_dest(total: int, source: str) -> torch.Tensor:
+        return device_buffer(total, device, source)
+
+    def make_ring(dest: Destination, total: int) -> PinnedRing:
+        return PinnedRing(dest, *ring_shape(total, chunk_bytes, buffers))
+
+    return load_into_through(on_device, filename, backend, make_dest, make_ring)
+
+
+def load_into_through(targets: Dict[str, torch.Tensor], filename: Any, backend: str,
+                      make_dest: Callable[[int, str], torch.Tensor],
+                      make_ring: Callable[[Destination, int], Ring]
+                      ) -> Tuple[List[str], Dict[str, torch.Tensor]]:
+    """``load_opened_into`` for each file `filename` names (its shards, in order)."""
+    placed: List[str] = []
+    rest: Dict[str, torch.Tensor] = {}
+    for path in files_of(filename, backend):
+        with safe_open(path, backend=backend) as reader:
+            names, tensors = load_opened_into(reader, targets, make_dest, make_ring)
+        placed += names
+        rest.update(tensors)
+    return placed, rest
+
+
 def files_of(filename: Any, backend: str) -> List[Any]:
     """The files `filename` names: itself, or a checkpoint's shards in index order,
     each checked against the index (the tensors it holds) before any is read."""
@@ -348,25 +419,91 @@ def load_opened_through(reader: Any, make_dest: Callable[[int, str], torch.Tenso
     from ``make_dest(bytes, source)`` through ``make_ring(dest, bytes)``, in file
     order. The file is opened again by its path and must be the one the reader
     opened (device, inode, size, modification time)."""
-    path, *opened = reader.file_identity
+    specs = places_of(reader)
+    total = max((spec.end for spec in specs), default=0)
+    with opened_again(reader) as fd:
+        dest = make_dest(total, reader.source)
+        try:
+            fill(fd, reader.source, reader.data_start, specs, dest, make_ring)
+        except BaseException:
+            del dest   # the traceback keeps this frame, not the device memory
+            raise
+    return tensor_views(dest, specs)
+
+
+def load_opened_into(reader: Any, targets: Dict[str, torch.Tensor],
+                     make_dest: Callable[[int, str], torch.Tensor],
+                     make_ring: Callable[[Destination, int], Ring]
+                     ) -> Tuple[List[str], Dict[str, torch.Tensor]]:
+    """Stream the file `reader` opened straight into `targets` (a model's state
+    dict: tensors of the device): each tensor of the file whose target has its
+    dtype and shape and is contiguous is written into that target's memory; the
+    others go to one allocation from ``make_dest(bytes, source)``. Returns the
+    names written in place, and the others' tensors."""
+    specs = places_of(reader)
+    direct = [spec for spec in specs if fits(targets.get(spec.name), spec)]
+    rest = [spec for spec in specs if spec not in direct]
+    places, size = packed(rest)
+    with opened_again(reader) as fd:
+        scratch = make_dest(size, reader.source)
+        pieces = [(spec.begin, spec.end, targets[spec.name].reshape(-1).view(torch.uint8))
+                  for spec in direct]
+        pieces += [(spec.begin, spec.end, scratch[place.begin:place.end])
+                   for spec, place in zip(rest, places)]
+        try:
+            fill(fd, reader.source, reader.data_start, specs, Scatter(scratch.device, pieces),
+                 make_ring)
+        except BaseException:
+            del scratch, pieces   # the traceback keeps this frame, not the device memory
+            raise
+    return [spec.name for spec in direct], tensor_views(scratch, places)
+
+
+def fits(target: Optional[torch.Tensor], spec: TensorPlace) -> bool:
+    """Whether tensor `spec` of the file can be written straight into `target`."""
+    return (target is not None and target.dtype == spec.dtype
+            and tuple(target.shape) == spec.shape and target.is_contiguous()
+            and target.numel() * target.element_size() == spec.end - spec.begin)
+
+
+PACKED_ALIGNMENT = 64   # bytes: every tensor packed into one allocation can view it
+
+
+def packed(specs: List[TensorPlace]) -> Tuple[List[TensorPlace], int]:
+    """`specs` placed one after the other in an allocation of their own, each at
+    an offset aligned for any dtype: the places, and the allocation's size."""
+    places, offset = [], 0
+    for spec in specs:
+        offset = -(-offset // PACKED_ALIGNMENT) * PACKED_ALIGNMENT
+        places.append(spec._replace(begin=offset, end=offset + spec.end - spec.begin))
+        offset += spec.end - spec.begin
+    return places, offset
+
+
+def places_of(reader: Any) -> List[TensorPlace]:
     source = reader.source
-    data_start = reader.data_start
-    specs = [tensor_place(name, reader.info(name), source) for name in reader.offset_keys()]
+    return [tensor_place(name, reader.info(name), source) for name in reader.offset_keys()]
+
+
+@contextlib.contextmanager
+def opened_again(reader: Any) -> Iterator[int]:
+    """A descriptor on the file `reader` opened, opened again by its path and
+    checked to be the same file (device, inode, size, modification time)."""
+    path, *opened = reader.file_identity
     with open(path, "rb") as file:
         now = os.fstat(file.fileno())
         if [now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns] != opened:
-            raise SafetensorError(f"{source}: file changed since it was opened (replaced or "
-                                  f"rewritten); open it again to read the new file")
-        return stream_file(file.fileno(), source, data_start, specs, make_dest, make_ring)
+            raise SafetensorError(f"{reader.source}: file changed since it was opened "
+                                  f"(replaced or rewritten); open it again to read the new "
+                                  f"file")
+        yield file.fileno()
 
 
-def stream_file(fd: int, source: str, data_start: int, specs: List[TensorPlace],
-                make_dest: Callable[[int, str], torch.Tensor],
-                make_ring: Callable[[torch.Tensor, int], Ring]) -> Dict[str, torch.Tensor]:
-    """The tensors `specs` of the file open as `fd`, streamed into one buffer from
-    ``make_dest(bytes, source)`` through ``make_ring(dest, bytes)``."""
+def fill(fd: int, source: str, data_start: int, specs: List[TensorPlace], dest: Destination,
+         make_ring: Callable[[Any, int], Ring]) -> None:
+    """Stream the tensor buffer of the file open as `fd` (the bytes of `specs`)
+    into `dest` through ``make_ring(dest, bytes)``."""
     total = max((spec.end for spec in specs), default=0)
-    dest = make_dest(total, source)
 
     def read(buffer: memoryview, start: int) -> int:
         return read_into(fd, buffer, data_start + start)
@@ -391,4 +528,3 @@ def stream_file(fd: int, source: str, data_start: int, specs: List[TensorPlace],
         except BaseException:
             del dest   # the traceback keeps this frame, not the device memory
             raise
-    return tensor_views(dest, specs)

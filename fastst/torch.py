@@ -456,11 +456,24 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     and names in the file the model has no place for. Names the model ties to
     another (sharing its memory) count as filled when that other is. With `strict`
     (the default) either being non-empty raises RuntimeError.
+
+    On a CUDA device, the file's tensors stream straight into the model's
+    parameters and buffers that live there with the same dtype and shape, with
+    no second copy on the device; the others load as ``load_file`` loads them,
+    then into the model as ``load_state_dict`` does.
     """
-    state_dict = load_file(filename, device=device, backend=backend)
-    removals = _remove_duplicate_names(model.state_dict(), preferred_names=state_dict.keys())
+    target = _target_device(device)
+    if target is not None and target.type == "cuda":
+        from . import _cuda   # only when CUDA is asked for
+        placed, state_dict = _cuda.load_into(model.state_dict(), filename, target,
+                                             backend=backend)
+    else:
+        placed, state_dict = [], load_file(filename, device=device, backend=backend)
+    removals = _remove_duplicate_names(model.state_dict(),
+                                       preferred_names=[*placed, *state_dict])
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    missing = list(missing)
+    filled = set(placed)
+    missing = [name for name in missing if name not in filled]
     unexpected = list(unexpected)
     for dropped in removals.values():
         for name in dropped:

@@ -161,8 +161,11 @@ class HostRing:
         if start == self.fail_at:
             self.failed.set()
             raise OSError(5, "device lost")
-        self.dest[start:start + nbytes] = torch.from_numpy(
-            np.frombuffer(self.buffers[k][:nbytes], np.uint8).copy())
+        data = torch.from_numpy(np.frombuffer(self.buffers[k][:nbytes], np.uint8).copy())
+        if isinstance(self.dest, _cuda.Scatter):
+            self.dest.copy_in(start, data)
+        else:
+            self.dest[start:start + nbytes] = data
         self.pending[k] = True
         with self.lock:
             self.sent.append((start, nbytes))
@@ -552,3 +555,99 @@ def test_a_cuda_handle_gets_every_tensor_through_one_ring(every_dtype, ring_buff
     assert len(ring_buffers) == 1
     assert all(tensor.device.type == "cuda" for tensor in got.values())
     assert_same(got, ft.load_file(every_dtype))
+
+
+# ---------------------------------------------------------------------------
+# Straight into a model's parameters
+# ---------------------------------------------------------------------------
+
+def small_model(dtype=torch.float32):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, 7), torch.nn.BatchNorm1d(7),
+                                torch.nn.Linear(7, 3, bias=False))
+    return model.to(dtype)
+
+
+@pytest.mark.parametrize("chunk_bytes, buffers", [(7, 3), (64, 2), (MiB, 4)])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_model_state_streams_into_its_own_memory(tmp_path, chunk_bytes, buffers, sharded):
+    saved = small_model()
+    ft.save_model(saved, tmp_path if sharded else tmp_path / "m.safetensors",
+                  **({"max_shard_size": 200} if sharded else {}))
+    fresh = torch.nn.Sequential(torch.nn.Linear(13, 7), torch.nn.BatchNorm1d(7),
+                                torch.nn.Linear(7, 3, bias=False))
+    state = fresh.state_dict()
+    addresses = {name: tensor.data_ptr() for name, tensor in state.items()}
+    make_dest, make_ring, rings = host_stand_ins(chunk_bytes, buffers)
+    sizes = []
+
+    def counted_dest(total, source):
+        sizes.append(total)
+        return make_dest(total, source)
+
+    placed, rest = _cuda.load_into_through(
+        state, tmp_path if sharded else tmp_path / "m.safetensors", "mmap", counted_dest,
+        make_ring)
+    assert sorted(placed) == sorted(saved.state_dict()) and rest == {}
+    assert sizes == [0] * len(sizes) and len(sizes) == (len(os.listdir(tmp_path)) - 1
+                                                         if sharded else 1)
+    for name, tensor in saved.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+        assert fresh.state_dict()[name].data_ptr() == addresses[name]
+    assert all(ring.finished and ring.released for ring in rings)
+
+
+def test_tensors_that_do_not_fit_their_target_go_to_one_allocation(tmp_path, misaligned):
+    saved = small_model()
+    path = tmp_path / "m.safetensors"
+    ft.save_model(saved, path)
+    fresh = small_model(torch.float64)            # another dtype: cast by load_state_dict
+    state = dict(fresh.state_dict())
+    state["0.weight"] = torch.zeros(13, 7).t()    # not contiguous
+    del state["2.weight"]                         # no target at all
+    state["1.running_mean"] = torch.zeros(7)      # the one that fits
+    make_dest, make_ring, _ = host_stand_ins(5, 3)
+    placed, rest = _cuda.load_into_through(state, path, "pread", make_dest, make_ring)
+    fitting = {"1.running_mean", "1.num_batches_tracked"}   # int64 in both models
+    assert sorted(placed) == sorted(fitting)
+    for name in fitting:
+        assert torch.equal(state[name], saved.state_dict()[name])
+    assert sorted(rest) == sorted(set(saved.state_dict()) - fitting)
+    base = min(tensor.data_ptr() for tensor in rest.values())
+    for name, tensor in rest.items():
+        assert torch.equal(tensor, saved.state_dict()[name])
+        assert (tensor.data_ptr() - base) % _cuda.PACKED_ALIGNMENT == 0
+    # tensors at offsets their element size does not divide, packed apart and aligned
+    placed, rest = _cuda.load_into_through({}, misaligned, "mmap", make_dest, make_ring)
+    assert placed == []
+    assert_same(rest, ft.load_file(misaligned))
+
+
+def test_scatter_puts_each_byte_in_its_piece():
+    targets = [torch.zeros(n, dtype=torch.uint8) for n in (3, 0, 5, 4)]
+    pieces, offset = [], 0
+    for target in targets:
+        pieces.append((offset, offset + len(target), target))
+        offset += len(target)
+    scatter = _cuda.Scatter(torch.device("cpu"), reversed(pieces))
+    data = torch.arange(1, offset + 1, dtype=torch.uint8)
+    for start in range(0, offset, 5):
+        scatter.copy_in(start, data[start:start + 5])
+    assert torch.equal(torch.cat(targets), data)
+
+
+@needs_cuda
+def test_load_model_on_the_device_makes_no_second_copy(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.Linear(4096, 1024))
+    path = tmp_path / "m.safetensors"
+    ft.save_model(model, path)
+    fresh = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.Linear(4096, 1024)).cuda()
+    addresses = {name: tensor.data_ptr() for name, tensor in fresh.state_dict().items()}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    assert ft.load_model(fresh, path, device="cuda") == ([], [])
+    assert torch.cuda.max_memory_allocated() - before < 1 * MiB      # the file is 32 MiB
+    for name, tensor in model.state_dict().items():
+        assert fresh.state_dict()[name].data_ptr() == addresses[name]
+        assert torch.equal(fresh.state_dict()[name].cpu(), tensor)

@@ -395,19 +395,19 @@ def safe_open(filename: Openable,
         convert = None
     else:
         convert = framework_converter(framework, device)
+    if storage_options and not is_url(filename):
+        raise SafetensorError(f"storage_options apply to URLs only, not to "
+                              f"{_shown_target(filename)}")
+    if is_checkpoint_path(filename):
+        from .checkpoint import open_checkpoint   # a capability: imported when used
+
+        return open_checkpoint(cast(PathLike, filename), convert, backend=backend,
+                               max_header_size=max_header_size, verify=verify,
+                               opened_as=(framework, device), storage_options=storage_options)
     if is_remote(filename):
         return open_remote(filename, convert, max_header_size=max_header_size, verify=verify,
                            storage_options=storage_options, opened_as=(framework, device))
     path = cast(PathLike, filename)   # neither a URL nor a file object
-    if storage_options:
-        raise SafetensorError(f"storage_options apply to URLs only, not to the path "
-                              f"{os.fsdecode(path)!r}")
-    if is_checkpoint_path(path):
-        from .checkpoint import open_checkpoint   # a capability: imported when used
-
-        return open_checkpoint(path, convert, backend=backend,
-                               max_header_size=max_header_size, verify=verify,
-                               opened_as=(framework, device))
     return open_file(path, convert, backend=backend, max_header_size=max_header_size,
                      verify=verify, opened_as=(framework, device))
 
@@ -460,8 +460,8 @@ def open_remote(target: Openable, convert: Optional[Converter[Any]] = None, *,
     from .remote import open_reader    # a capability: imported when used
 
     if isinstance(target, str) and target.endswith(".index.json"):
-        raise SafetensorError(f"{target}: sharded checkpoints are opened from a local "
-                              f"directory; open each shard's URL, or download them")
+        raise SafetensorError(f"{target}: a sharded checkpoint's index; open it with "
+                              f"safe_open, which reads the shards beside it")
     reader = NumpyHandle() if not verify else _verifying_handle()
     open_reader(reader, target, storage_options=storage_options,
                 max_header_size=max_header_size)
@@ -476,11 +476,17 @@ def _verifying_handle() -> NumpyHandle:
 
 def is_checkpoint_path(filename: Any) -> bool:
     """Whether `filename` names a sharded checkpoint: a directory or an
-    ``*.index.json`` (see ``fastst.checkpoint``)."""
+    ``*.index.json`` (see ``fastst.checkpoint``), or the URL of an index."""
     if not isinstance(filename, (str, bytes, os.PathLike)):
         return False
     path = os.fsdecode(filename)
-    return path.endswith(".index.json") or os.path.isdir(path)
+    return path.endswith(".index.json") or (not is_url(path) and os.path.isdir(path))
+
+
+def _shown_target(target: Any) -> str:
+    if isinstance(target, (str, bytes, os.PathLike)):
+        return f"the path {os.fsdecode(target)!r}"
+    return f"a {type(target).__name__}"
 
 
 def framework_converter(framework: str, device: Any) -> Converter[Any]:

@@ -28,7 +28,7 @@ from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorInfo, Tensor
                     WriteSpec, spec_of_array)
 from ._files import TEMP_SUFFIX, PathLike, write_atomically
 from ._handle import (NUMPY_FRAMEWORKS, Backend, FrameworkHandle, NumpyHandle,
-                      framework_converter, is_checkpoint_path, open_file)
+                      framework_converter, is_checkpoint_path, is_url, open_file, open_remote)
 from ._slicing import Converter, SafeSlice, T
 from .integrity import plan_with_checksums
 
@@ -164,17 +164,19 @@ def _check_shard_name(shard: str, name: str, path: str) -> None:
 
 # an open shard: a NumpyHandle, or a FrameworkHandle for a framework's tensors
 Shard = Any
-Stamp = Tuple[int, int, int, int]   # a file's st_dev, st_ino, st_size, st_mtime_ns
+# a file's st_dev, st_ino, st_size, st_mtime_ns; or an object's size, ETag, modified time
+Stamp = Tuple[Any, ...]
 
 
 class Opening(NamedTuple):
     """How ``safe_open`` opened a checkpoint: what a pickled handle opens again."""
-    index_path: str          # absolute
+    index_path: str          # absolute, or a URL
     framework: str
     device: Any
     backend: Backend
     max_header_size: int
     verify: bool
+    storage_options: Optional[Dict[str, Any]] = None    # a URL's
 
 
 class ShardedHandle(Generic[T]):
@@ -378,7 +380,7 @@ class ShardedHandle(Generic[T]):
         self._check_open()
         shards = {shard: self._stamp_of(shard) for shard in self._index.shards}
         stamps = {shard: stamp for shard, stamp in shards.items() if stamp is not None}
-        return _reopened_checkpoint, (opening, _file_stamp(opening.index_path), stamps)
+        return _reopened_checkpoint, (opening, _stamp(opening.index_path, opening), stamps)
 
     def _stamp_of(self, shard: str) -> Optional[Stamp]:
         """The shard as this handle reads it: its opened file, or the file on disk
@@ -387,7 +389,7 @@ class ShardedHandle(Generic[T]):
         if handle is not None:
             return tuple(handle.file_identity[1:])
         try:
-            return _file_stamp(self._index.shard_path(shard))
+            return _stamp(self._index.shard_path(shard), self._opening)
         except FileNotFoundError:
             return None
 
@@ -416,8 +418,7 @@ class NumpyShardedHandle(ShardedHandle[Any]):
         one file.
         """
         shards = self._all_shards()
-        small = [handle for shard, handle in shards
-                 if os.path.getsize(self._index.shard_path(shard)) < PARALLEL_BELOW]
+        small = [handle for shard, handle in shards if _data_bytes(handle) < PARALLEL_BELOW]
         parts: Dict[int, Dict[str, Any]] = {}
         if len(small) > 1:
             with ThreadPoolExecutor(min(len(small), _usable_cpus())) as pool:
@@ -449,7 +450,17 @@ class NumpyShardedHandle(ShardedHandle[Any]):
         return self._shard_of(name).gather(name, rows, out)
 
 
-def _file_stamp(path: str) -> Stamp:
+def _data_bytes(handle: Shard) -> int:
+    return max((handle.info(name).data_offsets[1] for name in handle.offset_keys()), default=0)
+
+
+def _stamp(path: str, opening: Optional[Opening]) -> Stamp:
+    """What says a file is unchanged: its stamp, or an object's size, ETag and
+    modification time."""
+    if is_url(path):
+        from .remote import url_identity   # a capability: imported when used
+
+        return url_identity(path, opening.storage_options if opening else None)[1:]
     info = os.stat(path)
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
@@ -459,7 +470,7 @@ def _reopened_checkpoint(opening: Opening, index_stamp: Stamp, shard_stamps: Dic
     """A pickled checkpoint handle, unpickled: the checkpoint opened again as it
     was. An index that changed is refused now; a shard that changed, when it is
     opened."""
-    if _file_stamp(opening.index_path) != tuple(index_stamp):
+    if _stamp(opening.index_path, opening) != tuple(index_stamp):
         raise SafetensorError(f"{opening.index_path}: index changed since the handle was "
                               f"pickled; open the checkpoint again to read it")
     convert = (None if opening.framework in NUMPY_FRAMEWORKS
@@ -467,7 +478,8 @@ def _reopened_checkpoint(opening: Opening, index_stamp: Stamp, shard_stamps: Dic
     return open_checkpoint(opening.index_path, convert, backend=opening.backend,
                            max_header_size=opening.max_header_size, verify=opening.verify,
                            opened_as=(opening.framework, opening.device),
-                           pickled_stamps=shard_stamps)
+                           pickled_stamps=shard_stamps,
+                           storage_options=opening.storage_options)
 
 
 
@@ -485,7 +497,8 @@ def _usable_cpus() -> int:
 def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
                     backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                     verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None,
-                    pickled_stamps: Optional[Dict[str, Stamp]] = None
+                    pickled_stamps: Optional[Dict[str, Stamp]] = None,
+                    storage_options: Optional[Mapping[str, Any]] = None
                     ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
     """Open the checkpoint at `path`, a directory or an ``*.index.json``, as one
     handle (see ``ShardedHandle``), its tensors passed through `convert` (a
@@ -494,7 +507,15 @@ def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
     `verify`, each shard must hold checksums, and each tensor's is checked on its
     first read (see ``fastst.integrity``). `opened_as`, the (framework, device)
     `convert` is for, lets the handle pickle; `pickled_stamps`, the shards'
-    identities when it was pickled, makes it refuse shards that changed since."""
+    identities when it was pickled, makes it refuse shards that changed since.
+
+    `path` may be the URL of an ``*.index.json`` (with `storage_options`): the
+    shards beside it are then read by byte ranges (see ``fastst.remote``)."""
+    if is_url(path):
+        return _open_url_checkpoint(path, convert, max_header_size=max_header_size,
+                                    verify=verify, opened_as=opened_as,
+                                    pickled_stamps=pickled_stamps,
+                                    storage_options=storage_options)
     text = os.fsdecode(path)
     target = find_checkpoint(text) if os.path.isdir(text) else text
     if not target.endswith(INDEX_SUFFIX):
@@ -511,6 +532,27 @@ def open_checkpoint(path: PathLike, convert: Optional[Converter[Any]] = None, *,
     if convert is None:
         return NumpyShardedHandle(index, open_shard, backend, opening, pickled_stamps)
     return ShardedHandle(index, open_shard, backend, opening, pickled_stamps)
+
+
+def _open_url_checkpoint(url: str, convert: Optional[Converter[Any]], *, max_header_size: int,
+                         verify: bool, opened_as: Optional[Tuple[str, Any]],
+                         pickled_stamps: Optional[Dict[str, Stamp]],
+                         storage_options: Optional[Mapping[str, Any]]) -> ShardedHandle[Any]:
+    """The checkpoint whose index is at `url`, its shards the URLs beside it."""
+    from .remote import read_object   # a capability: imported when used
+
+    options = dict(storage_options) if storage_options else None
+    index = parse_index(read_object(url, options, max_header_size, "index"), url)
+    opening = None if opened_as is None else Opening(
+        url, *opened_as, "ranges", max_header_size, verify, options)
+
+    def open_shard(shard: str) -> Shard:
+        return open_remote(shard, convert, max_header_size=max_header_size, verify=verify,
+                           storage_options=options)
+
+    if convert is None:
+        return NumpyShardedHandle(index, open_shard, "ranges", opening, pickled_stamps)
+    return ShardedHandle(index, open_shard, "ranges", opening, pickled_stamps)
 
 
 # ---------------------------------------------------------------------------

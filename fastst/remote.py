@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
 
 __all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "SpooledUpload", "open_reader",
-           "reopen_reader", "save_plan", "with_default_timeouts"]
+           "read_object", "reopen_reader", "save_plan", "url_identity", "with_default_timeouts"]
 
 CONNECT_TIMEOUT = 10.0   # seconds to connect to a store, unless storage_options say otherwise
 READ_TIMEOUT = 60.0      # seconds a store may stay silent while answering a request
@@ -75,6 +75,29 @@ def reopen_reader(reader: Reader, identity: Tuple[Any, ...],
                               f"(size, ETag, modified {identity[1:]}, now {now[1:]}); open "
                               f"it again to read the new object")
     return reader
+
+
+def url_identity(url: str, storage_options: Optional[Mapping[str, Any]]) -> Tuple[Any, ...]:
+    """The object at `url` as (URL, size, ETag, modification time): what a handle
+    on it holds as its ``file_identity``."""
+    return UrlRanges(url, storage_options).identity
+
+
+def read_object(url: str, storage_options: Optional[Mapping[str, Any]], limit: int,
+                what: str) -> bytes:
+    """The whole (small) object at `url`: a checkpoint's index, say; refused when
+    it is larger than `limit` bytes."""
+    ranges = UrlRanges(url, storage_options)
+    if ranges.size > limit:
+        raise SafetensorError(f"{url}: {what} of {ranges.size} bytes exceeds the limit of "
+                              f"{limit} bytes")
+    if ranges.size == 0:
+        return b""
+    (data,) = ranges([(0, ranges.size)])
+    if len(data) != ranges.size:
+        raise SafetensorError(f"{url}: {what}: the store answered {len(data)} bytes of "
+                              f"{ranges.size} (a short read)")
+    return bytes(data)
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import ml_dtypes
 
 from ._core import (DTYPES, Reader, SafetensorError, SafetensorNotImplementedError,
                     SafetensorTypeError, TensorInfo)
-from ._handle import Backend, safe_open
+from ._handle import Backend, is_remote, safe_open
 from .checkpoint import ShardEntry, save_checkpoint
 from .integrity import plan_with_checksums
 from .writer import WritePlan, WriteSpec, write_atomically
@@ -180,7 +180,7 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     A CUDA device gets one allocation holding every tensor, streamed from the file.
     """
     target = _target_device(device)
-    if target is not None and target.type == "cuda":
+    if target is not None and target.type == "cuda" and not is_remote(filename):
         from . import _cuda   # only when CUDA is asked for
         return _cuda.load_file(filename, target, backend=backend)
     with safe_open(filename, framework="pt", device=device, backend=backend) as f:
@@ -463,7 +463,7 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     then into the model as ``load_state_dict`` does.
     """
     target = _target_device(device)
-    if target is not None and target.type == "cuda":
+    if target is not None and target.type == "cuda" and not is_remote(filename):
         from . import _cuda   # only when CUDA is asked for
         placed, state_dict = _cuda.load_into(model.state_dict(), filename, target,
                                              backend=backend)

@@ -508,3 +508,16 @@ def test_an_s3_tensor_sums_on_the_cluster(client, s3_store, rng):
     x = from_safetensors(url, "x", chunks=1000, storage_options=s3_store)
     total = client.compute(x.sum(dtype=np.float64)).result(timeout=TIMEOUT)
     assert total == pytest.approx(np.sum(source, dtype=np.float64), rel=1e-12)
+
+
+def test_a_checkpoint_url_reads_each_tensor_from_its_shard(http_store, tmp_path):
+    tensors = {f"layer.{k}": np.arange(k, k + 300, dtype=np.float32).reshape(100, 3)
+               for k in range(4)}
+    fastst.save_file(tensors, tmp_path, max_shard_size=2500)
+    for name in os.listdir(tmp_path):
+        http_store.objects[f"/ckpt-dask/{name}"] = (tmp_path / name).read_bytes()
+    arrays = from_safetensors(f"{http_store.url}/ckpt-dask/model.safetensors.index.json",
+                              chunks=30)
+    assert list(arrays) == list(tensors)
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(arrays[name].compute(scheduler="threads"), array)

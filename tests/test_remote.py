@@ -565,3 +565,82 @@ def test_file_urls_save_atomically_and_read_by_ranges(tmp_path):
     with fastst.safe_open(url) as f:
         assert f.backend == "ranges"
         assert_same(f.get_tensors(), tensors)
+
+
+# ---------------------------------------------------------------------------
+# Sharded checkpoints from their index's URL
+# ---------------------------------------------------------------------------
+
+INDEX = "model.safetensors.index.json"
+
+
+def sharded(tmp_path):
+    """Six 400-byte tensors in three shards, with metadata in the index."""
+    tensors = {f"layer.{k}": np.full(100, k, dtype=np.float32) for k in range(6)}
+    fastst.save_file(tensors, tmp_path, {"origin": "test"}, max_shard_size=800)
+    return tensors, {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+
+
+def test_a_sharded_checkpoint_opens_from_its_index_url(tmp_path):
+    tensors, files = sharded(tmp_path)
+    fs = fsspec.filesystem("memory")
+    for name, data in files.items():
+        fs.pipe(f"memory://sharded/{name}", data)
+    url = f"memory://sharded/{INDEX}"
+    with fastst.safe_open(url) as f:
+        assert f.keys() == sorted(tensors) and f.backend == "ranges"
+        assert f.metadata() == {"total_size": 2400, "origin": "test"}
+        assert f.get_slice("layer.4")[2:4].tolist() == [4.0, 4.0]
+        np.testing.assert_array_equal(f.gather("layer.5", [0, -1]), [5.0, 5.0])
+        again = pickle.loads(pickle.dumps(f))
+    with again:
+        np.testing.assert_array_equal(again["layer.3"], tensors["layer.3"])
+    assert_same(fastst.load_file(url), tensors)
+    assert_same(fastst.load_file(url, copy=True), tensors)
+    torch = pytest.importorskip("torch")
+    got = fastst.safe_open(url, framework="pt").get_tensors()
+    assert isinstance(got["layer.0"], torch.Tensor) and got["layer.2"].tolist() == [2.0] * 100
+    fs.rm("memory://sharded", recursive=True)
+
+
+def test_opening_a_checkpoint_url_reads_the_index_and_one_tensor_its_shard(served, tmp_path):
+    server, put = served
+    tensors, files = sharded(tmp_path)
+    urls = {name: put(f"ckpt/{name}", data) for name, data in files.items()}
+    server.reset_counts()
+    with fastst.safe_open(urls[INDEX]) as f:
+        assert [path for _, path, _ in server.gets()] == [f"/ckpt/{INDEX}"]
+        np.testing.assert_array_equal(f.get_tensor("layer.3"), tensors["layer.3"])
+        shards = {path for _, path, _ in server.gets()} - {f"/ckpt/{INDEX}"}
+        assert shards == {"/ckpt/model-00002-of-00003.safetensors"}
+
+
+def test_a_shard_url_changed_after_pickling_is_refused(served, tmp_path):
+    server, put = served
+    tensors, files = sharded(tmp_path)
+    urls = {name: put(f"ckpt/{name}", data) for name, data in files.items()}
+    with fastst.safe_open(urls[INDEX]) as f:
+        pickled = pickle.dumps(f)
+    shard = "model-00003-of-00003.safetensors"
+    put(f"ckpt/{shard}", fastst.save({"layer.4": tensors["layer.4"] + 1,
+                                      "layer.5": tensors["layer.5"]}))
+    with pickle.loads(pickled) as copy:
+        np.testing.assert_array_equal(copy["layer.0"], tensors["layer.0"])
+        with pytest.raises(SafetensorError, match=f"shard '{shard}' changed since"):
+            copy.get_tensor("layer.5")
+    put(f"ckpt/{INDEX}", files[INDEX] + b" ")
+    with pytest.raises(SafetensorError, match="index changed since the handle was pickled"):
+        pickle.loads(pickled)
+
+
+def test_a_checkpoint_url_with_a_bad_index_is_refused(served):
+    server, put = served
+    url = put(f"bad/{INDEX}", b'{"weight_map": {"a": "../outside.safetensors"}}')
+    with pytest.raises(SafetensorError, match=f"{url}: .*not a .safetensors file name in"):
+        fastst.safe_open(url)
+    url = put(f"big/{INDEX}", b'{"weight_map": {}}' + b" " * 100)
+    with pytest.raises(SafetensorError, match="index of 118 bytes exceeds the limit of 50"):
+        fastst.safe_open(url, max_header_size=50)
+    url = put(f"missing/{INDEX}", b'{"weight_map": {"a": "gone.safetensors"}}')
+    with fastst.safe_open(url) as f, pytest.raises(SafetensorError, match="missing"):
+        f.get_tensor("a")

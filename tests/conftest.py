@@ -1,4 +1,7 @@
+import ast
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -51,6 +54,16 @@ def mapping_ranges(path) -> list:
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 ranges.append((start, end))
     return ranges
+
+
+def modules_loaded_by(statements: str, modules) -> list:
+    """Which of `modules` a fresh interpreter has imported after running
+    `statements` (sorted)."""
+    code = (f"import sys; {statements}; "
+            f"print(sorted(m for m in {tuple(modules)!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    return ast.literal_eval(done.stdout.strip())
 
 
 def time_with_longest_pause(work) -> tuple:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import fastst
+from conftest import modules_loaded_by
 
 
 @pytest.fixture
@@ -82,11 +83,9 @@ def test_errors_are_value_errors_and_not_found_is_a_key_error():
 
 
 def test_import_pulls_in_no_framework_or_store_library():
-    code = ("import sys, fastst, fastst.numpy; "
-            "print(sorted(m for m in ('torch', 'jax', 'tensorflow', 'flax', 'fsspec', 's3fs', "
-            "'aiohttp', 'botocore', 'fastst.remote') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert modules_loaded_by("import fastst, fastst.numpy", (
+        "torch", "jax", "tensorflow", "flax", "fsspec", "s3fs", "aiohttp", "botocore",
+        "fastst.remote")) == []
 
 
 def test_missing_file_is_file_not_found(tmp_path):

@@ -3,8 +3,6 @@ arrays written chunk by chunk into one file; on the threaded scheduler and on a
 two-process dask.distributed cluster."""
 import os
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ import pytest
 import fastst
 from fastst.writer import WriteSpec, serialize
 
-from conftest import WRITABLE_DTYPES, random_array, same_bytes
+from conftest import WRITABLE_DTYPES, modules_loaded_by, random_array, same_bytes
 
 da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
@@ -383,12 +381,8 @@ def test_a_region_refuses_pieces_that_do_not_fit(tmp_path):
 
 
 def test_import_fastst_imports_no_dask():
-    code = ("import sys, fastst, fastst.writer; "
-            "print(sorted(m for m in ('dask', 'distributed', 'fastst.dask') "
-            "if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
-    assert done.stdout.strip() == "[]"
+    assert modules_loaded_by("import fastst, fastst.writer",
+                             ("dask", "distributed", "fastst.dask")) == []
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
-from ._handle import is_checkpoint_path
 from .checkpoint import ShardedHandle
 from .torch import TORCH_DTYPES
 
@@ -331,10 +330,11 @@ def load_through(filename: Any, backend: str,
                  make_ring: Callable[[torch.Tensor, int], Ring]) -> Dict[str, torch.Tensor]:
     """Every tensor of a file, or of a sharded checkpoint (its directory or
     ``*.index.json``: one allocation per shard, shard after shard in index
-    order), streamed through rings (see ``load_file_through``)."""
+    order), streamed through rings (see ``load_opened_through``)."""
     tensors: Dict[str, torch.Tensor] = {}
-    for path in files_of(filename, backend):
-        tensors.update(load_file_through(path, backend, make_dest, make_ring))
+    with opened_files(filename, backend) as readers:
+        for reader in readers:
+            tensors.update(load_opened_through(reader, make_dest, make_ring))
     return tensors
 
 
@@ -366,37 +366,20 @@ def load_into_through(targets: Dict[str, torch.Tensor], filename: Any, backend: 
     """``load_opened_into`` for each file `filename` names (its shards, in order)."""
     placed: List[str] = []
     rest: Dict[str, torch.Tensor] = {}
-    for path in files_of(filename, backend):
-        with safe_open(path, backend=backend) as reader:
+    with opened_files(filename, backend) as readers:
+        for reader in readers:
             names, tensors = load_opened_into(reader, targets, make_dest, make_ring)
-        placed += names
-        rest.update(tensors)
+            placed += names
+            rest.update(tensors)
     return placed, rest
 
 
-def files_of(filename: Any, backend: str) -> List[Any]:
-    """The files `filename` names: itself, or a checkpoint's shards in index order,
-    each checked against the index (the tensors it holds) before any is read."""
-    if not is_checkpoint_path(filename):
-        return [filename]
+@contextlib.contextmanager
+def opened_files(filename: Any, backend: str) -> Iterator[List[Any]]:
+    """The open files `filename` names: itself, or a checkpoint's shards in index
+    order, each checked against the index before any is read; closed on exit."""
     with safe_open(filename, backend=backend) as opened:
-        if not isinstance(opened, ShardedHandle):
-            return [opened.source]     # a directory holding one file
-        index = opened.index
-        for names in index.shards.values():
-            opened.info(names[0])   # opens the shard, which checks it against the index
-    return [index.shard_path(shard) for shard in index.shards]
-
-
-def load_file_through(filename: Any, backend: str,
-                      make_dest: Callable[[int, str], torch.Tensor],
-                      make_ring: Callable[[torch.Tensor, int], Ring]
-                      ) -> Dict[str, torch.Tensor]:
-    """Read the header, allocate the tensor buffer with ``make_dest(bytes, source)``,
-    stream the file into it through ``make_ring(dest, bytes)`` and return the
-    tensors, in file order."""
-    with safe_open(filename, backend=backend) as reader:
-        return load_opened_through(reader, make_dest, make_ring)
+        yield opened.shards() if isinstance(opened, ShardedHandle) else [opened]
 
 
 def load_handle(reader: Any, device: torch.device, *, chunk_bytes: int = CHUNK_BYTES,
@@ -441,8 +424,10 @@ def load_opened_into(reader: Any, targets: Dict[str, torch.Tensor],
     others go to one allocation from ``make_dest(bytes, source)``. Returns the
     names written in place, and the others' tensors."""
     specs = places_of(reader)
-    direct = [spec for spec in specs if fits(targets.get(spec.name), spec)]
-    rest = [spec for spec in specs if spec not in direct]
+    direct: List[TensorPlace] = []
+    rest: List[TensorPlace] = []
+    for spec in specs:
+        (direct if fits(targets.get(spec.name), spec) else rest).append(spec)
     places, size = packed(rest)
     with opened_again(reader) as fd:
         scratch = make_dest(size, reader.source)

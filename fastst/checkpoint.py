@@ -269,6 +269,11 @@ class ShardedHandle(Generic[T]):
             raise SafetensorError(f"{self._index.path}: shard {shard!r} changed since the "
                                   f"handle was pickled; open the checkpoint again to read it")
 
+    def shards(self) -> List[Shard]:
+        """Every shard's handle, in index order: each opened now, and checked
+        against the index, before any is returned."""
+        return [handle for _, handle in self._all_shards()]
+
     def _all_shards(self) -> List[Tuple[str, Shard]]:
         return [(shard, self._shard(shard, names[0]))
                 for shard, names in self._index.shards.items()]

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
+from ._handle import stamp
 from .checkpoint import ShardedHandle
 from .torch import TORCH_DTYPES
 
@@ -476,8 +477,7 @@ def opened_again(reader: Any) -> Iterator[int]:
     checked to be the same file (device, inode, size, modification time)."""
     path, *opened = reader.file_identity
     with open(path, "rb") as file:
-        now = os.fstat(file.fileno())
-        if [now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns] != opened:
+        if list(stamp(os.fstat(file.fileno()))) != opened:
             raise SafetensorError(f"{reader.source}: file changed since it was opened "
                                   f"(replaced or rewritten); open it again to read the new "
                                   f"file")

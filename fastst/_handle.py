@@ -20,7 +20,7 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
 
 __all__ = ["ArrayHandle", "FrameworkHandle", "Handle", "NumpyHandle", "Openable", "ReadableFile",
            "is_checkpoint_path",
-           "is_remote", "is_url", "open_file", "open_remote", "safe_open"]
+           "is_remote", "is_url", "open_file", "open_remote", "safe_open", "stamp"]
 
 Backend = Literal["mmap", "pread"]
 
@@ -264,7 +264,7 @@ def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framew
     """A pickled handle, unpickled: the same file opened again, as before. A file
     that is not the one pickled (replaced, rewritten, resized) is refused."""
     path = identity[0]
-    _check_same_file(path, identity, _stamp(os.stat(path)))
+    _check_same_file(path, identity, stamp(os.stat(path)))
     convert = None if framework in NUMPY_FRAMEWORKS else framework_converter(framework, device)
     reader = reader_class()
     # the header's length is known: a longer one is not the same file
@@ -291,7 +291,9 @@ def _reopened_url(identity: Tuple[Any, ...], storage_options: Optional[Dict[str,
     return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
 
 
-def _stamp(info: os.stat_result) -> Tuple[int, int, int, int]:
+def stamp(info: os.stat_result) -> Tuple[int, int, int, int]:
+    """What tells one version of a file from another: its st_dev, st_ino, st_size
+    and st_mtime_ns (a handle's ``file_identity`` after the path)."""
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 

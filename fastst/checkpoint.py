@@ -28,7 +28,8 @@ from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorInfo, Tensor
                     WriteSpec, spec_of_array)
 from ._files import TEMP_SUFFIX, PathLike, write_atomically
 from ._handle import (NUMPY_FRAMEWORKS, Backend, FrameworkHandle, NumpyHandle,
-                      framework_converter, is_checkpoint_path, is_url, open_file, open_remote)
+                      framework_converter, is_checkpoint_path, is_url, open_file, open_remote,
+                      stamp)
 from ._slicing import Converter, SafeSlice, T
 from .integrity import plan_with_checksums
 
@@ -466,8 +467,7 @@ def _stamp(path: str, opening: Optional[Opening]) -> Stamp:
         from .remote import url_identity   # a capability: imported when used
 
         return url_identity(path, opening.storage_options if opening else None)[1:]
-    info = os.stat(path)
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+    return stamp(os.stat(path))
 
 
 def _reopened_checkpoint(opening: Opening, index_stamp: Stamp, shard_stamps: Dict[str, Stamp]

@@ -48,7 +48,7 @@ from dask.utils import parse_bytes
 from ._core import DTYPES, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError
 from ._core import numpy_dtype
 from ._files import PathLike
-from ._handle import safe_open
+from ._handle import is_url, safe_open, stamp
 from .writer import PendingFile, StreamWriter
 
 __all__ = ["from_safetensors", "open_files_kept", "to_safetensors"]
@@ -140,15 +140,11 @@ def _open(source: Any, backend: Optional[str],
     options: Dict[str, Any] = {}
     if backend is not None:
         options["backend"] = backend
-    elif not _is_url(source):
+    elif not is_url(source):
         options["backend"] = "pread"
     if storage_options is not None:
         options["storage_options"] = dict(storage_options)
     return safe_open(source, "np", **options)
-
-
-def _is_url(source: Any) -> bool:
-    return isinstance(source, str) and "://" in source
 
 
 def _opening(handle: Any) -> bytes:
@@ -288,8 +284,7 @@ def _check_unchanged(handle: Any, opening: bytes) -> None:
         return
     path = identity[0]
     try:
-        info = os.stat(path)
-        now: Tuple[int, ...] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        now: Tuple[int, ...] = stamp(os.stat(path))
     except FileNotFoundError:
         now = ()
     if now != tuple(identity[1:]):
@@ -345,7 +340,7 @@ def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
     that fails, the old file stays as it was too, but the temporary file beside
     it (``.<name>.<random>.fastst-tmp``) is left for the caller to remove.
     """
-    if _is_url(path):
+    if is_url(path):
         raise SafetensorNotImplementedError(
             f"{path}: to_safetensors writes local files (its workers write in place); "
             f"write locally, then upload")

@@ -457,7 +457,9 @@ class NumpyShardedHandle(ShardedHandle[Any]):
 
 
 def _data_bytes(handle: Shard) -> int:
-    return max((handle.info(name).data_offsets[1] for name in handle.offset_keys()), default=0)
+    """The bytes of a shard's tensors: where its last tensor in buffer order ends."""
+    names = handle.offset_keys()
+    return handle.info(names[-1]).data_offsets[1] if names else 0
 
 
 def _stamp(path: str, opening: Optional[Opening]) -> Stamp:

@@ -31,15 +31,27 @@ class AtomicFile:
             self.abort()
             raise
 
+    @classmethod
+    def written(cls, temp: str, target: str) -> AtomicFile:
+        """The AtomicFile of a temporary file `temp` already written and closed
+        (by another process, say), to commit over `target` or abort."""
+        file = cls.__new__(cls)
+        file.target, file.temp, file.fd = target, temp, -1
+        file.directory = os.path.dirname(target)
+        return file
+
     def commit(self, *, fsync: bool = False) -> None:
         """Close the file and rename it over the target. With `fsync` the file and
         its directory are flushed to disk first, so the new file also survives a
         power loss."""
         try:
-            if fsync:
-                os.fsync(self.fd)
-            os.close(self.fd)
-            self.fd = -1
+            if self.fd >= 0:
+                if fsync:
+                    os.fsync(self.fd)
+                os.close(self.fd)
+                self.fd = -1
+            elif fsync:
+                fsync_path(self.temp)
             os.replace(self.temp, self.target)
         except BaseException:
             self.abort()

@@ -34,7 +34,7 @@ from ._core import (
     TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
 )
 from ._core import write_array_at
-from ._files import AtomicFile, PathLike, copy_range, fsync_path, write_atomically
+from ._files import AtomicFile, PathLike, copy_range, write_atomically
 from ._handle import is_url
 from .integrity import (CHECKSUM_KEY, checksum_metadata, digests_in_file, plan_with_checksums,
                         reserved_checksums)
@@ -566,24 +566,14 @@ class PendingFile:
         """Rename the file over the target (flushed to disk first with `fsync`, and
         the directory after)."""
         try:
-            if self.fsync:
-                fsync_path(self.temp)
-            os.replace(self.temp, self.target)
+            AtomicFile.written(self.temp, self.target).commit(fsync=self.fsync)
         except FileNotFoundError:
             raise SafetensorError(f"{self.target}: the file being written is gone "
                                   f"(committed or aborted already)") from None
-        except BaseException:
-            self.abort()
-            raise
-        if self.fsync:
-            fsync_path(os.path.dirname(self.target))
 
     def abort(self) -> None:
         """Remove the file; any old file at the target stays as it was."""
-        try:
-            os.unlink(self.temp)
-        except FileNotFoundError:
-            pass
+        AtomicFile.written(self.temp, self.target).abort()
 
     def __repr__(self) -> str:
         return f"<fastst.writer.PendingFile {self.target!r}>"

@@ -29,9 +29,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-import fastst
-import fastst.torch as ft
-from fastst import _cuda
+# JAX takes most of the GPU's memory at its first use unless told not to
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import fastst  # noqa: E402
+import fastst.torch as ft  # noqa: E402
+from fastst import _cuda  # noqa: E402
 
 MiB = 1 << 20
 DEVICE = torch.device("cuda", 0)
@@ -198,6 +201,48 @@ def fastst_load(path: str, chunk: Optional[int] = None, buffers: Optional[int] =
     del tensors
 
 
+def jax_gpu() -> Optional[object]:
+    """JAX's first GPU, or None where JAX or its CUDA plugin is missing."""
+    try:
+        import jax
+        return jax.devices("gpu")[0]
+    except (ImportError, RuntimeError):
+        return None
+
+
+def jax_device_put(path: str) -> None:
+    """What fastst.jax does without PyTorch: jax.device_put of each view of the map."""
+    import fastst.jax
+    put = fastst.jax.Converter(jax_gpu())
+    with fastst.safe_open(path) as f:
+        arrays = [put(array, name, f.info(name)) for name, array in f.get_tensors().items()]
+    for array in arrays:
+        array.block_until_ready()
+
+
+def jax_ring(path: str) -> None:
+    """fastst.flax.load_file(device="gpu"): the pinned ring, then DLPack."""
+    import fastst.flax
+    for array in fastst.flax.load_file(path, device="gpu").values():
+        array.block_until_ready()
+
+
+def safetensors_flax(path: str) -> None:
+    import jax
+    import safetensors.flax
+    with jax.default_device(jax_gpu()):
+        arrays = safetensors.flax.load_file(path)
+    for array in arrays.values():
+        array.block_until_ready()
+
+
+JAX_ROWS: Dict[str, Tuple[str, Callable[[str], None]]] = {
+    "safetensors_flax": ("safetensors.flax.load_file, JAX's default device the GPU",
+                         safetensors_flax),
+    "jax_put": ("fastst.jax without PyTorch: jax.device_put of each view", jax_device_put),
+    "jax_ring": ("fastst.flax.load_file(device='gpu') (pinned ring, DLPack)", jax_ring),
+}
+
 ROWS: Dict[str, Tuple[str, Callable[[str], None]]] = {
     "h2d": ("H2D copy from pinned memory, no disk (the link)", h2d_limit),
     "readinto": ("one thread readinto pinned, then one H2D copy", readinto_then_copy),
@@ -242,11 +287,12 @@ def peak_rss_delta(key: str, path: str, small: str) -> int:
     """Run one load of row `key` in this process: peak RSS beyond the start, bytes.
     A first load of the small file `small` keeps the CUDA context, imports and
     first-call setup out of the number."""
-    ROWS[key][1](small)
+    load = {**ROWS, **JAX_ROWS}[key][1]
+    load(small)
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")              # reset VmHWM to the current RSS
     before = status_kib("VmRSS")
-    ROWS[key][1](path)
+    load(path)
     return (status_kib("VmHWM") - before) * 1024
 
 
@@ -322,8 +368,17 @@ def main() -> None:
     got = ft.load_file(path, device="cuda")
     assert all(torch.equal(got[n].view(torch.int16), want[n].view(torch.int16).to(DEVICE))
                for n in want), "fastst's CUDA load differs from the file"
+    if jax_gpu() is not None:
+        import fastst.flax
+        arrays = fastst.flax.load_file(path, device="gpu")
+        assert all(np.asarray(arrays[n]).view(np.int16).tobytes()
+                   == want[n].view(torch.int16).numpy().tobytes() for n in want), \
+            "fastst's JAX load differs from the file"
+        del arrays
     del got, want
 
+    if jax_gpu() is not None:
+        ROWS.update(JAX_ROWS)
     results: Dict[str, Dict[str, List[float]]] = {"hot": {}, "cold": {}}
     threads_tried = (1, 2, 4, 8, 16)
     hot_cases: Dict[str, Callable[[], None]] = {key: (lambda fn=fn: fn(path))
@@ -376,6 +431,7 @@ def print_table(results, rss, total, how, threads_tried) -> None:
                 (f"parallel copy from mmap into pinned, no GPU ({best_mmap[1]} threads)", "mmap"),
                 (ROWS["safetensors"][0], "safetensors"), (ROWS["views_to"][0], "views_to"),
                 (ROWS["per_tensor"][0], "per_tensor"), (ROWS["fastst"][0], "fastst")]
+    labelled += [(label, key) for key, (label, _) in JAX_ROWS.items() if key in results["hot"]]
     labelled += [(f"  fastst ring {key[4:]} (chunk MiB x buffers)", key)
                  for key in results["hot"] if key.startswith("ring")]
     print()

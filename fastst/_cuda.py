@@ -79,6 +79,23 @@ def tensor_place(name: str, info: TensorInfo, source: str) -> TensorPlace:
     return TensorPlace(name, torch_dtype(code, name, source), torch_shape, begin, end)
 
 
+# header code -> the torch dtype of fastst's NumPy array for it (packed sub-byte
+# tensors as their bytes), a dtype DLPack carries
+_NUMPY_DTYPES: Dict[str, torch.dtype] = {row.code: getattr(torch, row.numpy) for row in DTYPES}
+
+
+def numpy_place(name: str, info: TensorInfo, source: str) -> TensorPlace:
+    """The dtype and shape fastst's NumPy array of one header entry has (sub-byte
+    tensors as their packed bytes), as torch's: what other frameworks take
+    through DLPack."""
+    code, shape, (begin, end), array_shape = info
+    return TensorPlace(name, _NUMPY_DTYPES[code],
+                       tuple(shape if array_shape is None else array_shape), begin, end)
+
+
+Place = Callable[[str, TensorInfo, str], TensorPlace]   # a header entry's torch dtype and shape
+
+
 def plan_chunks(total: int, chunk_bytes: int) -> List[Tuple[int, int]]:
     """The tensor buffer's bytes [0, total) cut into [start, stop) ranges of
     `chunk_bytes` each, the last one shorter."""
@@ -312,23 +329,33 @@ def to_device(tensor: torch.Tensor, device: torch.device, *,
     return dest.view(tensor.dtype).reshape(tensor.shape)
 
 
+MakeDest = Callable[[int, str], torch.Tensor]   # (bytes, source) -> a uint8 tensor
+MakeRing = Callable[[Any, int], Ring]            # (destination, bytes) -> a ring
+
+
+def device_ring(device: torch.device, chunk_bytes: int, buffers: int
+                ) -> Tuple[MakeDest, MakeRing]:
+    """The allocator of CUDA `device` memory, and the maker of rings of `buffers`
+    pinned buffers of `chunk_bytes` each, that a load streams through."""
+    def make_dest(total: int, source: str) -> torch.Tensor:
+        return device_buffer(total, device, source)
+
+    def make_ring(dest: Destination, total: int) -> PinnedRing:
+        return PinnedRing(dest, *ring_shape(total, chunk_bytes, buffers))
+
+    return make_dest, make_ring
+
+
 def load_file(filename: Any, device: torch.device, *, backend: str = "mmap",
               chunk_bytes: int = CHUNK_BYTES, buffers: int = RING_BUFFERS
               ) -> Dict[str, torch.Tensor]:
     """Every tensor of `filename` on the CUDA `device`, read through a ring of
     `buffers` pinned buffers of `chunk_bytes` each (see the module's docstring)."""
-    def make_dest(total: int, source: str) -> torch.Tensor:
-        return device_buffer(total, device, source)
-
-    def make_ring(dest: torch.Tensor, total: int) -> PinnedRing:
-        return PinnedRing(dest, *ring_shape(total, chunk_bytes, buffers))
-
-    return load_through(filename, backend, make_dest, make_ring)
+    return load_through(filename, backend, *device_ring(device, chunk_bytes, buffers))
 
 
-def load_through(filename: Any, backend: str,
-                 make_dest: Callable[[int, str], torch.Tensor],
-                 make_ring: Callable[[torch.Tensor, int], Ring]) -> Dict[str, torch.Tensor]:
+def load_through(filename: Any, backend: str, make_dest: MakeDest, make_ring: MakeRing
+                 ) -> Dict[str, torch.Tensor]:
     """Every tensor of a file, or of a sharded checkpoint (its directory or
     ``*.index.json``: one allocation per shard, shard after shard in index
     order), streamed through rings (see ``load_opened_through``)."""
@@ -350,26 +377,20 @@ def load_into(targets: Dict[str, torch.Tensor], filename: Any, device: torch.dev
     index = torch.cuda.current_device() if device.index is None else device.index
     on_device = {name: tensor for name, tensor in targets.items()
                  if tensor.device == torch.device("cuda", index)}
-
-    def make_dest(total: int, source: str) -> torch.Tensor:
-        return device_buffer(total, device, source)
-
-    def make_ring(dest: Destination, total: int) -> PinnedRing:
-        return PinnedRing(dest, *ring_shape(total, chunk_bytes, buffers))
-
-    return load_into_through(on_device, filename, backend, make_dest, make_ring)
+    return load_into_through(on_device, filename, backend,
+                             *device_ring(device, chunk_bytes, buffers))
 
 
 def load_into_through(targets: Dict[str, torch.Tensor], filename: Any, backend: str,
-                      make_dest: Callable[[int, str], torch.Tensor],
-                      make_ring: Callable[[Destination, int], Ring]
+                      make_dest: MakeDest, make_ring: MakeRing, *, place: Place = tensor_place
                       ) -> Tuple[List[str], Dict[str, torch.Tensor]]:
     """``load_opened_into`` for each file `filename` names (its shards, in order)."""
     placed: List[str] = []
     rest: Dict[str, torch.Tensor] = {}
     with opened_files(filename, backend) as readers:
         for reader in readers:
-            names, tensors = load_opened_into(reader, targets, make_dest, make_ring)
+            names, tensors = load_opened_into(reader, targets, make_dest, make_ring,
+                                              place=place)
             placed += names
             rest.update(tensors)
     return placed, rest
@@ -387,17 +408,10 @@ def load_handle(reader: Any, device: torch.device, *, chunk_bytes: int = CHUNK_B
                 buffers: int = RING_BUFFERS) -> Dict[str, torch.Tensor]:
     """Every tensor of the file an open handle (a NumpyHandle on a file) reads, on
     the CUDA `device`, through one ring (see ``load_opened_through``)."""
-    def make_dest(total: int, source: str) -> torch.Tensor:
-        return device_buffer(total, device, source)
-
-    def make_ring(dest: torch.Tensor, total: int) -> PinnedRing:
-        return PinnedRing(dest, *ring_shape(total, chunk_bytes, buffers))
-
-    return load_opened_through(reader, make_dest, make_ring)
+    return load_opened_through(reader, *device_ring(device, chunk_bytes, buffers))
 
 
-def load_opened_through(reader: Any, make_dest: Callable[[int, str], torch.Tensor],
-                        make_ring: Callable[[torch.Tensor, int], Ring]
+def load_opened_through(reader: Any, make_dest: MakeDest, make_ring: MakeRing
                         ) -> Dict[str, torch.Tensor]:
     """The tensors of the file `reader` opened, streamed from it into one buffer
     from ``make_dest(bytes, source)`` through ``make_ring(dest, bytes)``, in file
@@ -415,16 +429,16 @@ def load_opened_through(reader: Any, make_dest: Callable[[int, str], torch.Tenso
     return tensor_views(dest, specs)
 
 
-def load_opened_into(reader: Any, targets: Dict[str, torch.Tensor],
-                     make_dest: Callable[[int, str], torch.Tensor],
-                     make_ring: Callable[[Destination, int], Ring]
+def load_opened_into(reader: Any, targets: Dict[str, torch.Tensor], make_dest: MakeDest,
+                     make_ring: MakeRing, *, place: Place = tensor_place
                      ) -> Tuple[List[str], Dict[str, torch.Tensor]]:
     """Stream the file `reader` opened straight into `targets` (a model's state
     dict: tensors of the device): each tensor of the file whose target has its
-    dtype and shape and is contiguous is written into that target's memory; the
-    others go to one allocation from ``make_dest(bytes, source)``. Returns the
-    names written in place, and the others' tensors."""
-    specs = places_of(reader)
+    dtype and shape (as `place` gives them) and is contiguous is written into that
+    target's memory; the others go to one allocation from ``make_dest(bytes,
+    source)``, each at an offset aligned for any dtype. Returns the names written
+    in place, and the others' tensors."""
+    specs = places_of(reader, place)
     direct: List[TensorPlace] = []
     rest: List[TensorPlace] = []
     for spec in specs:
@@ -466,9 +480,9 @@ def packed(specs: List[TensorPlace]) -> Tuple[List[TensorPlace], int]:
     return places, offset
 
 
-def places_of(reader: Any) -> List[TensorPlace]:
+def places_of(reader: Any, place: Place = tensor_place) -> List[TensorPlace]:
     source = reader.source
-    return [tensor_place(name, reader.info(name), source) for name in reader.offset_keys()]
+    return [place(name, reader.info(name), source) for name in reader.offset_keys()]
 
 
 @contextlib.contextmanager
@@ -485,7 +499,7 @@ def opened_again(reader: Any) -> Iterator[int]:
 
 
 def fill(fd: int, source: str, data_start: int, specs: List[TensorPlace], dest: Destination,
-         make_ring: Callable[[Any, int], Ring]) -> None:
+         make_ring: MakeRing) -> None:
     """Stream the tensor buffer of the file open as `fd` (the bytes of `specs`)
     into `dest` through ``make_ring(dest, bytes)``."""
     total = max((spec.end for spec in specs), default=0)

@@ -56,11 +56,12 @@ def load(data: bytes) -> Dict[str, jax.Array]:
             for name, array in reader.get_tensors().items()}
 
 
-def load_file(filename: Union[str, "os.PathLike[str]"], *,
+def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
               backend: Backend = "mmap") -> Dict[str, jax.Array]:
     """Load every tensor of a file, or of a sharded checkpoint (its directory or
-    ``*.index.json``), as ``jax.Array``s (see ``fastst.jax``)."""
-    with safe_open(filename, framework="flax", backend=backend) as f:
+    ``*.index.json``), as ``jax.Array``s on `device` (``"cpu"``, ``"gpu"``,
+    ``"cuda:1"``, a ``jax.Device``; see ``fastst.jax``)."""
+    with safe_open(filename, framework="flax", device=device, backend=backend) as f:
         return f.get_tensors()
 
 

@@ -8,11 +8,17 @@ no one else holds the view, so sharing it is safe. Tensors of 64-bit dtypes
 become 32-bit unless JAX's ``jax_enable_x64`` is on, as with any NumPy input.
 Sub-byte tensors (F4, F6_*) come as their packed bytes (uint8), as in NumPy.
 
+On a CUDA GPU, when PyTorch with CUDA is installed too, a whole file
+(``get_tensors``, ``fastst.flax.load_file(..., device="gpu")``) streams through
+fastst's ring of pinned buffers into one allocation on the GPU (``fastst._cuda``)
+and reaches JAX through DLPack, each array a part of that allocation.
+
 ``fastst.flax`` has the save/load functions.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import importlib.util
+from typing import Any, Callable, Dict, Optional
 
 import numpy.typing as npt
 
@@ -23,22 +29,76 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from ._core import SafetensorError, TensorInfo
 
-__all__ = ["converter"]
+__all__ = ["converter", "from_torch"]
 
 
 def converter(device: Any = "cpu") -> Callable[[npt.NDArray[Any], str, TensorInfo], jax.Array]:
     """The function safe_open(framework="jax") passes each NumPy view through.
 
     `device` is ``"cpu"`` (the default), a ``jax.Device``, or a JAX platform name
-    with an optional index (``"gpu"``, ``"cuda:1"``, ``"tpu"``).
+    with an optional index (``"gpu"``, ``"cuda:1"``, ``"tpu"``). For a CUDA GPU,
+    when PyTorch with CUDA is installed too, the converter also takes whole files
+    (``convert_file``, used by ``get_tensors``): see ``from_torch``.
     """
     target = _target_device(device)
+    chosen = jax.devices()[0] if target is None else target
+    if chosen.platform == "gpu" and _torch_has_cuda():
+        import torch
 
-    def convert(array: npt.NDArray[Any], name: str, info: TensorInfo) -> jax.Array:
-        result: jax.Array = jax.device_put(array, target)
+        from . import _cuda   # imports torch: only when a CUDA GPU is asked for
+
+        return CudaConverter(target, *_cuda.device_ring(
+            torch.device("cuda", chosen.local_hardware_id), _cuda.CHUNK_BYTES,
+            _cuda.RING_BUFFERS))
+    return Converter(target)
+
+
+class Converter:
+    """``jax.device_put`` of each view onto one device (None: JAX's default)."""
+
+    def __init__(self, target: Optional[jax.Device]) -> None:
+        self.target = target
+
+    def __call__(self, array: npt.NDArray[Any], name: str, info: TensorInfo) -> jax.Array:
+        result: jax.Array = jax.device_put(array, self.target)
         return result
 
-    return convert
+
+class CudaConverter(Converter):
+    """A converter for a CUDA GPU that takes a whole open file at once: its tensors
+    stream through a ring of pinned buffers into one allocation on the GPU
+    (``make_dest`` and ``make_ring``: see ``fastst._cuda.device_ring``) and become
+    ``jax.Array``s of that memory, through DLPack."""
+
+    def __init__(self, target: Optional[jax.Device], make_dest: Any, make_ring: Any) -> None:
+        super().__init__(target)
+        from . import _cuda
+
+        self.make_dest, self.make_ring = make_dest, make_ring
+        self.load_opened_into = _cuda.load_opened_into
+        self.numpy_place = _cuda.numpy_place
+
+    def convert_file(self, reader: Any) -> Dict[str, jax.Array]:
+        """Every tensor of the file `reader` (a NumpyHandle) opened, on the GPU."""
+        _, tensors = self.load_opened_into(reader, {}, self.make_dest, self.make_ring,
+                                           place=self.numpy_place)
+        return from_torch(tensors)
+
+
+def from_torch(tensors: Dict[str, Any]) -> Dict[str, jax.Array]:
+    """``jax.Array``s of the memory of torch tensors (through DLPack): no copy where
+    JAX can use the memory as it is (offsets aligned to 64 bytes: fastst's packed
+    loads), one where it cannot, and for 64-bit dtypes when JAX keeps to 32 bits.
+    Each array keeps its tensor's memory alive."""
+    return {name: jax.dlpack.from_dlpack(tensor) for name, tensor in tensors.items()}
+
+
+def _torch_has_cuda() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _target_device(device: Any) -> Optional[jax.Device]:

@@ -11,6 +11,9 @@ import pytest
 
 import fastst
 
+# JAX on a GPU takes most of its memory at first use unless told not to: leave it to torch
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 
 def numpy_dtype_named(name: str) -> np.dtype:
     """The NumPy dtype of a `fastst.DTYPES` row's `numpy` name (ml_dtypes' or NumPy's)."""

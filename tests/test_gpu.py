@@ -6,6 +6,7 @@ real pinned ring and need a CUDA device.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
@@ -651,3 +652,108 @@ def test_load_model_on_the_device_makes_no_second_copy(tmp_path):
     for name, tensor in model.state_dict().items():
         assert fresh.state_dict()[name].data_ptr() == addresses[name]
         assert torch.equal(fresh.state_dict()[name].cpu(), tensor)
+
+
+# ---------------------------------------------------------------------------
+# JAX on a CUDA GPU: the ring's one allocation, reaching JAX through DLPack
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def odd_float4(tmp_path):
+    """F4 tensors whose last dim is odd: no torch float4 tensor, but NumPy's and
+    JAX's packed bytes."""
+    path = tmp_path / "f4.safetensors"
+    write_raw(path, {"odd": ("F4", [2, 3], 0, 3), "even": ("F4", [2, 4], 3, 7)},
+              bytes(range(1, 8)))
+    return path
+
+
+def assert_same_as_jax_loads(arrays, tensors, path):
+    flax = pytest.importorskip("fastst.flax")
+    expected = flax.load_file(path)
+    assert sorted(arrays) == sorted(expected)
+    for name, array in arrays.items():
+        assert (array.dtype, array.shape) == (expected[name].dtype, expected[name].shape), name
+        assert np.asarray(array).tobytes() == np.asarray(expected[name]).tobytes(), name
+        if array.size and array.dtype.itemsize == tensors[name].element_size():
+            assert array.unsafe_buffer_pointer() == tensors[name].data_ptr(), name   # no copy
+
+
+# random 64-bit values that 32 bits cannot hold: JAX's own cast, on either path
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("x64", [False, True])
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("fixture", ["every_dtype", "misaligned", "odd_float4"])
+def test_jax_takes_the_packed_allocation_as_the_numpy_arrays_are(request, fixture, backend, x64):
+    fj = pytest.importorskip("fastst.jax")
+    with pytest.importorskip("jax").enable_x64(x64):
+        check_jax_takes_the_packed_allocation(fj, request.getfixturevalue(fixture), backend)
+
+
+def check_jax_takes_the_packed_allocation(fj, path, backend):
+    make_dest, make_ring, rings = host_stand_ins(5, 3)
+    _, tensors = _cuda.load_into_through({}, path, backend, make_dest, make_ring,
+                                         place=_cuda.numpy_place)
+    assert all(ring.finished and ring.released for ring in rings)
+    base = min(tensor.data_ptr() for tensor in tensors.values())
+    assert all((tensor.data_ptr() - base) % _cuda.PACKED_ALIGNMENT == 0
+               for tensor in tensors.values())
+    arrays = fj.from_torch(tensors)
+    assert_same_as_jax_loads(arrays, tensors, path)
+    expected = {name: np.asarray(array).tobytes() for name, array in arrays.items()}
+    del tensors
+    gc.collect()    # the arrays keep the allocation
+    assert {name: np.asarray(array).tobytes() for name, array in arrays.items()} == expected
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_jax_converter_for_cuda_takes_whole_files(every_dtype, backend):
+    from fastst._handle import open_file
+
+    fj = pytest.importorskip("fastst.jax")
+    make_dest, make_ring, rings = host_stand_ins(7, 2)
+    convert = fj.CudaConverter(None, make_dest, make_ring)
+    with open_file(every_dtype, convert, backend=backend) as f:
+        arrays = f.get_tensors()
+    assert len(rings) == 1 and rings[0].finished and rings[0].released
+    flax = pytest.importorskip("fastst.flax")
+    expected = flax.load_file(every_dtype)
+    for name, array in arrays.items():
+        assert (array.dtype, array.shape) == (expected[name].dtype, expected[name].shape), name
+        assert np.asarray(array).tobytes() == np.asarray(expected[name]).tobytes(), name
+
+
+def test_a_jax_converter_off_cuda_puts_each_view():
+    fj = pytest.importorskip("fastst.jax")
+    convert = fj.converter("cpu")
+    assert not hasattr(convert, "convert_file")
+
+
+def jax_gpus():
+    try:
+        jax = pytest.importorskip("jax")
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+@needs_cuda
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("sharded", [False, True])
+def test_jax_loads_a_file_onto_the_gpu_through_one_ring(tmp_path, every_dtype, ring_buffers,
+                                                        sharded):
+    if not jax_gpus():
+        pytest.skip("needs JAX with a CUDA GPU")
+    flax = pytest.importorskip("fastst.flax")
+    source = every_dtype
+    if sharded:
+        flax.save_file(flax.load_file(every_dtype), tmp_path / "ckpt", max_shard_size=300)
+        source = tmp_path / "ckpt"
+    arrays = flax.load_file(source, device="gpu")
+    assert len(ring_buffers) == (len(os.listdir(source)) - 1 if sharded else 1)
+    expected = flax.load_file(source)
+    for name, array in arrays.items():
+        assert array.devices() == {jax_gpus()[0]}, name
+        assert (array.dtype, array.shape) == (expected[name].dtype, expected[name].shape), name
+        assert np.asarray(array).tobytes() == np.asarray(expected[name]).tobytes(), name

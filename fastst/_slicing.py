@@ -204,11 +204,30 @@ def _rows_needed(index: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int,
         if not 0 <= row < n:
             raise IndexError(f"index {int(head)} is out of bounds for axis 0 with size {n}")
         return row, row + 1, (0,) + rest
+    if isinstance(head, np.ndarray) and head.dtype.kind in "iu" and _selects_nothing(parts):
+        return 0, 0, parts   # NumPy checks none of the arrays' values against the axes
     if isinstance(head, np.ndarray) and head.dtype.kind in "iu" and head.size:
         rows_array = _rows_in_range(head, n)
         first, last = int(rows_array.min()), int(rows_array.max()) + 1
         return first, last, (rows_array - first,) + rest
     return None
+
+
+def _selects_nothing(parts: Tuple[Any, ...]) -> bool:
+    """Whether the integer and boolean arrays of an index broadcast to no element."""
+    shapes = []
+    for part in parts:
+        if isinstance(part, list):
+            try:
+                part = np.asarray(part)
+            except ValueError:   # ragged: NumPy's own indexing says what is wrong
+                return False
+        if isinstance(part, np.ndarray):
+            shapes.append((int(np.count_nonzero(part)),) if part.dtype == np.bool_ else part.shape)
+    try:
+        return 0 in np.broadcast_shapes(*shapes)
+    except ValueError:   # shapes that do not broadcast: NumPy raises for the index
+        return False
 
 
 def _rows_in_range(rows: npt.NDArray[Any], n: int) -> npt.NDArray[Any]:

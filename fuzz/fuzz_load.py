@@ -8,7 +8,8 @@ every entry point and checks that they agree:
 * the same bytes, written to a scratch file, are opened with ``safe_open`` under both
   backends ("mmap" and "pread"): ``keys()``, ``offset_keys()``, ``metadata()`` and
   ``get_tensors()`` must succeed or refuse exactly as ``load`` did, with the same
-  message, and every tensor must hold the same bytes as ``load``'s;
+  message, and every tensor must hold the same bytes as ``load``'s; so must the bytes
+  opened as a file object (``io.BytesIO``), which are read by byte ranges;
 * for the first few tensors, ``get_slice(name)[index]`` with indices derived from the
   input (ints, slices with steps, Ellipsis, None, small integer arrays, tuples of
   these) must equal ``get_tensor(name)[index]``, or raise ``IndexError`` where NumPy
@@ -28,6 +29,7 @@ many inputs are valid files with unusual dtypes, shapes and layouts. Run it with
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -437,8 +439,22 @@ def _load(data: Any) -> Tuple[Optional[Dict[str, np.ndarray]], Optional[Safetens
 
 def _check_file(path: str, backend: str, loaded: Optional[Dict[str, np.ndarray]],
                 load_error: Optional[SafetensorError], rng: random.Random) -> None:
+    _check_opened(lambda: fastst.safe_open(path, framework="np", backend=backend), path,
+                  backend, loaded, load_error, rng)
+
+
+def _check_file_object(data: bytes, loaded: Optional[Dict[str, np.ndarray]],
+                       load_error: Optional[SafetensorError], rng: random.Random) -> None:
+    """The bytes as a file object: read by byte ranges (the remote backend)."""
+    _check_opened(lambda: fastst.safe_open(io.BytesIO(data), framework="np"), "<BytesIO>",
+                  "ranges", loaded, load_error, rng)
+
+
+def _check_opened(open_it: Callable[[], Any], path: str, backend: str,
+                  loaded: Optional[Dict[str, np.ndarray]],
+                  load_error: Optional[SafetensorError], rng: random.Random) -> None:
     try:
-        reader = fastst.safe_open(path, framework="np", backend=backend)
+        reader = open_it()
     except SafetensorError as error:
         _same_refusal(load_error, error, path, backend)
         return
@@ -484,6 +500,7 @@ def TestOneInput(data: bytes) -> None:
     rng = random.Random(zlib.crc32(data))   # indices derived from the input
     for backend in BACKENDS:
         _check_file(path, backend, loaded, load_error, rng)
+    _check_file_object(data, loaded, load_error, rng)
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,6 @@
 """get_slice(name)[index] gives exactly what NumPy gives on the full array."""
+import io
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -17,6 +19,7 @@ def opened(tmp_path_factory):
                for i, shape in enumerate(SHAPES)}
     fastst.save_file(tensors, path)
     handles = {backend: fastst.safe_open(path, backend=backend) for backend in ("mmap", "pread")}
+    handles["ranges"] = fastst.safe_open(io.BytesIO(path.read_bytes()))   # a file object
     yield tensors, handles
     for handle in handles.values():
         handle.close()
@@ -60,6 +63,21 @@ def test_out_of_range_and_odd_indices_match_numpy(opened, data):
                      st.just(Ellipsis), st.integers(-8, 8).map(np.int64))
     index = data.draw(st.lists(part, max_size=len(SHAPES[i]) + 1).map(tuple))
     check(opened, f"t{i}", index)
+
+
+@pytest.mark.parametrize("index", [
+    (np.array([-9]), -2, np.array([], np.int64), Ellipsis),
+    (np.array([7]), slice(None), np.array([], np.int64)),
+    (np.array([], np.int64), np.array([0])),
+    (np.array([7]), np.zeros((2, 5), bool)),
+    (np.array([7]), np.array([], np.int64).reshape(0, 1)),
+    (np.array([7, 1]), np.array([0, 1])),
+    (np.array([1, 2]), [0]),
+], ids=repr)
+def test_arrays_that_broadcast_to_nothing_check_no_bounds(opened, index):
+    """NumPy checks no value of an index's arrays when they broadcast to no element
+    (and does when they select some)."""
+    check(opened, "t3", index)
 
 
 def test_integer_array_gathers_rows(opened):

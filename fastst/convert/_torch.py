@@ -3,7 +3,7 @@ the tensors of the (possibly nested) object, tied weights kept once, each tensor
 read by byte range and written in C order, little-endian."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 from collections import OrderedDict
@@ -16,6 +16,11 @@ from ._torch_pickle import TensorRef
 __all__ = ["flatten", "tied_names", "declare", "MAX_DEPTH"]
 
 MAX_DEPTH = 256
+# Entries a tree may repeat by referring to one container from several places (a
+# pickle's memo makes that a few bytes each time): written out as a tree, a container
+# is repeated in full wherever it is referred to, so a tiny pickle could otherwise
+# stand for exponentially many entries.
+MAX_REPEATED_ENTRIES = 1_000_000
 
 
 def flatten(tree: Any, source: str, key: Optional[str] = None,
@@ -47,13 +52,32 @@ def flatten(tree: Any, source: str, key: Optional[str] = None,
     from ..state import state_to_tensors
 
     try:
-        tensors, metadata = state_to_tensors(_plain(tree, tensor_type, 0))
+        tensors, metadata = state_to_tensors(_plain(tree, tensor_type, 0, _Walk()))
     except SafetensorError as error:
         raise type(error)(f"{source}: {error}") from None
     return list(tensors.items()), metadata
 
 
-def _plain(node: Any, tensor_type: Any, depth: int) -> Any:
+class _Walk:
+    """The containers a walk of a tree has met, and the entries it has repeated by
+    meeting some of them again."""
+
+    def __init__(self) -> None:
+        self.seen: Set[int] = set()   # ids: the tree keeps every container alive meanwhile
+        self.repeated = 0
+
+    def meet(self, container: Any) -> None:
+        if id(container) not in self.seen:
+            self.seen.add(id(container))
+            return
+        self.repeated += len(container) + 1
+        if self.repeated > MAX_REPEATED_ENTRIES:
+            raise SafetensorError(
+                f"the checkpoint refers to the same containers from so many places that, "
+                f"written out as a tree, it would repeat over {MAX_REPEATED_ENTRIES} entries")
+
+
+def _plain(node: Any, tensor_type: Any, depth: int, walk: _Walk) -> Any:
     """`node` in the types a state tree holds: dict and tuple subclasses (a state
     dict's OrderedDict, torch.Size) as the plain type, sets as lists, dtypes,
     devices and complex numbers as their text."""
@@ -62,14 +86,16 @@ def _plain(node: Any, tensor_type: Any, depth: int) -> Any:
     if isinstance(node, tensor_type) or node is None or type(node) in (bool, int, float, str,
                                                                        bytes):
         return node
+    if isinstance(node, (dict, list, set, frozenset, tuple)):
+        walk.meet(node)
     if isinstance(node, OrderedDict):
-        return OrderedDict((k, _plain(v, tensor_type, depth + 1)) for k, v in node.items())
+        return OrderedDict((k, _plain(v, tensor_type, depth + 1, walk)) for k, v in node.items())
     if isinstance(node, dict):
-        return {k: _plain(v, tensor_type, depth + 1) for k, v in node.items()}
+        return {k: _plain(v, tensor_type, depth + 1, walk) for k, v in node.items()}
     if isinstance(node, (list, set, frozenset)):
-        return [_plain(v, tensor_type, depth + 1) for v in node]
+        return [_plain(v, tensor_type, depth + 1, walk) for v in node]
     if isinstance(node, tuple):
-        return tuple(_plain(v, tensor_type, depth + 1) for v in node)
+        return tuple(_plain(v, tensor_type, depth + 1, walk) for v in node)
     if isinstance(node, bytearray):
         return bytes(node)
     return str(node)

@@ -261,10 +261,11 @@ def _ordered_dict(*args: Any) -> StateDict:
     return result
 
 
-def _plain(kind: type) -> Callable[..., Any]:
+def _plain(kind: type, *takes: type) -> Callable[..., Any]:
+    """A builder of `kind` from no argument or one of the types `takes` (never an int
+    for a bytearray: bytearray(n) would allocate n bytes)."""
     def build(*args: Any) -> Any:
-        if len(args) > 1 or (args and not isinstance(args[0], (list, tuple, str, int, float,
-                                                                  bytes))):
+        if len(args) > 1 or (args and not isinstance(args[0], takes)):
             raise _Refused(f"{kind.__name__}() of {_short(args)}")
         return kind(*args)
     return build
@@ -300,10 +301,10 @@ def _allowed_globals() -> Dict[str, _StandIn]:
     add("torch.nn.parameter.Parameter", value="tensor-type")
     add("_codecs.encode", _encode)
     for module in ("builtins", "__builtin__"):
-        add(f"{module}.set", _plain(set))
-        add(f"{module}.frozenset", _plain(frozenset))
-        add(f"{module}.complex", _plain(complex))
-        add(f"{module}.bytearray", _plain(bytearray))
+        add(f"{module}.set", _plain(set, list, tuple, str, bytes))
+        add(f"{module}.frozenset", _plain(frozenset, list, tuple, str, bytes))
+        add(f"{module}.complex", _plain(complex, int, float, str))
+        add(f"{module}.bytearray", _plain(bytearray, list, tuple, bytes))
     for torch_name, code in CODE_OF_TORCH_NAME.items():
         add(f"torch.{torch_name}", value=code)
     for torch_name in TORCH_DTYPE_NAMES:
@@ -344,10 +345,21 @@ def _load_build(self: Any) -> None:
     target.__setstate__(state)
 
 
+def _load_bytearray8(self: Any) -> None:
+    """BYTEARRAY8, its bytes read before the bytearray is made: Python's unpickler
+    allocates the length the pickle declares first, however few bytes follow."""
+    length, = struct.unpack("<Q", self.read(8))
+    data = self.read(length)
+    if len(data) < length:
+        raise EOFError
+    self.append(bytearray(data))
+
+
 _BASE = pickle._Unpickler       # the pure-Python unpickler: its opcodes can be replaced
 _DISPATCH: Dict[int, Any] = dict(_BASE.dispatch)
 _DISPATCH[pickle.REDUCE[0]] = _load_reduce
 _DISPATCH[pickle.BUILD[0]] = _load_build
+_DISPATCH[pickle.BYTEARRAY8[0]] = _load_bytearray8
 for _name in ("INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4", "NEXT_BUFFER",
               "READONLY_BUFFER"):
     _DISPATCH[getattr(pickle, _name)[0]] = _refuse_opcode(_name)

@@ -34,7 +34,8 @@ from ._slicing import Converter, SafeSlice, T
 from .integrity import plan_with_checksums
 
 __all__ = ["DEFAULT_PATTERN", "INDEX_SUFFIX", "ShardEntry", "ShardedHandle",
-           "NumpyShardedHandle", "CheckpointIndex", "is_checkpoint_path", "open_checkpoint",
+           "NumpyShardedHandle", "CheckpointIndex", "data_bytes", "is_checkpoint_path",
+           "open_checkpoint",
            "parse_size", "read_index", "save_checkpoint", "split_into_shards"]
 
 DEFAULT_PATTERN = "model{suffix}.safetensors"
@@ -424,7 +425,7 @@ class NumpyShardedHandle(ShardedHandle[Any]):
         one file.
         """
         shards = self._all_shards()
-        small = [handle for shard, handle in shards if _data_bytes(handle) < PARALLEL_BELOW]
+        small = [handle for shard, handle in shards if data_bytes(handle) < PARALLEL_BELOW]
         parts: Dict[int, Dict[str, Any]] = {}
         if len(small) > 1:
             with ThreadPoolExecutor(min(len(small), _usable_cpus())) as pool:
@@ -456,8 +457,9 @@ class NumpyShardedHandle(ShardedHandle[Any]):
         return self._shard_of(name).gather(name, rows, out)
 
 
-def _data_bytes(handle: Shard) -> int:
-    """The bytes of a shard's tensors: where its last tensor in buffer order ends."""
+def data_bytes(handle: Shard) -> int:
+    """The bytes of a file's tensors: where its last tensor in buffer order ends (its
+    data start plus this is the file's size: tensors cover the buffer exactly)."""
     names = handle.offset_keys()
     return handle.info(names[-1]).data_offsets[1] if names else 0
 

@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from . import __version__
 from ._api import safe_open
-from ._handle import is_checkpoint_path, open_file
-from .checkpoint import ShardedHandle
+from ._handle import is_checkpoint_path, is_url
+from .checkpoint import ShardedHandle, data_bytes
 from ._progress import byte_bar
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 
@@ -69,11 +69,12 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
 
     Raises SafetensorError for a malformed file and OSError when it cannot be read.
     A sharded checkpoint (a directory or an ``*.index.json``) gets
-    `describe_checkpoint()`'s report.
+    `describe_checkpoint()`'s report. A URL (``https://``, ``s3://``, ...) is read
+    by byte ranges: its header, nothing else.
     """
     if is_checkpoint_path(path):
         return describe_checkpoint(path, max_header_size)
-    with open_file(path, max_header_size=max_header_size) as reader:
+    with safe_open(path, max_header_size=max_header_size) as reader:
         tensors = []
         for name in reader.offset_keys():
             info = reader.info(name)
@@ -82,7 +83,7 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
                             "nbytes": end - begin, "data_offsets": [begin, end]})
         data_start = reader.data_start
         metadata = reader.metadata()
-        file_size = os.stat(path).st_size
+        file_size = data_start + data_bytes(reader)
     return {
         "file": os.fsdecode(path),
         "tensors": tensors,
@@ -111,8 +112,9 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
                             "nbytes": end - begin, "data_offsets": [begin, end],
                             "shard": os.path.basename(handle.shard_file(name))})
         shards = [{"file": shard, "tensor_count": len(names),
-                   "file_size": os.stat(handle.index.shard_path(shard)).st_size}
-                  for shard, names in handle.index.shards.items()]
+                   "file_size": opened.data_start + data_bytes(opened)}
+                  for (shard, names), opened in zip(handle.index.shards.items(),
+                                                    handle.shards())]
         return {
             "file": os.fsdecode(path),
             "index": handle.source,
@@ -282,7 +284,7 @@ def inspect_file(path: str, max_header_size: int) -> Dict[str, Any]:
     except SafetensorError as error:
         message = str(error)
         try:
-            if not is_checkpoint_path(path):
+            if not is_checkpoint_path(path) and not is_url(path):
                 message = diagnose(path, max_header_size) or message
         except OSError:
             pass
@@ -370,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "status is 1 if any could not be read.")
     inspect.add_argument("files", nargs="+", metavar="FILE",
                          help="a .safetensors file, or a sharded checkpoint: its directory "
-                              "or its .index.json")
+                              "or its .index.json; or the URL of either (https://, s3://, "
+                              "...: only the headers are read)")
     inspect.add_argument("--json", action="store_true",
                          help="print each report as JSON: one object for one FILE, a list "
                               "of them for several; a file that cannot be read gives "
@@ -385,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "status is 0 when everything checks out, 1 otherwise; a file without "
                     "checksums has its structure checked and says so.")
     verify.add_argument("paths", nargs="+", metavar="PATH",
-                        help="a .safetensors file, or a folder of them (sharded checkpoint)")
+                        help="a .safetensors file, or a folder of them (sharded "
+                             "checkpoint), or the URL of a file")
     verify.add_argument("--json", action="store_true",
                         help="print the reports as a JSON list, one object per PATH")
     _add_max_header_size(verify)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ._progress import byte_bar
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WriteSpec, WritePlan, plan_write
-from ._handle import NumpyHandle
+from ._handle import NumpyHandle, is_url
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -354,8 +354,13 @@ def _verify_open_file(reader: NumpyHandle, report: Dict[str, Any],
 
 
 def _opened(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> NumpyHandle:
+    """The file at `path`, or the object at a URL (read by byte ranges)."""
     reader = NumpyHandle()
-    reader.open_file(path, max_header_size=max_header_size)
+    if is_url(path):
+        from .remote import open_reader   # a capability: imported when used
+        open_reader(reader, path, max_header_size=max_header_size)
+    else:
+        reader.open_file(path, max_header_size=max_header_size)
     return reader
 
 
@@ -373,7 +378,7 @@ def _without_path(message: str, path: str) -> str:
 
 def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                 progress: bool = False) -> Dict[str, Any]:
-    """`verify_file` of a file, or of every ``*.safetensors`` file of a folder, with
+    """`verify_file` of a file (or a URL), or of every ``*.safetensors`` file of a folder, with
     each ``*.index.json`` of the folder checked against its shards: every tensor of
     its weight_map in the shard it names, and no tensor in two shards. A report:
     ``path``, ``ok``, ``files`` (their reports) and ``errors`` (the index's)."""

@@ -1,6 +1,7 @@
 """File objects and object stores: reading by byte ranges (HTTP on loopback, S3 through
 moto in server mode, memory://, file objects) and saving to URLs."""
 import io
+import json
 import os
 import pickle
 import struct
@@ -644,3 +645,70 @@ def test_a_checkpoint_url_with_a_bad_index_is_refused(served):
     url = put(f"missing/{INDEX}", b'{"weight_map": {"a": "gone.safetensors"}}')
     with fastst.safe_open(url) as f, pytest.raises(SafetensorError, match="missing"):
         f.get_tensor("a")
+
+
+# ---------------------------------------------------------------------------
+# The command line on URLs
+# ---------------------------------------------------------------------------
+
+
+def cli_json(capsys, *argv):
+    from fastst.cli import main
+
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, (json.loads(captured.out) if captured.out else None), captured.err
+
+
+def test_inspect_of_a_url_reads_its_header_only(served, big_object, tmp_path, capsys):
+    server, put = served
+    url = put("big.safetensors", big_object)
+    (tmp_path / "big.safetensors").write_bytes(big_object)
+    server.reset_counts()
+    status, remote, _ = cli_json(capsys, "inspect", "--json", url)
+    assert status == 0
+    assert [method for method, _, _ in server.requests] == ["HEAD", "GET"]
+    assert server.bytes_sent <= HEAD_BYTES
+    _, local, _ = cli_json(capsys, "inspect", "--json", str(tmp_path / "big.safetensors"))
+    assert remote == {**local, "file": url}
+    assert remote["file_size"] == len(big_object)
+
+
+def test_inspect_of_a_checkpoint_url_reports_its_shards(served, tmp_path, capsys):
+    server, put = served
+    _, files = sharded(tmp_path)
+    urls = {name: put(f"ckpt/{name}", data) for name, data in files.items()}
+    status, remote, _ = cli_json(capsys, "inspect", "--json", urls[INDEX])
+    assert status == 0
+    _, local, _ = cli_json(capsys, "inspect", "--json", str(tmp_path / INDEX))
+    assert remote == {**local, "file": urls[INDEX], "index": urls[INDEX]}
+    assert [shard["file_size"] for shard in remote["shards"]] == [
+        len(files[shard["file"]]) for shard in remote["shards"]]
+
+
+def test_inspect_of_a_bad_url_reports_why(served, capsys):
+    server, put = served
+    missing = f"{server.url}/missing.safetensors"
+    text = put("text.safetensors", b"hello, this is not a safetensors file")
+    status, reports, _ = cli_json(capsys, "inspect", "--json", missing, text)
+    assert status == 1
+    assert [report["file"] for report in reports] == [missing, text]
+    assert all("error" in report for report in reports)
+    assert "header length" in reports[1]["error"]
+
+
+def test_verify_checks_a_url_tensor_by_tensor(served, capsys):
+    server, put = served
+    tensors = {"a": np.arange(1000, dtype=np.float32), "b": np.ones(10, dtype=np.int64)}
+    good = fastst.save(tensors, checksum="xxh3_64")
+    url = put("checked.safetensors", good)
+    status, reports, _ = cli_json(capsys, "verify", "--json", url)
+    assert status == 0 and reports[0]["ok"] and reports[0]["files"][0]["checked"] == 2
+    corrupt = bytearray(good)
+    corrupt[-1] ^= 0xFF                               # the last byte: of the last tensor
+    url = put("corrupt.safetensors", corrupt)
+    status, reports, _ = cli_json(capsys, "verify", "--json", url)
+    assert status == 1
+    with fastst.safe_open(io.BytesIO(good)) as f:
+        last = f.offset_keys()[-1]
+    assert [error["tensor"] for error in reports[0]["files"][0]["errors"]] == [last]

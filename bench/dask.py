@@ -274,7 +274,7 @@ def main() -> None:
         paths = write_inputs(directory, rows, chunk_rows)
         read_all(paths)
         with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                      dashboard_address=None, host="127.0.0.1") as cluster, \
+                                      dashboard_address="127.0.0.1:0", host="127.0.0.1") as cluster, \
                 distributed.Client(cluster, set_as_default=False) as client:
             schedulers = {"threads": "threads", "2 workers": client}
             read_times = measure_reads(sums(paths, rows, chunk_rows), schedulers, args.repeats)

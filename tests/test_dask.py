@@ -397,7 +397,7 @@ TIMEOUT = 300
 def client():
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                  dashboard_address=None, host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0", host="127.0.0.1",
                                   memory_limit="3GiB") as cluster, \
             distributed.Client(cluster, timeout="60s", set_as_default=False) as connected:
         yield connected

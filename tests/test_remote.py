@@ -414,12 +414,18 @@ def test_s3_missing_object_and_pickling(s3_store):
         assert (again.get_tensor("a") == np.arange(4)).all()
 
 
-def spools():
-    return sorted(name for name in os.listdir(tempfile.gettempdir())
-                  if name.startswith("fastst-upload-"))
+@pytest.fixture
+def spools(tmp_path, monkeypatch):
+    """The spool folders of uploads, in a temporary folder of this test's own (so that
+    other processes' uploads do not show): a function listing them."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return lambda: sorted(name for name in os.listdir(folder)
+                          if name.startswith("fastst-upload-"))
 
 
-def test_a_stream_writer_fills_a_spool_and_uploads_it_at_close(s3_store, tmp_path):
+def test_a_stream_writer_fills_a_spool_and_uploads_it_at_close(s3_store, tmp_path, spools):
     url = "s3://fastst/streamed.safetensors"
     tensors = {"a": np.arange(3 * MiB, dtype=np.float32).reshape(3, MiB),
                "b": np.arange(10, dtype=np.int16)}
@@ -438,7 +444,7 @@ def test_a_stream_writer_fills_a_spool_and_uploads_it_at_close(s3_store, tmp_pat
     assert fs.cat(url) == (tmp_path / "disk.safetensors").read_bytes()
 
 
-def test_an_aborted_or_unfilled_stream_writer_uploads_nothing(s3_store):
+def test_an_aborted_or_unfilled_stream_writer_uploads_nothing(s3_store, spools):
     url = "s3://fastst/streamed-kept.safetensors"
     old = {"a": np.arange(4.0)}
     fastst.save_file(old, url, storage_options=s3_store)

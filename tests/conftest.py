@@ -2,6 +2,7 @@ import ast
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -93,3 +94,13 @@ def time_with_longest_pause(work) -> tuple:
         done.set()
         thread.join()
     return elapsed, longest[0]
+
+
+@pytest.fixture
+def docstring_examples(tmp_path, monkeypatch):
+    """A runner of a module's docstring examples, (failures, tried), whose temporary
+    folders (``tempfile.mkdtemp()``) go under this test's `tmp_path`."""
+    import doctest
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return lambda module: tuple(doctest.testmod(module, raise_on_error=False))

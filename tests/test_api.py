@@ -121,10 +121,9 @@ def test_help_shows_the_real_signature_and_every_framework():
 
 
 @pytest.mark.parametrize("module", ["fastst._handle", "fastst._slicing", "fastst._api"])
-def test_docstring_examples(module):
-    import doctest
+def test_docstring_examples(module, docstring_examples):
     import importlib
-    failures, tried = doctest.testmod(importlib.import_module(module), raise_on_error=False)
+    failures, tried = docstring_examples(importlib.import_module(module))
     assert failures == 0
 
 

@@ -166,10 +166,9 @@ def test_importing_fastst_data_needs_no_framework():
     assert done.stdout.split() == ["[]", "Rows"]
 
 
-def test_docstring_example():
-    import doctest
+def test_docstring_example(docstring_examples):
     import fastst.data
-    failures, tried = doctest.testmod(fastst.data, raise_on_error=False)
+    failures, tried = docstring_examples(fastst.data)
     assert failures == 0 and tried > 0
 
 

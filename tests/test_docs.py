@@ -1,5 +1,4 @@
 """The documentation's examples run and say what they claim; the docs name no machine."""
-import doctest
 import importlib.util
 import pathlib
 import re
@@ -20,8 +19,8 @@ INSTALL_COMMANDS = ['pip install . && fastst demo',
                     'pip install -e ".[test]" && python -m pytest']
 
 
-def test_docstring_examples():
-    failures, tried = doctest.testmod(fastst._api, raise_on_error=False)
+def test_docstring_examples(docstring_examples):
+    failures, tried = docstring_examples(fastst._api)
     assert tried > 0 and failures == 0
 
 

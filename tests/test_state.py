@@ -358,10 +358,9 @@ def test_optax_state_reloads_and_steps_identically(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_module_examples():
-    import doctest
+def test_module_examples(docstring_examples):
     import fastst.state
-    failures, tried = doctest.testmod(fastst.state, raise_on_error=False)
+    failures, tried = docstring_examples(fastst.state)
     assert tried > 0 and failures == 0
 
 

@@ -175,7 +175,8 @@ class UrlRanges:
         modified = (info.get("LastModified") or info.get("Last-Modified")
                     or info.get("mtime") or info.get("created"))
         self.identity = (url, self.size, self.etag, modified)
-        self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag)
+        self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag,
+                                                       modified)
 
     def __call__(self, ranges: Sequence[Range]) -> List[Any]:
         paths = [self.path] * len(ranges)
@@ -241,20 +242,25 @@ def with_default_timeouts(protocol: str, options: Dict[str, Any]) -> Dict[str, A
     return options
 
 
-def _with_precondition(fs: AbstractFileSystem, options: Dict[str, Any], etag: Optional[str]
-                       ) -> Tuple[AbstractFileSystem, Dict[str, Any]]:
+def _with_precondition(fs: AbstractFileSystem, options: Dict[str, Any], etag: Optional[str],
+                       modified: Any = None) -> Tuple[AbstractFileSystem, Dict[str, Any]]:
     """The file system and the cat_ranges keywords that read only the version of the
     object whose ETag is `etag`: s3fs passes IfMatch to each GET from its
     ``s3_additional_kwargs`` (a file system of its own, cached by fsspec under
-    those options), HTTP sends an If-Match header."""
-    if etag is None:
-        return fs, {}
+    those options), HTTP sends an If-Match header, or, from a server that gives no
+    ETag, If-Unmodified-Since its Last-Modified date (`modified`)."""
     protocols = _protocols(fs)
-    if protocols & set(S3_PROTOCOLS):
+    if protocols & set(HTTP_PROTOCOLS):
+        if etag is not None:
+            condition = {"If-Match": etag}
+        elif isinstance(modified, str):
+            condition = {"If-Unmodified-Since": modified}
+        else:
+            return fs, {}
+        return fs, {"headers": {**options.get("headers", {}), **condition}}
+    if etag is not None and protocols & set(S3_PROTOCOLS):
         extra = {**fs.storage_options.get("s3_additional_kwargs", {}), "IfMatch": etag}
         return type(fs)(**{**fs.storage_options, "s3_additional_kwargs": extra}), {}
-    if protocols & set(HTTP_PROTOCOLS):
-        return fs, {"headers": {**options.get("headers", {}), "If-Match": etag}}
     return fs, {}
 
 
@@ -267,8 +273,8 @@ def _translated(error: BaseException, url: str, doing: str) -> BaseException:
         return error
     if _precondition_failed(error):
         return SafetensorError(f"{url}: the object changed since it was opened (its ETag "
-                               f"no longer matches) while {doing}; open it again to read "
-                               f"the new object")
+                               f"or modification time no longer matches) while {doing}; "
+                               f"open it again to read the new object")
     if type(error).__name__ in ("ClientPayloadError", "ContentLengthError",
                                 "IncompleteReadError", "ResponseStreamingError"):
         return SafetensorError(f"{url}: the store's answer was cut short while {doing} "

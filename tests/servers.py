@@ -5,6 +5,7 @@ Use them as pytest fixtures (``from servers import http_store, s3_store``) or as
 context managers (``with RangeServer() as server``, ``with moto_s3() as options``).
 """
 import contextlib
+import email.utils
 import functools
 import hashlib
 import http.server
@@ -29,12 +30,16 @@ class RangeServer:
     declared; ``"stall"`` answers GETs only when the test ends; ``"change"``
     replaces each object's content after the first GET (a new ETag);
     ``"ignore-range"`` answers every GET with the whole object (200).
-    ``delay`` seconds are waited before each GET's answer."""
+    ``delay`` seconds are waited before each GET's answer. Each object has a
+    Last-Modified date (a content first seen is a second later than the one before
+    it), and ``If-Unmodified-Since`` is honoured; ``etags = False`` leaves ETags out."""
 
     def __init__(self, objects=None):
         self.objects = dict(objects or {})
         self.mode = None
         self.delay = 0.0
+        self.etags = True
+        self.versions = {}            # path -> (ETag of the content, its modification time)
         self.requests = []            # (method, path, Range header or None)
         self.bytes_sent = 0
         self.in_flight = 0
@@ -48,6 +53,17 @@ class RangeServer:
     @property
     def url(self):
         return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def modified(self, path, data):
+        """When the content `data` of `path` was last modified (whole seconds, as
+        HTTP dates are): a content not seen before is newer than the last one."""
+        tag = etag_of(data)
+        with self.lock:
+            seen = self.versions.get(path)
+            if seen is None or seen[0] != tag:
+                seen = self.versions[path] = (tag, max(int(time.time()),
+                                                       seen[1] + 1 if seen else 0))
+        return seen[1]
 
     def reset_counts(self):
         with self.lock:
@@ -83,7 +99,8 @@ class RangeServer:
                 data = store.objects.get(self.path)
                 if data is None:
                     return self.answer(404, b"", head=True)
-                self.answer(200, data, head=True, etag=etag_of(data))
+                self.answer(200, data, head=True, etag=etag_of(data),
+                            modified=store.modified(self.path, data))
 
             def do_GET(self):
                 asked = self.headers.get("Range")
@@ -100,15 +117,19 @@ class RangeServer:
                 if store.mode == "stall":
                     store.released.wait(30)
                     return
-                etag = etag_of(data)
+                etag, modified = etag_of(data), store.modified(self.path, data)
                 if store.mode == "change":
                     store.objects[self.path] = bytes(255 - b for b in data[:64]) + data[64:]
                 wanted = self.headers.get("If-Match")
                 if wanted is not None and wanted != etag:
                     return self.answer(412, b"")
+                since = self.headers.get("If-Unmodified-Since")
+                if since is not None and modified > email.utils.parsedate_to_datetime(
+                        since).timestamp():
+                    return self.answer(412, b"")
                 match = RANGE.match(asked or "")
                 if match is None or store.mode == "ignore-range":
-                    return self.answer(200, data, etag=etag)
+                    return self.answer(200, data, etag=etag, modified=modified)
                 first = int(match.group(1))
                 last = int(match.group(2)) if match.group(2) else len(data) - 1
                 last = min(last, len(data) - 1)
@@ -117,15 +138,19 @@ class RangeServer:
                 body = memoryview(data)[first:last + 1]
                 if store.mode == "short-length":
                     body = body[:len(body) // 2]
-                self.answer(206, body, etag=etag,
+                self.answer(206, body, etag=etag, modified=modified,
                             content_range=f"bytes {first}-{first + len(body) - 1}/{len(data)}")
 
-            def answer(self, status, body, *, head=False, etag=None, content_range=None):
+            def answer(self, status, body, *, head=False, etag=None, modified=None,
+                       content_range=None):
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Accept-Ranges", "bytes")
-                if etag:
+                if etag and store.etags:
                     self.send_header("ETag", etag)
+                if modified is not None:
+                    self.send_header("Last-Modified", email.utils.formatdate(modified,
+                                                                             usegmt=True))
                 if content_range:
                     self.send_header("Content-Range", content_range)
                 self.end_headers()

@@ -43,6 +43,7 @@ def served(http_store):
     """Put objects on the HTTP server; yields (server, put(name, data) -> URL)."""
     http_store.mode = None
     http_store.delay = 0.0
+    http_store.etags = True
     http_store.objects.clear()
     http_store.reset_counts()
 
@@ -53,6 +54,7 @@ def served(http_store):
     yield http_store, put
     http_store.mode = None
     http_store.delay = 0.0
+    http_store.etags = True
 
 
 @pytest.fixture
@@ -266,6 +268,19 @@ def test_an_object_changing_between_requests_is_an_error(served):
     server.mode = "change"      # each GET after the first sees a new ETag
     with pytest.raises(SafetensorError, match="changed since it was opened"):
         fastst.load_file(url)
+
+
+def test_a_server_without_etags_is_held_to_the_modification_time(served):
+    server, put = served
+    server.etags = False
+    tensors = {"big": np.arange(64 * 1024, dtype=np.float64)}
+    url = put("dated.safetensors", fastst.save(tensors))
+    assert_same(fastst.load_file(url), tensors)        # unchanged: read as it is
+    with fastst.safe_open(url) as f:
+        server.mode = "change"      # each GET after the first sees a new version
+        f.get_tensor("big")         # the GET that changes it, checked against the date opened
+        with pytest.raises(SafetensorError, match="changed since it was opened"):
+            f.get_tensor("big")
 
 
 def test_a_stalled_store_gives_a_timeout_not_a_hang(served):

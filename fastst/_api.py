@@ -74,21 +74,21 @@ def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
     return reader.get_tensors()
 
 
-def save(tensors: Mapping[str, npt.NDArray[Any]],
+def save(tensor_dict: Mapping[str, npt.NDArray[Any]],
          metadata: Optional[Mapping[str, str]] = None, *, checksum: Optional[str] = None
          ) -> bytes:
     """Serialize tensors into the bytes of a safetensors file.
 
     The bytes are those huggingface safetensors writes for the same input (which
     orders several metadata keys at random; fastst sorts them), and the same
-    whatever the insertion order of `tensors` and `metadata`. With `checksum`
+    whatever the insertion order of `tensor_dict` and `metadata`. With `checksum`
     (``"xxh3_64"`` or ``"xxh3_128"``) each tensor's checksum goes into the metadata
     (see ``fastst.integrity``).
     """
-    return _plan(tensors, metadata, checksum).to_bytes()
+    return _plan(tensor_dict, metadata, checksum).to_bytes()
 
 
-def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike, WritableFile],
+def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike, WritableFile],
               metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
               max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
               header_padding: int = 0, storage_options: Optional[Mapping[str, Any]] = None
@@ -122,7 +122,7 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike,
                                   "URLs or file objects")
         from .remote import save_plan   # a capability: imported when used
 
-        save_plan(_plan(tensors, metadata, checksum, header_padding), filename, storage_options)
+        save_plan(_plan(tensor_dict, metadata, checksum, header_padding), filename, storage_options)
         return
     if storage_options:
         raise SafetensorError("storage_options apply to URLs only")
@@ -132,10 +132,10 @@ def save_file(tensors: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike,
 
         if header_padding:
             raise ValueError("header_padding= is not available with max_shard_size=")
-        save_array_checkpoint(_as_dict(tensors), path, metadata=metadata,
+        save_array_checkpoint(_as_dict(tensor_dict), path, metadata=metadata,
                               max_shard_size=max_shard_size, fsync=fsync, checksum=checksum)
         return
-    write_atomically(_plan(tensors, metadata, checksum, header_padding), path, fsync=fsync)
+    write_atomically(_plan(tensor_dict, metadata, checksum, header_padding), path, fsync=fsync)
 
 
 def _is_writable_object(target: Any) -> bool:

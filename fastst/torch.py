@@ -27,10 +27,12 @@ from ._core import (DTYPES, Reader, SafetensorError, SafetensorNotImplementedErr
 from ._handle import Backend, is_remote, safe_open
 from .checkpoint import ShardEntry, save_checkpoint
 from .integrity import plan_with_checksums
-from .writer import WritePlan, WriteSpec, write_atomically
+from .writer import (TensorSpec, WritePlan, WriteSpec, deserialize, serialize, serialize_file,
+                     write_atomically)
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
-           "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES"]
+           "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES", "safe_open",
+           "serialize", "serialize_file", "deserialize", "TensorSpec"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -44,6 +46,20 @@ TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = {
 _CODE_OF_TORCH: Dict[torch.dtype, str] = {
     dtype: code for code, dtype in TORCH_DTYPES.items() if dtype is not None}
 _FLOAT4 = TORCH_DTYPES["F4"]
+
+# The reference's own tables under its names, which libraries import from
+# safetensors.torch (vLLM, torch's distributed checkpoint): header code -> torch dtype
+# where a torch element is one header element (float4 packs two: left out, as
+# there), torch dtype -> bytes an element.
+_TYPES: Dict[str, torch.dtype] = {
+    row.code: TORCH_DTYPES[row.code] for row in DTYPES
+    if TORCH_DTYPES[row.code] is not None and TORCH_DTYPES[row.code].itemsize * 8 == row.bits}
+_SIZE: Dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in _CODE_OF_TORCH}
+
+
+def _getdtype(dtype_str: str) -> torch.dtype:
+    return _TYPES[dtype_str]
+
 # torch dtypes whose memory NumPy can view as they are; the others (bfloat16, float8,
 # float4) are viewed through the unsigned integer of their width
 _NUMPY_KNOWS = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.float16, torch.int32,

@@ -395,3 +395,111 @@ def test_reference_bug_empty_dict_with_empty_metadata():
     assert ours == _le(24) + b'{"__metadata__":{}}     '
     assert fastst.load(ours) == {}
     assert reference.load(ours) == {}
+
+
+# ---------------------------------------------------------------------------
+# The reference's modules, name for name: code that imports a name from
+# safetensors[.numpy|.torch|.flax] imports it from fastst[...] and calls it with
+# the same arguments.
+# ---------------------------------------------------------------------------
+
+MODULES = ["", ".numpy", ".torch", ".flax"]
+# private names of the reference that libraries import (transformers, vLLM,
+# torch.distributed.checkpoint): the rest of its private helpers are its own
+USED_PRIVATE_NAMES = {".torch": {"_find_shared_tensors", "_is_complete",
+                                 "_remove_duplicate_names", "_TYPES", "_SIZE", "_getdtype"}}
+
+
+def _modules(suffix: str):
+    import importlib
+
+    if suffix == ".torch":
+        pytest.importorskip("torch")
+    if suffix == ".flax":
+        pytest.importorskip("jax")
+    return (importlib.import_module("safetensors" + suffix),
+            importlib.import_module("fastst" + suffix))
+
+
+def _offered(module, suffix: str) -> dict:
+    """What `module` of the reference offers: its public names and the private ones
+    libraries use, less what it imported for itself (modules, typing, a
+    collections or JAX class)."""
+    import types
+    import typing
+
+    return {name: value for name, value in vars(module).items()
+            if (not name.startswith("_") or name in USED_PRIVATE_NAMES.get(suffix, ()))
+            and not isinstance(value, types.ModuleType)
+            and getattr(value, "__module__", None) not in ("typing", "collections", "jax")
+            and value is not getattr(typing, name, None)}
+
+
+@pytest.mark.parametrize("suffix", MODULES)
+def test_every_name_the_reference_offers_is_there(suffix):
+    theirs, ours = _modules(suffix)
+    offered = _offered(theirs, suffix)
+    assert "load_file" in offered or suffix == ""
+    missing = sorted(name for name in offered if not hasattr(ours, name))
+    assert missing == []
+    for name, value in offered.items():
+        if suffix and getattr(safetensors, name, None) is value:   # re-exported by the module
+            assert getattr(ours, name) is getattr(fastst, name), name
+
+
+def _signatures(suffix: str):
+    import inspect
+
+    theirs, ours = _modules(suffix)
+    for name, value in _offered(theirs, suffix).items():
+        if callable(value) and not isinstance(value, type):
+            yield name, inspect.signature(value), inspect.signature(getattr(ours, name))
+
+
+@pytest.mark.parametrize("suffix", MODULES)
+def test_every_function_takes_the_reference_arguments(suffix):
+    """Each parameter of the reference's functions is ours at the same place, with
+    the same default; a parameter only ours has a default."""
+    checked = 0
+    for name, theirs, ours in _signatures(suffix):
+        positional = [p.name for p in ours.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for index, parameter in enumerate(theirs.parameters.values()):
+            mine = ours.parameters.get(parameter.name)
+            assert mine is not None, (name, parameter.name)
+            if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+                assert positional[index:index + 1] == [parameter.name], (name, parameter.name)
+            if parameter.default not in (parameter.empty, Ellipsis):   # Ellipsis: the Rust API's
+                assert mine.default == parameter.default, (name, parameter.name)
+        extra = [p for p in ours.parameters.values() if p.name not in theirs.parameters]
+        assert all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                   for p in extra), (name, extra)
+        checked += 1
+    assert checked >= 2
+
+
+def test_numpy_functions_take_the_reference_keywords(tmp_path):
+    tensors = {"a": np.arange(3, dtype=np.float32)}
+    fastst.numpy.save_file(tensor_dict=tensors, filename=tmp_path / "a.safetensors",
+                           metadata={"k": "v"})
+    reference.save_file(tensor_dict=tensors, filename=tmp_path / "b.safetensors",
+                        metadata={"k": "v"})
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    assert fastst.numpy.save(tensor_dict=tensors) == reference.save(tensor_dict=tensors)
+    with fastst.numpy.safe_open(tmp_path / "b.safetensors", framework="np") as f:
+        assert f.metadata() == {"k": "v"}
+
+
+def test_the_reference_dtype_tables_under_its_names():
+    torch = pytest.importorskip("torch")
+    import safetensors.torch as theirs
+    import fastst.torch as ours
+
+    for code, dtype in theirs._TYPES.items():
+        assert ours._TYPES[code] is dtype and ours._getdtype(code) is dtype
+    assert ours._SIZE == {dtype: size for dtype, size in theirs._SIZE.items()
+                          if dtype in ours._SIZE} and set(theirs._SIZE) <= set(ours._SIZE)
+    assert ours._getdtype("F8_E8M0") is torch.float8_e8m0fnu   # the reference lacks it
+    assert "F4" not in ours._TYPES   # torch's float4 packs two elements, as there
+    with pytest.raises(KeyError):
+        ours._getdtype("F6_E2M3")

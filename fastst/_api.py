@@ -88,7 +88,8 @@ def save(tensor_dict: Mapping[str, npt.NDArray[Any]],
     return _plan(tensor_dict, metadata, checksum).to_bytes()
 
 
-def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]], filename: Union[PathLike, WritableFile],
+def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
+              filename: Union[PathLike, WritableFile],
               metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
               max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
               header_padding: int = 0, storage_options: Optional[Mapping[str, Any]] = None

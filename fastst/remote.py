@@ -179,14 +179,14 @@ class UrlRanges:
                                                        modified)
 
     def __call__(self, ranges: Sequence[Range]) -> List[Any]:
-        paths = [self.path] * len(ranges)
-        starts = [offset for offset, _ in ranges]
-        ends = [offset + length for offset, length in ranges]
-        kwargs = {**self.read_kwargs, **_deadline(self.fs, sum(ends) - sum(starts))}
-        if getattr(self.fs, "async_impl", False):
-            kwargs["batch_size"] = MAX_REQUESTS
         try:
-            got = self.fs.cat_ranges(paths, starts, ends, on_error="return", **kwargs)
+            if getattr(self.fs, "async_impl", False):
+                got = _fetch_ranges(self.fs, self.path, ranges, self.read_kwargs)
+            else:
+                got = self.fs.cat_ranges([self.path] * len(ranges),
+                                         [offset for offset, _ in ranges],
+                                         [offset + length for offset, length in ranges],
+                                         on_error="return", **self.read_kwargs)
         except Exception as error:
             raise _translated(error, self.url, f"reading {len(ranges)} byte ranges") from error
         for (offset, length), item in zip(ranges, got):
@@ -198,13 +198,49 @@ class UrlRanges:
 
 def _deadline(fs: AbstractFileSystem, size: int) -> Dict[str, float]:
     """The keyword that bounds a whole call of an async file system (fsspec's `sync`
-    gives up after `timeout` seconds): the connect and read timeouts, plus the time
-    `size` bytes take at SLOWEST_RATE. The store's own timeouts apply per attempt,
-    and s3fs and botocore retry timed-out attempts many times over; this bounds
-    them all."""
+    gives up after `timeout` seconds, cancelling the call): see ``_seconds_for``."""
     if not getattr(fs, "async_impl", False):
         return {}
-    return {"timeout": CONNECT_TIMEOUT + READ_TIMEOUT + size / SLOWEST_RATE}
+    return {"timeout": _seconds_for(size)}
+
+
+def _seconds_for(size: int) -> float:
+    """How long a call that moves `size` bytes may take in all: the connect and read
+    timeouts, plus the time `size` bytes take at SLOWEST_RATE. The store's own
+    timeouts apply per attempt, and s3fs and botocore retry timed-out attempts many
+    times over; this bounds them all."""
+    return CONNECT_TIMEOUT + READ_TIMEOUT + size / SLOWEST_RATE
+
+
+def _fetch_ranges(fs: AbstractFileSystem, path: str, ranges: Sequence[Range],
+                  kwargs: Dict[str, Any]) -> List[Any]:
+    """Byte ranges of `path` from an async file system, at most MAX_REQUESTS at once,
+    each its bytes or the exception that fetching it raised. A call that outlasts
+    its deadline raises TimeoutError with every request of it cancelled, retries
+    included (fsspec's ``cat_ranges`` leaves its requests running when its caller
+    gives up)."""
+    import asyncio
+
+    from fsspec.asyn import sync  # type: ignore[import-untyped, unused-ignore]
+
+    async def fetch_all() -> List[Any]:
+        slots = asyncio.Semaphore(MAX_REQUESTS)
+
+        async def fetch(offset: int, length: int) -> Any:
+            async with slots:
+                return await fs._cat_file(path, start=offset, end=offset + length, **kwargs)
+
+        tasks = [asyncio.ensure_future(fetch(offset, length)) for offset, length in ranges]
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True),
+                                               _seconds_for(sum(n for _, n in ranges))))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)   # each has ended
+
+    result: List[Any] = sync(fs.loop, fetch_all)
+    return result
 
 
 def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileSystem, str]:

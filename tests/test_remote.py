@@ -63,10 +63,9 @@ def served(http_store):
 
 @pytest.fixture
 def served_alone():
-    """As `served`, on a server of the test's own: for tests that give up on
-    requests a client may still retry after the test (s3fs and botocore retry
-    timed-out attempts in the background), which must not reach the counts of the
-    shared server's later tests."""
+    """As `served`, on a server of the test's own: for tests whose requests are
+    abandoned (a stalled server), so that anything sent on their behalf after the
+    test cannot reach the counts of the shared server's later tests."""
     pytest.importorskip("aiohttp")
     pytest.importorskip("fsspec")
     with RangeServer() as server:

@@ -155,9 +155,10 @@ class FileObjectRanges:
 
 
 class UrlRanges:
-    """Byte ranges of the object a URL names, fetched by fsspec's ``cat_ranges``
-    (in parallel on async stores, at most MAX_REQUESTS at once), each with the
-    store's precondition on the ETag seen at opening where it has one."""
+    """Byte ranges of the object a URL names: on async stores fetched in parallel,
+    at most MAX_REQUESTS at once (``_fetch_ranges``), elsewhere by fsspec's
+    ``cat_ranges``; each with the store's precondition on the version seen at
+    opening where it has one."""
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
         self.url = url
@@ -280,8 +281,8 @@ def with_default_timeouts(protocol: str, options: Dict[str, Any]) -> Dict[str, A
 
 def _with_precondition(fs: AbstractFileSystem, options: Dict[str, Any], etag: Optional[str],
                        modified: Any = None) -> Tuple[AbstractFileSystem, Dict[str, Any]]:
-    """The file system and the cat_ranges keywords that read only the version of the
-    object whose ETag is `etag`: s3fs passes IfMatch to each GET from its
+    """The file system and the keywords of each ranged read that read only the
+    version of the object whose ETag is `etag`: s3fs passes IfMatch to each GET from its
     ``s3_additional_kwargs`` (a file system of its own, cached by fsspec under
     those options), HTTP sends an If-Match header, or, from a server that gives no
     ETag, If-Unmodified-Since its Last-Modified date (`modified`)."""

@@ -151,6 +151,15 @@ def _torch_dtype(code: str, name: str) -> torch.dtype:
     return dtype
 
 
+def _streamed_cuda_device(device: Any, filename: Any) -> Optional[torch.device]:
+    """The CUDA device a local file (or checkpoint) streams to through the pinned
+    ring; None for any other device, or a URL or file object."""
+    target = _target_device(device)
+    if target is not None and target.type == "cuda" and not is_remote(filename):
+        return target
+    return None
+
+
 def _target_device(device: Any) -> Optional[torch.device]:
     """None for the CPU, else the torch.device to move tensors to, checked usable."""
     if isinstance(device, str) and device == "cpu":
@@ -195,8 +204,8 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     ``backend="pread"`` reads each tensor into memory of its own instead.
     A CUDA device gets one allocation holding every tensor, streamed from the file.
     """
-    target = _target_device(device)
-    if target is not None and target.type == "cuda" and not is_remote(filename):
+    target = _streamed_cuda_device(device, filename)
+    if target is not None:
         from . import _cuda   # only when CUDA is asked for
         return _cuda.load_file(filename, target, backend=backend)
     with safe_open(filename, framework="pt", device=device, backend=backend) as f:
@@ -478,8 +487,8 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     no second copy on the device; the others load as ``load_file`` loads them,
     then into the model as ``load_state_dict`` does.
     """
-    target = _target_device(device)
-    if target is not None and target.type == "cuda" and not is_remote(filename):
+    target = _streamed_cuda_device(device, filename)
+    if target is not None:
         from . import _cuda   # only when CUDA is asked for
         placed, state_dict = _cuda.load_into(model.state_dict(), filename, target,
                                              backend=backend)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from . import DTYPES, SafetensorError, TensorInfo, safe_open
-from ._handle import stamp
+from ._handle import file_changed, stamp
 from .checkpoint import ShardedHandle
 from .torch import TORCH_DTYPES
 
@@ -489,12 +489,12 @@ def places_of(reader: Any, place: Place = tensor_place) -> List[TensorPlace]:
 def opened_again(reader: Any) -> Iterator[int]:
     """A descriptor on the file `reader` opened, opened again by its path and
     checked to be the same file (device, inode, size, modification time)."""
-    path, *opened = reader.file_identity
-    with open(path, "rb") as file:
-        if list(stamp(os.fstat(file.fileno()))) != opened:
-            raise SafetensorError(f"{reader.source}: file changed since it was opened "
-                                  f"(replaced or rewritten); open it again to read the new "
-                                  f"file")
+    identity = reader.file_identity
+    with open(identity[0], "rb") as file:
+        now = stamp(os.fstat(file.fileno()))
+        if now != tuple(identity[1:]):
+            raise file_changed(reader.source, identity, now, "it was opened",
+                               "open it again to read the new file")
         yield file.fileno()
 
 

@@ -6,7 +6,7 @@ import importlib
 import os
 import re
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterator, List, Literal,
-                    Mapping, Optional, Protocol, Tuple, TypeGuard, Union, cast, overload,
+                    Mapping, Optional, Protocol, Sequence, Tuple, TypeGuard, Union, cast, overload,
                     runtime_checkable)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
@@ -19,8 +19,8 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
     import torch  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["ArrayHandle", "FrameworkHandle", "Handle", "NumpyHandle", "Openable", "ReadableFile",
-           "is_checkpoint_path",
-           "is_remote", "is_url", "open_file", "open_remote", "safe_open", "stamp"]
+           "file_changed", "is_checkpoint_path", "is_remote", "is_url", "open_file",
+           "open_remote", "safe_open", "stamp"]
 
 Backend = Literal["mmap", "pread"]
 
@@ -298,12 +298,20 @@ def stamp(info: os.stat_result) -> Tuple[int, int, int, int]:
 
 
 def _check_same_file(path: Union[str, bytes], identity: FileIdentity,
-                     stamp: Tuple[int, ...]) -> None:
-    if tuple(stamp) != tuple(identity[1:]):
-        raise SafetensorError(
-            f"{os.fsdecode(path)}: file changed since the handle was pickled (device, inode, "
-            f"size, mtime {tuple(identity[1:])}, now {tuple(stamp)}); open it again to read "
-            f"the new file")
+                     now: Tuple[int, ...]) -> None:
+    if tuple(now) != tuple(identity[1:]):
+        raise file_changed(path, identity, now, "the handle was pickled",
+                           "open it again to read the new file")
+
+
+def file_changed(path: Union[str, bytes], identity: Sequence[Any], now: Tuple[int, ...],
+                 since: str, remedy: str) -> SafetensorError:
+    """The error for a file whose ``stamp`` is `now` (empty: the file is gone) where
+    `identity` (a ``file_identity``) was seen `since` some event; `remedy` says
+    what to do."""
+    return SafetensorError(
+        f"{os.fsdecode(path)}: file changed since {since} (device, inode, size, mtime "
+        f"{tuple(identity[1:])}, now {tuple(now) or 'missing'}); {remedy}")
 
 
 def _naming_the_file(convert: Converter[T], source: str) -> Converter[T]:
@@ -453,6 +461,22 @@ def is_remote(target: Any) -> bool:
     return callable(getattr(target, "seek", None)) and callable(getattr(target, "read", None))
 
 
+@overload
+def open_remote(target: Openable, convert: None = None, *,
+                max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+                storage_options: Optional[Mapping[str, Any]] = None,
+                opened_as: Optional[Tuple[str, Any]] = None) -> NumpyHandle: ...
+@overload
+def open_remote(target: Openable, convert: Converter[T], *,
+                max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+                storage_options: Optional[Mapping[str, Any]] = None,
+                opened_as: Optional[Tuple[str, Any]] = None) -> FrameworkHandle[T]: ...
+@overload
+def open_remote(target: Openable, convert: Optional[Converter[Any]], *,
+                max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+                storage_options: Optional[Mapping[str, Any]] = None,
+                opened_as: Optional[Tuple[str, Any]] = None
+                ) -> Union[NumpyHandle, FrameworkHandle[Any]]: ...
 def open_remote(target: Openable, convert: Optional[Converter[Any]] = None, *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
                 storage_options: Optional[Mapping[str, Any]] = None,

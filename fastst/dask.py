@@ -48,7 +48,7 @@ from dask.utils import parse_bytes
 from ._core import DTYPES, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError
 from ._core import numpy_dtype
 from ._files import PathLike
-from ._handle import is_url, safe_open, stamp
+from ._handle import file_changed, is_url, safe_open, stamp
 from .writer import PendingFile, StreamWriter
 
 __all__ = ["from_safetensors", "open_files_kept", "to_safetensors"]
@@ -290,10 +290,8 @@ def _check_unchanged(handle: Any, opening: bytes) -> None:
     if now != tuple(identity[1:]):
         with _open_files_lock:
             _open_files.pop(opening, None)
-        raise SafetensorError(
-            f"{os.fsdecode(path)}: file changed since the dask array was made (device, "
-            f"inode, size, mtime {tuple(identity[1:])}, now {now or 'missing'}); call "
-            f"from_safetensors again to read the new file")
+        raise file_changed(path, identity, now, "the dask array was made",
+                           "call from_safetensors again to read the new file")
 
 
 # ---------------------------------------------------------------------------

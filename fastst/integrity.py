@@ -20,7 +20,7 @@ import numpy as np
 
 from ._progress import byte_bar
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WriteSpec, WritePlan, plan_write
-from ._handle import NumpyHandle, is_url
+from ._handle import NumpyHandle, is_url, open_file, open_remote
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -355,13 +355,9 @@ def _verify_open_file(reader: NumpyHandle, report: Dict[str, Any],
 
 def _opened(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> NumpyHandle:
     """The file at `path`, or the object at a URL (read by byte ranges)."""
-    reader = NumpyHandle()
     if is_url(path):
-        from .remote import open_reader   # a capability: imported when used
-        open_reader(reader, path, max_header_size=max_header_size)
-    else:
-        reader.open_file(path, max_header_size=max_header_size)
-    return reader
+        return open_remote(path, max_header_size=max_header_size)
+    return open_file(path, max_header_size=max_header_size)
 
 
 def _nbytes(reader: NumpyHandle, name: str) -> int:

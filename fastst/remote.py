@@ -166,7 +166,7 @@ class UrlRanges:
         fs, self.path = _url_to_fs(url, self.storage_options)
         try:
             fs.invalidate_cache(self.path)   # a listing cached earlier may be stale
-            info = fs.info(self.path, **_deadline(fs, 0))
+            info = fs.info(self.path, **_deadline(fs))
         except Exception as error:
             raise _translated(error, url, "opening it") from error
         if info.get("type", "file") != "file":
@@ -197,12 +197,13 @@ class UrlRanges:
         return list(got)
 
 
-def _deadline(fs: AbstractFileSystem, size: int) -> Dict[str, float]:
-    """The keyword that bounds a whole call of an async file system (fsspec's `sync`
-    gives up after `timeout` seconds, cancelling the call): see ``_seconds_for``."""
+def _deadline(fs: AbstractFileSystem) -> Dict[str, float]:
+    """The keyword that bounds a whole call of an async file system that moves next to
+    no data, such as ``info`` (fsspec's `sync` gives up after `timeout` seconds,
+    cancelling the call): see ``_seconds_for``."""
     if not getattr(fs, "async_impl", False):
         return {}
-    return {"timeout": _seconds_for(size)}
+    return {"timeout": _seconds_for(0)}
 
 
 def _seconds_for(size: int) -> float:

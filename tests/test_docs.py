@@ -1,8 +1,12 @@
 """The documentation's examples run and say what they claim; the docs name no machine."""
+import html
+import importlib
 import importlib.util
+import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -11,10 +15,14 @@ import fastst._api
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README] + sorted(DOCS.rglob("*.md"))
 # What an example needs beyond fastst's own dependencies, by what it imports.
 FRAMEWORK_OF_IMPORT = {"torch": "torch", "fastst.torch": "torch", "jax": "jax",
                        "fastst.flax": "jax", "fastst.jax": "jax", "fastst.dask": "dask",
                        "dask": "dask", "fsspec": "fsspec"}
+# ... and by the URLs it opens: fsspec serves them.
+URL = re.compile(r"""["'](?:memory|s3|gs|https?)://""")
 INSTALL_COMMANDS = ['pip install . && fastst demo',
                     'pip install -e ".[test]" && python -m pytest']
 
@@ -24,18 +32,27 @@ def test_docstring_examples(docstring_examples):
     assert tried > 0 and failures == 0
 
 
-def readme_blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def page_name(page):
+    return str(page.relative_to(ROOT))
+
+
+def python_blocks(page):
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
 
 
 def missing_frameworks(block):
     imported = re.findall(r"^\s*(?:import|from) ([\w.]+)", block, flags=re.M)
     needed = {FRAMEWORK_OF_IMPORT[name] for name in imported if name in FRAMEWORK_OF_IMPORT}
+    if URL.search(block):
+        needed.add("fsspec")
     return sorted(name for name in needed if importlib.util.find_spec(name) is None)
 
 
-def run_block(block, namespace):
-    exec(compile(block, str(README), "exec"), namespace)
+def run_block(block, page, namespace):
+    exec(compile(block, str(page), "exec"), namespace)
+
+
+BLOCKS = [(page, number) for page in PAGES for number in range(len(python_blocks(page)))]
 
 
 def test_readme_starts_with_the_two_commands():
@@ -56,26 +73,61 @@ def test_ci_runs_the_readme_commands_and_nothing_else():
     assert subprocess.run(["bash", "-n", ".ci/run"], cwd=ROOT).returncode == 0
 
 
-def test_readme_has_python_examples():
-    assert len(readme_blocks()) >= 7
+def test_readme_is_short_and_has_an_example():
+    assert len(README.read_text().splitlines()) <= 150
+    assert len(python_blocks(README)) >= 1
 
 
-@pytest.mark.parametrize("number", range(len(readme_blocks())))
-def test_readme_block_runs_alone(number, tmp_path, monkeypatch, capsys):
-    block = readme_blocks()[number]
+def test_readme_links_lead_somewhere():
+    """README.md's links to the docs, which GitHub shows as they are."""
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if not re.match(r"\w+://", link)]
+    assert len(local) >= 15
+    assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_every_guide_page_has_examples():
+    guide = sorted((DOCS / "guide").glob("*.md"))
+    assert len(guide) >= 12
+    assert [page_name(page) for page in guide if not python_blocks(page)] == []
+
+
+@pytest.mark.parametrize("page, number", BLOCKS,
+                         ids=[f"{page_name(page)}-{number}" for page, number in BLOCKS])
+def test_doc_block_runs_alone(page, number, tmp_path, monkeypatch, capsys):
+    block = python_blocks(page)[number]
     if missing_frameworks(block):
         pytest.skip(f"needs {', '.join(missing_frameworks(block))}")
     monkeypatch.chdir(tmp_path)
-    run_block(block, {})
+    run_block(block, page, {})
 
 
-def test_readme_python_examples_run_in_order(tmp_path, monkeypatch, capsys):
+PAGES_WITH_BLOCKS = [page for page in PAGES if python_blocks(page)]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_BLOCKS, ids=map(page_name, PAGES_WITH_BLOCKS))
+def test_doc_page_examples_run_in_order(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    for block in readme_blocks():
+    ran = 0
+    for block in python_blocks(page):
         if not missing_frameworks(block):
-            run_block(block, namespace)
-    assert "exceeds the limit of 64 bytes" in capsys.readouterr().out
+            run_block(block, page, namespace)
+            ran += 1
+    if ran == 0:
+        pytest.skip("every example needs a framework that is not installed")
+    if page == DOCS / "guide" / "reading.md":
+        assert "exceeds the limit of 64 bytes" in capsys.readouterr().out
+
+
+def test_install_lines_install_from_the_checkout():
+    """fastst installs from its checkout: `pip install ".[remote]"`, never a name that
+    pip would look up in a package index."""
+    wrong = [f"{page_name(page)}: {line.strip()}" for page in PAGES
+             for line in page.read_text().splitlines()
+             if re.search(r"pip install(?:\s+-\S+)*\s+[\"']?fastst\b", line)
+             or re.search(r"fastst\[\w", line)]
+    assert wrong == []
 
 
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home|tmp)/")
@@ -113,8 +165,8 @@ def test_findings_readme_and_skip_names_match_the_findings_folder():
 
 
 def refused_file_examples():
-    """The rows of the README's table of files the reference reads and fastst refuses,
-    as files."""
+    """The rows of the table of files the reference reads and fastst refuses
+    (docs/switching.md), as files."""
     from helpers import raw_file
 
     u8 = '{"dtype":"U8","shape":[2],"data_offsets":[0,2]}'
@@ -128,9 +180,9 @@ def refused_file_examples():
     }
 
 
-def test_readme_table_of_refused_files_is_true():
+def test_table_of_refused_files_is_true():
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
-    text = README.read_text()
+    text = (DOCS / "switching.md").read_text()
     table = text.split("Files that `safetensors` 0.8 reads and fastst refuses", 1)[1]
     table = table.split("\n\n", 2)[1]
     rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
@@ -140,3 +192,134 @@ def test_readme_table_of_refused_files_is_true():
         safetensors_numpy.load(data)
         with pytest.raises(fastst.SafetensorError):
             fastst.load(data)
+
+
+# --- the site ----------------------------------------------------------------------------
+
+def build_site(config, site, timeout=300):
+    """`mkdocs build --strict` of `config` into `site`, from the checkout's root (where
+    the snippets' paths start)."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                           "--config-file", str(config), "--site-dir", str(site)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_site_builds_strict(tmp_path):
+    done = build_site(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stderr
+    reference = (tmp_path / "site" / "reference" / "fastst" / "index.html").read_text()
+    assert 'id="fastst.safe_open"' in reference and 'id="fastst.SafetensorError"' in reference
+    benchmarks = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
+    assert "Produced by <code>python bench/run.py" in benchmarks     # RESULTS.md, included
+    assert benchmarks.count('src="../img/bench/') == len(list((DOCS / "img" / "bench").glob("*.svg")))
+
+
+FAULTS = {
+    "a link to a missing page": ("[gone](missing.md)", "missing.md"),
+    "a link to a missing heading": ("[gone](#no-such-heading)", "no-such-heading"),
+    "a reference to a missing name": ("::: fastst.no_such_name", "fastst.no_such_name"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_strict_build_fails_on(fault, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    text, named = FAULTS[fault]
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text(f"# A page\n\n{text}\n")
+    config.update(docs_dir=str(docs), nav=[{"Home": "index.md"}], extra_css=[])
+    python = config["plugins"][-1]["mkdocstrings"]["handlers"]["python"]
+    python["paths"] = [str(ROOT)]
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    done = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode != 0 and named in done.stderr, done.stderr
+
+
+REFERENCE_PAGES = {"fastst": "fastst", "fastst.numpy": "numpy", "fastst.torch": "torch",
+                   "fastst.flax": "flax", "fastst.jax": "jax", "fastst.writer": "writer",
+                   "fastst.checkpoint": "checkpoint", "fastst.integrity": "integrity",
+                   "fastst.remote": "remote", "fastst.state": "state", "fastst.data": "data",
+                   "fastst.dask": "dask", "fastst.convert": "convert"}
+
+
+@pytest.mark.parametrize("module", REFERENCE_PAGES)
+def test_api_reference_documents_every_public_name(module):
+    """Each public name, by its public path: modules may move inside the package."""
+    if module in FRAMEWORK_OF_IMPORT and importlib.util.find_spec(FRAMEWORK_OF_IMPORT[module]) is None:
+        pytest.skip(f"needs {FRAMEWORK_OF_IMPORT[module]}")
+    public = [name for name in importlib.import_module(module).__all__
+              if not (module == "fastst" and name in ("numpy", "writer"))]  # pages of their own
+    page = (DOCS / "reference" / f"{REFERENCE_PAGES[module]}.md").read_text()
+    documented = re.findall(rf"^::: {re.escape(module)}\.(\w+)$", page, flags=re.M)
+    assert sorted(documented) == sorted(public)
+    assert re.search(rf"^::: {re.escape(module)}$", page, flags=re.M)    # the module's own doc
+
+
+def test_every_reference_page_is_in_the_nav():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert sorted(re.findall(r"reference/(\w+)\.md", nav)) == sorted(REFERENCE_PAGES.values())
+
+
+# --- the benchmark charts ----------------------------------------------------------------
+
+def bench_charts():
+    """bench/charts.py (its parsing and labels; drawing needs matplotlib, not imported)."""
+    name = "fastst_bench_charts"
+    if name not in sys.modules:     # registered first: its dataclass looks itself up there
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "charts.py")
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_benchmarks_page_shows_a_chart_of_each_ratio_table():
+    charts = bench_charts()
+    tables = charts.ratio_tables((ROOT / "bench" / "RESULTS.md").read_text())
+    assert len(tables) >= 20
+    drawn = sorted(path.name for path in (DOCS / "img" / "bench").glob("*.svg"))
+    assert drawn == sorted(f"{table.name}.svg" for table in tables)
+    page = (DOCS / "benchmarks.md").read_text()
+    assert charts.gallery(tables) in page
+    # the page includes RESULTS.md from its second line: the first is its title
+    assert '--8<-- "bench/RESULTS.md:2:"' in page
+    assert (ROOT / "bench" / "RESULTS.md").read_text().startswith("# ")
+
+
+def test_charts_show_the_ratios_of_results_md():
+    """A chart redrawn after its table changed: every ratio of the table is written on
+    its chart, as ``python bench/charts.py`` writes it."""
+    charts = bench_charts()
+    for table in charts.ratio_tables((ROOT / "bench" / "RESULTS.md").read_text()):
+        svg = (DOCS / "img" / "bench" / f"{table.name}.svg").read_text()
+        texts = [html.unescape(text).strip() for text in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
+        expected = [charts.value_label(table, row, column)
+                    for column in table.ratio_columns for row in table.rows]
+        missing = [label for label in expected if label not in texts]
+        assert missing == [], table.name
+
+
+# --- the drop-in tables ------------------------------------------------------------------
+
+def drop_in_rows(page):
+    """(safetensors import, fastst import) of each row of a page's table of imports."""
+    return re.findall(r"^\| `(from safetensors[^`]*)` \| `(from fastst[^`]*)` \|$",
+                      page.read_text(), flags=re.M)
+
+
+@pytest.mark.parametrize("page", [README, DOCS / "switching.md"], ids=page_name)
+def test_drop_in_tables_name_what_each_side_has(page):
+    rows = drop_in_rows(page)
+    assert len(rows) >= 4
+    for reference, ours in rows:
+        if missing_frameworks(ours):        # fastst.torch, safetensors.torch: torch...
+            continue
+        for statement in (reference, ours):
+            module, names = re.fullmatch(r"from ([\w.]+) import (.+)", statement).groups()
+            if module.startswith("safetensors"):
+                pytest.importorskip("safetensors")
+            imported = importlib.import_module(module)
+            assert all(hasattr(imported, name.strip()) for name in names.split(",")), statement

@@ -687,6 +687,39 @@ def test_a_checkpoint_url_with_a_bad_index_is_refused(served):
         f.get_tensor("a")
 
 
+# shard names that a server, decoding the path it is asked for, takes out of the index's
+# folder (or to another file than the one named)
+ESCAPING_SHARDS = [
+    "%2e%2e%2f%2e%2e%2fprivate%2fsecret.safetensors",
+    "..%2F..%2Fprivate%2Fsecret.safetensors",
+    "%2E%2E%5C%2E%2E%5Cprivate%5Csecret.safetensors",
+    "..\\..\\private\\secret.safetensors",
+    "%2fprivate%2fsecret.safetensors",
+    "secret.safetensors?.safetensors",
+    "secret.safetensors#.safetensors",
+    "secret%00.safetensors",
+    "line\nbreak.safetensors",
+]
+
+
+@pytest.mark.parametrize("shard", ESCAPING_SHARDS)
+def test_no_request_for_a_shard_leaves_the_index_folder(served, shard):
+    import posixpath
+    import urllib.parse
+
+    server, put = served
+    put("private/secret.safetensors", fastst.save({"w": np.ones(2, np.float32)}))
+    url = put(f"models/m1/{INDEX}", json.dumps({"weight_map": {"w": shard}}).encode())
+    server.reset_counts()
+    with pytest.raises(SafetensorError, match=f"{url}: tensor 'w': shard .* is not a "
+                                              f".safetensors file name in the index's folder"):
+        with fastst.safe_open(url) as f:
+            f.get_tensor("w")
+    for _, path, _ in server.requests:     # as a static server finds the file it serves
+        served_path = posixpath.normpath(urllib.parse.unquote(urllib.parse.urlsplit(path).path))
+        assert served_path == f"/models/m1/{INDEX}", path
+
+
 # ---------------------------------------------------------------------------
 # The command line on URLs
 # ---------------------------------------------------------------------------

@@ -385,8 +385,9 @@ def safe_open(filename: Openable,
         Largest header accepted, in bytes (100,000,000 by default).
     verify : bool
         Check each tensor's checksum (see ``fastst.integrity``) the first time it
-        is read; a file without checksums is refused. For a sharded checkpoint,
-        each shard is checked so as its tensors are read.
+        is read; a file without checksums is refused, and so is one whose
+        checksums leave a tensor out (naming it). For a sharded checkpoint, each
+        shard is checked so as its tensors are read.
     storage_options : dict, optional
         For a URL: the options of its fsspec file system (credentials,
         ``client_kwargs``, timeouts...).

@@ -787,3 +787,16 @@ def test_verify_checks_a_url_tensor_by_tensor(served, capsys):
     with fastst.safe_open(io.BytesIO(good)) as f:
         last = f.offset_keys()[-1]
     assert [error["tensor"] for error in reports[0]["files"][0]["errors"]] == [last]
+
+
+def test_verify_checks_a_checkpoint_by_its_index_url(served, tmp_path, capsys):
+    server, put = served
+    tensors = {f"layer.{k}": np.full(100, k, dtype=np.float32) for k in range(6)}
+    fastst.save_file(tensors, tmp_path, max_shard_size=800, checksum="xxh3_64")
+    urls = {name: put(f"ckpt/{name}", (tmp_path / name).read_bytes())
+            for name in os.listdir(tmp_path)}
+    status, reports, _ = cli_json(capsys, "verify", "--json", urls[INDEX])
+    assert status == 0 and reports[0]["errors"] == []
+    assert [file["file"] for file in reports[0]["files"]] == sorted(
+        url for name, url in urls.items() if name != INDEX)
+    assert [file["checked"] for file in reports[0]["files"]] == [2, 2, 2]

@@ -99,9 +99,11 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
     The file is written beside the target under a temporary name
     (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the old
     file or the new one, never a mix, and a failed save leaves the old file as it
-    was. With ``fsync=True`` the file and its directory are flushed to disk before
-    returning, so the new file also survives a power loss. `checksum` is that
-    of ``save``. `header_padding` reserves that many bytes of spaces after the
+    was. The new file keeps the permission bits of the file it replaces (a new
+    one gets what ``open()`` gives: ``0o666`` less the umask); its owner is the
+    saving user. With ``fsync=True`` the file and its directory are flushed to
+    disk before returning, so the new file also survives a power loss.
+    `checksum` is that of ``save``. `header_padding` reserves that many bytes of spaces after the
     header, so that ``fastst.update_metadata`` can later rewrite the metadata in
     place, without copying the tensors.
 
@@ -109,7 +111,8 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
     into shards as the Hugging Face tools cut them, and `filename` is the
     directory to save into, or ``DIR/NAME.safetensors`` for shards named after
     NAME (see ``fastst.checkpoint.save_checkpoint``); with `checksum`, each shard
-    holds the checksums of its tensors.
+    holds the checksums of its tensors. A checkpoint saved over another opens as
+    the old one or the new one, never a mix, even if the save is killed.
 
     `filename` may also be an fsspec URL (with its `storage_options`): on S3 and
     Google Cloud Storage the file is uploaded in parts as it is written and the

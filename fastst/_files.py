@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Union
+import stat
+from typing import Optional, Union
 
 from ._core import WritePlan
 
@@ -17,14 +18,28 @@ class AtomicFile:
     """A new file of `size` bytes written beside `filename` under a temporary name
     (``.<name>.<random>.fastst-tmp``), preallocated, and renamed over `filename` by
     `commit`: readers see the old file or the new one, never a mix. `abort` (or a
-    failed commit) removes it and leaves any old file as it was."""
+    failed commit) removes it and leaves any old file as it was.
 
-    def __init__(self, filename: PathLike, size: int) -> None:
-        self.target = os.path.realpath(os.fsdecode(filename))  # through symlinks: replace their target
+    The new file keeps the permission bits (``0o777``) of the file it replaces,
+    as a save that writes in place would; a file that replaces none takes those
+    of `mode_of` when that file exists, else what ``open()`` gives (``0o666``
+    less the umask). While it is written, a file that will take a mode is
+    readable by its owner alone. With `follow_symlinks` (the default) a symlink
+    at `filename` is written through: the file it points to is replaced;
+    without, the symlink itself is."""
+
+    def __init__(self, filename: PathLike, size: int, *, follow_symlinks: bool = True,
+                 mode_of: Optional[str] = None) -> None:
+        text = os.fsdecode(filename)
+        self.target = os.path.realpath(text) if follow_symlinks else os.path.abspath(text)
         directory, base = os.path.split(self.target)
         self.directory = directory
+        self.mode_of = mode_of
+        self.synced = False
         self.temp = os.path.join(directory, f".{base}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
-        self.fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        private = any(os.path.exists(path) for path in (self.target, mode_of) if path)
+        self.fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                          0o600 if private else 0o666)
         try:
             _preallocate(self.fd, size)
         except BaseException:
@@ -38,26 +53,52 @@ class AtomicFile:
         file = cls.__new__(cls)
         file.target, file.temp, file.fd = target, temp, -1
         file.directory = os.path.dirname(target)
+        file.mode_of, file.synced = None, False
         return file
+
+    def finish(self, *, fsync: bool = False) -> None:
+        """Close the file, written (flushed to disk first with `fsync`), to commit
+        later: a writer of many files holds no descriptor for each."""
+        if self.fd >= 0:
+            if fsync:
+                os.fsync(self.fd)
+                self.synced = True
+            os.close(self.fd)
+            self.fd = -1
 
     def commit(self, *, fsync: bool = False) -> None:
         """Close the file and rename it over the target. With `fsync` the file and
         its directory are flushed to disk first, so the new file also survives a
         power loss."""
         try:
-            if self.fd >= 0:
-                if fsync:
+            self._take_mode()
+            if fsync and not self.synced:
+                if self.fd >= 0:
                     os.fsync(self.fd)
-                os.close(self.fd)
-                self.fd = -1
-            elif fsync:
-                fsync_path(self.temp)
+                else:
+                    fsync_path(self.temp)
+            self.finish()
             os.replace(self.temp, self.target)
         except BaseException:
             self.abort()
             raise
         if fsync:
             fsync_path(self.directory)
+
+    def _take_mode(self) -> None:
+        """Give the file the permission bits of the one it replaces (see the class)."""
+        for path in (self.target, self.mode_of):
+            if path is None:
+                continue
+            try:
+                mode = stat.S_IMODE(os.stat(path).st_mode) & 0o777
+            except FileNotFoundError:
+                continue
+            if self.fd >= 0:
+                os.fchmod(self.fd, mode)
+            else:
+                os.chmod(self.temp, mode)
+            return
 
     def abort(self) -> None:
         """Close and remove the temporary file (again: nothing happens)."""
@@ -76,12 +117,27 @@ def write_atomically(plan: WritePlan, filename: PathLike, *, fsync: bool = False
     The file is written beside the target under a temporary name
     (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the old
     file or the new one, never a mix, and a failed save leaves the old file as it
-    was. With `fsync` the file and its directory are flushed to disk before
+    was; the new file keeps the old one's permission bits (see ``AtomicFile``).
+    With `fsync` the file and its directory are flushed to disk before
     returning, so the new file also survives a power loss.
     """
     file = AtomicFile(filename, plan.total_size)
     try:
         plan.write_to(file.fd, file.target)
+    except BaseException:
+        file.abort()
+        raise
+    file.commit(fsync=fsync)
+
+
+def write_text_atomically(text: str, filename: PathLike, *, fsync: bool = False,
+                          follow_symlinks: bool = True) -> None:
+    """Write `text` (UTF-8) to `filename` as ``write_atomically`` writes a file."""
+    file = AtomicFile(filename, 0, follow_symlinks=follow_symlinks)
+    try:
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            data = data[os.write(file.fd, data):]
     except BaseException:
         file.abort()
         raise

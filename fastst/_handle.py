@@ -385,8 +385,9 @@ def safe_open(filename: Openable,
         Largest header accepted, in bytes (100,000,000 by default).
     verify : bool
         Check each tensor's checksum (see ``fastst.integrity``) the first time it
-        is read; a file without checksums is refused. For a sharded checkpoint,
-        each shard is checked so as its tensors are read.
+        is read; a file without checksums is refused, and so is one whose
+        checksums leave a tensor out (naming it). For a sharded checkpoint, each
+        shard is checked so as its tensors are read.
     storage_options : dict, optional
         For a URL: the options of its fsspec file system (credentials,
         ``client_kwargs``, timeouts...).
@@ -507,6 +508,22 @@ def is_checkpoint_path(filename: Any) -> bool:
         return False
     path = os.fsdecode(filename)
     return path.endswith(".index.json") or (not is_url(path) and os.path.isdir(path))
+
+
+# What a shard's name may not hold, whatever the scheme: a path separator, '%' (a
+# server decodes escapes: '%2e%2e%2f' is '../'), '?' or '#' (they end a URL's path),
+# a control character.
+NOT_IN_SHARD_NAMES = re.compile(r"[/\\%?#\x00-\x1f\x7f]")
+SHARD_NAME_RULE = ("a .safetensors file name in the index's folder (no '/', '\\', '%', '?', "
+                   "'#' or control character, and no leading '.')")
+
+
+def is_plain_shard_name(name: str) -> bool:
+    """Whether `name`, as an ``*.index.json`` gives a shard, names a ``.safetensors``
+    file in the index's own folder, on disk and behind any URL alike (see
+    ``SHARD_NAME_RULE``)."""
+    return (name.endswith(".safetensors") and not name.startswith(".")
+            and NOT_IN_SHARD_NAMES.search(name) is None)
 
 
 def _shown_target(target: Any) -> str:

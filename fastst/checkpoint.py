@@ -13,6 +13,7 @@ files ``huggingface_hub.save_torch_state_dict`` writes, byte for byte.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -25,11 +26,12 @@ from typing import (Any, Callable, Dict, Generic, Hashable, Iterable, Iterator, 
 import orjson
 
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorInfo, TensorNotFoundError,
-                    WriteSpec, spec_of_array)
-from ._files import TEMP_SUFFIX, PathLike, write_atomically
-from ._handle import (NUMPY_FRAMEWORKS, Backend, FrameworkHandle, NumpyHandle,
-                      framework_converter, is_checkpoint_path, is_url, open_file, open_remote,
-                      stamp)
+                    WritePlan, WriteSpec, spec_of_array)
+from ._files import (TEMP_SUFFIX, AtomicFile, PathLike, fsync_path,
+                     write_text_atomically)
+from ._handle import (NUMPY_FRAMEWORKS, SHARD_NAME_RULE, Backend, FrameworkHandle, NumpyHandle,
+                      framework_converter, is_checkpoint_path, is_plain_shard_name, is_url,
+                      open_file, open_remote, stamp)
 from ._slicing import Converter, SafeSlice, T
 from .integrity import plan_with_checksums
 
@@ -45,6 +47,12 @@ MAX_INDEX_DEPTH = 64   # JSON nesting an index may have; real ones have 3 levels
 # Shards from this size up are copied one at a time: the core already shares the copy
 # of a file this large among threads, and nesting two pools of threads only slows it.
 PARALLEL_BELOW = 64 << 20
+# A shard that a re-save replaces keeps, until the new index is in place, a second
+# name: NAME-00001-of-0000N.fastst-backup.safetensors (a name an index may give).
+BACKUP_INFIX = ".fastst-backup"
+# errors of a file system that makes no hard links (or none across these names)
+NO_HARD_LINKS = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP,
+                 errno.ENOSYS}
 
 
 # ---------------------------------------------------------------------------
@@ -153,11 +161,11 @@ def _unique_keys(pairs: List[Tuple[str, Any]], path: str) -> Dict[str, Any]:
 
 
 def _check_shard_name(shard: str, name: str, path: str) -> None:
-    """A shard is a plain ``.safetensors`` file name, in the index's directory."""
-    if (not shard.endswith(".safetensors") or shard.startswith(".")
-            or any(char in shard for char in "/\\\0")):
-        raise SafetensorError(f"{path}: tensor {name!r}: shard {shard!r} is not a "
-                              f".safetensors file name in the index's directory")
+    """A shard is a plain ``.safetensors`` file name, in the index's folder, that
+    no server decodes into another (see ``is_plain_shard_name``)."""
+    if not is_plain_shard_name(shard):
+        raise SafetensorError(f"{path}: tensor {name!r}: shard {shard!r} is not "
+                              f"{SHARD_NAME_RULE}")
 
 
 # ---------------------------------------------------------------------------
@@ -652,8 +660,17 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
     Each shard holds `shard_metadata`; the index's ``metadata`` is
     ``{"total_size": ...}`` followed by `metadata`. A single file holds both
     dicts merged. With `checksum` (see ``fastst.integrity``) each file holds the
-    checksums of its own tensors. Each file is written atomically, the index last;
-    the shards and index of an earlier save in that place are removed after it.
+    checksums of its own tensors.
+
+    A save replaces the checkpoint in that place as one file is replaced: until
+    the new index is in place the old checkpoint opens, after it the new one,
+    never a mix, even when the save is killed (see ``_put_in_place``; on a file
+    system without hard links, a save killed while it sets old shards aside
+    leaves a checkpoint that refuses to open, naming a missing shard). The files
+    of the old save, and what a killed save left, are removed after. The files
+    are entries of the directory: a symlink among them is replaced, not written
+    through. Each keeps the permission bits of the file it replaces, or of the
+    checkpoint's index (or single file) when it replaces none.
     """
     directory, pattern = _save_place(filename)
     shards, total = split_into_shards(entries, parse_size(max_shard_size))
@@ -669,17 +686,24 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
                  plan_with_checksums([by_name[name] for name in shard], shard_metadata,
                                      checksum)
                  for number, shard in enumerate(shards, 1)}
-    for name, plan in files.items():     # every plan checked before the first file is written
-        write_atomically(plan, os.path.join(directory, name), fsync=fsync)
     names = list(files)
+    index_text = None
     if len(shards) > 1:
         weight_map = {name: shard_name for shard_name, shard in zip(names, shards)
                       for name in shard}
         index = {"metadata": {"total_size": total, **(metadata or {})},
                  "weight_map": weight_map}
+        index_text = json.dumps(index, indent=2)
         names.append(pattern.format(suffix="") + INDEX_SUFFIX)
-        _write_text(json.dumps(index, indent=2), os.path.join(directory, names[-1]), fsync)
-    _remove_stale(directory, pattern, set(names))
+    # every plan is checked before the first file is written
+    written = _written_files(directory, pattern, files, fsync)
+    try:
+        _put_in_place(directory, pattern, written, index_text, fsync)
+    except BaseException:
+        for file in written:
+            file.abort()
+        raise
+    _remove_leftovers(directory, pattern, set(names))
     return [os.path.join(directory, name) for name in names]
 
 
@@ -705,37 +729,139 @@ def _save_place(filename: PathLike) -> Tuple[str, str]:
         pattern += "{suffix}.safetensors"
     else:
         directory, pattern = text, DEFAULT_PATTERN
+    shard = pattern.format(suffix="-00001-of-00002")
+    if not is_plain_shard_name(shard):
+        raise SafetensorError(f"{text}: its shards would be named like {shard!r}, which is "
+                              f"not {SHARD_NAME_RULE}: no index could name them")
     os.makedirs(directory or ".", exist_ok=True)
     return directory, pattern
 
 
-def _write_text(text: str, path: str, fsync: bool) -> None:
-    """Write `text` to `path` atomically, under a temporary name renamed over it."""
-    directory, base = os.path.split(os.path.realpath(path))
-    temp = os.path.join(directory, f".{base}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
+def _written_files(directory: str, pattern: str, files: Mapping[str, WritePlan],
+                   fsync: bool) -> List[AtomicFile]:
+    """Each plan written under a temporary name beside its file (flushed to disk
+    with `fsync`) and closed, to be committed: nothing in place is touched yet."""
+    index_path, single_path = _checkpoint_paths(directory, pattern)
+    in_place = next((path for path in (index_path, single_path) if os.path.exists(path)), None)
+    written: List[AtomicFile] = []
     try:
-        with open(temp, "x", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            if fsync:
-                os.fsync(file.fileno())
-        os.replace(temp, os.path.join(directory, base))
+        for name, plan in files.items():
+            file = AtomicFile(os.path.join(directory, name), plan.total_size,
+                              follow_symlinks=False, mode_of=in_place)
+            written.append(file)
+            plan.write_to(file.fd, file.target)
+            file.finish(fsync=fsync)
     except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
+        for file in written:
+            file.abort()
         raise
+    return written
 
 
-def _remove_stale(directory: str, pattern: str, kept: Iterable[str]) -> None:
-    """Remove the files of an earlier save with `pattern` that this one did not
-    write: its index first, so that no index ever names a missing shard."""
-    prefix, _, suffix = pattern.format(suffix="\0").partition("\0")
-    form = re.compile(re.escape(prefix) + r"(-\d{5}-of-\d{5})?" + re.escape(suffix)
-                      + "(" + re.escape(INDEX_SUFFIX) + ")?")
-    stale = [name for name in os.listdir(directory or ".")
-             if form.fullmatch(name) and name not in kept]
-    for name in sorted(stale, key=lambda name: not name.endswith(INDEX_SUFFIX)):
+def _put_in_place(directory: str, pattern: str, written: Sequence[AtomicFile],
+                  index_text: Optional[str], fsync: bool) -> None:
+    """Rename the new files into place, the index last (the commit).
+
+    Where a new file takes the name of a shard that the index in place names
+    (as a re-save with as many shards does), that shard first gets a second name
+    (``NAME.fastst-backup.safetensors``, a hard link) and the index in place is
+    replaced by one that names those backups: the old checkpoint still opens,
+    from the same bytes. Then the new files are renamed into place, then the new
+    index (a single file: the old index is removed instead, and the directory
+    opens the file). With `fsync` the directory is flushed after the backups,
+    after the new files and after the index: no rename reaches the disk before
+    the ones it depends on.
+    """
+    index_path, _ = _checkpoint_paths(directory, pattern)
+    in_place = _index_in_place(index_path)
+    if in_place is not None:
+        names = {os.path.basename(file.target) for file in written}
+        taken = [shard for shard in in_place.shards if shard in names]
+        if taken:
+            _back_up(in_place, taken, fsync)
+    for file in written:
+        file.commit()
+    if fsync:
+        fsync_path(directory)
+    if index_text is not None:
+        write_text_atomically(index_text, index_path, fsync=fsync, follow_symlinks=False)
+    elif os.path.lexists(index_path):
+        os.unlink(index_path)
+        if fsync:
+            fsync_path(directory)
+
+
+def _checkpoint_paths(directory: str, pattern: str) -> Tuple[str, str]:
+    """The paths of the index and of the single file of a checkpoint saved as
+    `pattern` in `directory`."""
+    single = os.path.join(directory, pattern.format(suffix=""))
+    return single + INDEX_SUFFIX, single
+
+
+def _index_in_place(index_path: str) -> Optional[CheckpointIndex]:
+    """The index at `index_path`, None where there is none that opens (then no
+    checkpoint opens from it, and nothing in place needs keeping)."""
+    try:
+        return read_index(index_path)
+    except (FileNotFoundError, SafetensorError):
+        return None
+
+
+def _back_up(in_place: CheckpointIndex, shards: Sequence[str], fsync: bool) -> None:
+    """Give each of `shards` (of the index `in_place`) its backup name, and replace
+    the index by one that names the backups: the same checkpoint, out of the way
+    of the files that take the shards' names."""
+    directory = os.path.dirname(in_place.path)
+    backups = {shard: _backup_name(shard) for shard in shards}
+    for shard, backup in backups.items():
+        _keep_aside(os.path.join(directory, shard), os.path.join(directory, backup))
+    document: Dict[str, Any] = {} if in_place.metadata is None else {
+        "metadata": in_place.metadata}
+    document["weight_map"] = {name: backups.get(shard, shard)
+                              for name, shard in in_place.weight_map.items()}
+    write_text_atomically(json.dumps(document, indent=2), in_place.path, fsync=fsync,
+                          follow_symlinks=False)
+
+
+def _backup_name(shard: str) -> str:
+    return shard[:-len(".safetensors")] + BACKUP_INFIX + ".safetensors"
+
+
+def _keep_aside(path: str, backup: str) -> None:
+    """Make `backup` a second name of the file at `path` (a hard link, or of the
+    symlink at `path`). Where the file system makes no hard links, `backup`
+    becomes its only name (a rename): until the index names `backup`, the
+    checkpoint in place lacks that shard, and opening it says so."""
+    _remove(backup)     # a killed save's, which no index in place names
+    try:
+        os.link(path, backup, follow_symlinks=False)
+    except FileNotFoundError:
+        return          # the checkpoint in place lacks this shard already
+    except OSError as error:
+        if error.errno not in NO_HARD_LINKS:
+            raise
         try:
-            os.unlink(os.path.join(directory, name))
+            os.replace(path, backup)
         except FileNotFoundError:
-            pass
+            return
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_leftovers(directory: str, pattern: str, kept: Iterable[str]) -> None:
+    """Remove what an earlier save with `pattern` left that this one did not write:
+    the files of the checkpoint it replaced, the backups made to replace it, and
+    the temporary files of a save that was killed."""
+    prefix, _, suffix = pattern.format(suffix="\0").partition("\0")
+    name = (re.escape(prefix) + r"(-\d{5}-of-\d{5})?(" + re.escape(BACKUP_INFIX) + ")?"
+            + re.escape(suffix) + "(" + re.escape(INDEX_SUFFIX) + ")?")
+    form = re.compile(name)
+    temporary = re.compile(r"\." + name + r"\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
+    for entry in os.listdir(directory or "."):
+        if (form.fullmatch(entry) and entry not in kept) or temporary.fullmatch(entry):
+            _remove(os.path.join(directory, entry))

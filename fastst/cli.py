@@ -384,12 +384,16 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="check the structure and checksums of .safetensors files or folders",
         description="Check each file's structure and, when it has them, every tensor's "
                     "checksum; for a folder, each .safetensors file in it and each "
-                    "*.index.json against its shards. A corrupt tensor is named. The exit "
-                    "status is 0 when everything checks out, 1 otherwise; a file without "
-                    "checksums has its structure checked and says so.")
+                    "*.index.json against its shards; for a sharded checkpoint's "
+                    "*.index.json, the shards it names and the index against them. A "
+                    "corrupt tensor is named, and so is a tensor that the file's checksums "
+                    "leave out. The exit status is 0 when everything checks out, 1 "
+                    "otherwise; a file without checksums has its structure checked and "
+                    "says so.")
     verify.add_argument("paths", nargs="+", metavar="PATH",
                         help="a .safetensors file, or a folder of them (sharded "
-                             "checkpoint), or the URL of a file")
+                             "checkpoint), or a checkpoint's *.index.json, or the URL of a "
+                             "file or of an index")
     verify.add_argument("--json", action="store_true",
                         help="print the reports as a JSON list, one object per PATH")
     _add_max_header_size(verify)

@@ -20,7 +20,8 @@ import numpy as np
 
 from ._progress import byte_bar
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WriteSpec, WritePlan, plan_write
-from ._handle import NumpyHandle, is_url, open_file, open_remote
+from ._handle import (SHARD_NAME_RULE, NumpyHandle, is_plain_shard_name, is_url, open_file,
+                      open_remote)
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -193,8 +194,10 @@ def plan_with_checksums(specs: Sequence[WriteSpec], metadata: Optional[Mapping[s
 
 def checksums_of(metadata: Optional[Mapping[str, str]], names: Sequence[str],
                  source: str) -> Optional[Tuple[str, Dict[str, str]]]:
-    """(algorithm, {tensor: digest}) from a file's metadata, checked to name each of
-    the file's tensors (`names`) once; None when the file has no checksums."""
+    """(algorithm, {tensor: digest}) from a file's metadata, checked to name only
+    the file's tensors (`names`), each once; None when the file has no checksums.
+    Tensors the digests leave out are for the caller to name (see
+    ``_without_checksum``)."""
     import orjson
 
     text = (metadata or {}).get(CHECKSUM_KEY)
@@ -225,9 +228,18 @@ def _check_digests(digests: Dict[str, Any], names: Set[str], digits: int, source
         if type(digest) is not str or len(digest) != digits or not HEX.fullmatch(digest):
             raise SafetensorError(f"{source}: tensor {name[:80]!r}: checksum must be "
                                   f"{digits} lowercase hex digits")
-    missing = names.difference(digests)
-    if missing:
-        raise SafetensorError(f"{source}: tensor {min(missing)[:80]!r} has no checksum")
+
+
+def _without_checksum(names: Sequence[str], digests: Mapping[str, str]) -> List[str]:
+    """The tensors of `names` that `digests` has no checksum for, in file order."""
+    return [name for name in names if name not in digests]
+
+
+def _some(names: Sequence[str]) -> str:
+    """'tensor 'a'' or 'tensors 'a', 'b' and 3 more': a few names of a list."""
+    shown = ", ".join(repr(name[:80]) for name in names[:3])
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"tensor {shown}" if len(names) == 1 else f"tensors {shown}{more}"
 
 
 def _mismatch(algorithm: str, expected: str, actual: str) -> str:
@@ -238,7 +250,10 @@ def _mismatch(algorithm: str, expected: str, actual: str) -> str:
 class VerifyingHandle(NumpyHandle):
     """A NumpyHandle that checks each tensor's checksum the first time the tensor
     is read (``safe_open(..., verify=True)``); a partial read (rows, a slice)
-    checks the whole tensor first. A file without checksums is refused."""
+    checks the whole tensor first. A file without checksums is refused, and so is
+    one whose checksums leave some tensor out, at opening: verifying it could not
+    keep its promise. (``verify_file`` checks the other tensors of such a file and
+    names each one left out as an error.)"""
 
     def open_file(self, filename: Any, backend: str = "mmap", *,
                   max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
@@ -253,11 +268,18 @@ class VerifyingHandle(NumpyHandle):
         self._take_checksums()
 
     def _take_checksums(self) -> None:
-        found = checksums_of(self.metadata(), self.offset_keys(), self.source)
+        names = self.offset_keys()
+        found = checksums_of(self.metadata(), names, self.source)
         if found is None:
             raise SafetensorError(f"{self.source}: verify=True, but the file has no "
                                   f"checksums (save it with checksum='xxh3_64')")
         self.algorithm, self.digests = found
+        missing = _without_checksum(names, self.digests)
+        if missing:
+            raise SafetensorError(f"{self.source}: verify=True, but {_some(missing)} "
+                                  f"{'has' if len(missing) == 1 else 'have'} no checksum "
+                                  f"(the file's checksums cover {len(names) - len(missing)} "
+                                  f"of its {len(names)} tensors)")
         self.verified: Set[str] = set()
 
     def check(self, name: str, array: Optional[npt.NDArray[Any]] = None) -> None:
@@ -345,7 +367,13 @@ def _verify_open_file(reader: NumpyHandle, report: Dict[str, Any],
         return
     algorithm, digests = found
     report["checksum"] = algorithm
+    covered = len(names) - len(_without_checksum(names, digests))
     for name in names:
+        if name not in digests:
+            report["errors"].append({"tensor": name, "error": (
+                f"has no checksum (the file's checksums cover {covered} of its "
+                f"{len(names)} tensors)")})
+            continue
         actual = digest_of(reader.get_tensor(name), algorithm, progress)
         report["checked"] += 1
         if actual != digests[name]:
@@ -374,27 +402,35 @@ def _without_path(message: str, path: str) -> str:
 
 def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                 progress: bool = False) -> Dict[str, Any]:
-    """`verify_file` of a file (or a URL), or of every ``*.safetensors`` file of a folder, with
-    each ``*.index.json`` of the folder checked against its shards: every tensor of
-    its weight_map in the shard it names, and no tensor in two shards. A report:
-    ``path``, ``ok``, ``files`` (their reports) and ``errors`` (the index's)."""
-    if os.path.isdir(path):
+    """`verify_file` of a file (or a URL); of every ``*.safetensors`` file of a
+    folder, with each ``*.index.json`` of the folder checked against its shards:
+    every tensor of its weight_map in the shard it names, and no tensor in two
+    shards; or of a sharded checkpoint by its ``*.index.json`` (a path or a
+    URL): the shards it names, and the index against them. A report: ``path``,
+    ``ok``, ``files`` (their reports) and ``errors`` (the index's)."""
+    folder = not is_url(path) and os.path.isdir(path)
+    if folder:
         files = sorted(os.path.join(path, name) for name in os.listdir(path)
                        if name.endswith(".safetensors"))
         indexes = sorted(os.path.join(path, name) for name in os.listdir(path)
                          if name.endswith(".index.json"))
+    elif path.endswith(".index.json"):
+        files, indexes = [], [path]
     else:
         files, indexes = [path], []
+    checked = [_checked_index(index, max_header_size) for index in indexes]
+    index_errors = [error for errors, _ in checked for error in errors]
+    if indexes and not folder:    # a checkpoint given by its index: the shards it names
+        files = [shard for _, shards in checked for shard in shards]
     bar = _progress_bar(files, max_header_size) if progress else None
     reports = [verify_file(file, max_header_size=max_header_size,
                            progress=None if bar is None else bar.update) for file in files]
     if bar is not None:
         bar.close()
-    errors = [error for index in indexes for error in _index_errors(index)]
-    if os.path.isdir(path) and not files:
-        errors.append({"file": path, "error": "no .safetensors file in this folder"})
-    return {"path": path, "ok": not errors and all(r["ok"] for r in reports),
-            "files": reports, "errors": errors}
+    if folder and not files:
+        index_errors.append({"file": path, "error": "no .safetensors file in this folder"})
+    return {"path": path, "ok": not index_errors and all(r["ok"] for r in reports),
+            "files": reports, "errors": index_errors}
 
 
 def _progress_bar(files: List[str], max_header_size: int) -> Any:
@@ -415,27 +451,27 @@ def _checksummed_bytes(path: str, max_header_size: int) -> int:
         return 0
 
 
-def _index_errors(index: str) -> List[Dict[str, Any]]:
-    """What is wrong between the sharded checkpoint index `index` and the shards."""
+def _checked_index(index: str, max_size: int) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """What is wrong between the sharded checkpoint index `index` (a path or a URL)
+    and its shards, and the paths (URLs) of the shards it names."""
     import orjson
 
     def error(text: str) -> Dict[str, Any]:
         return {"file": index, "error": text}
 
     try:
-        with open(index, "rb") as handle:
-            weight_map = orjson.loads(handle.read()).get("weight_map")
-    except (OSError, orjson.JSONDecodeError, AttributeError) as why:
-        return [error(f"cannot be read as JSON: {why}")]
+        weight_map = orjson.loads(_index_text(index, max_size)).get("weight_map")
+    except (OSError, SafetensorError, orjson.JSONDecodeError, AttributeError) as why:
+        return [error(f"cannot be read as JSON: {_without_path(str(why), index)}")], []
     if not isinstance(weight_map, dict) or not all(
             isinstance(shard, str) for shard in weight_map.values()):
-        return [error("has no 'weight_map' object of tensor name to shard file name")]
+        return [error("has no 'weight_map' object of tensor name to shard file name")], []
     folder = os.path.dirname(index)
     shards = sorted(set(weight_map.values()))
-    errors = [error(f"shard {shard[:80]!r} is not a file name in the folder")
-              for shard in shards if os.path.basename(shard) != shard or shard in ("", ".", "..")]
+    errors = [error(f"shard {shard[:80]!r} is not {SHARD_NAME_RULE}")
+              for shard in shards if not is_plain_shard_name(shard)]
     if errors:
-        return errors
+        return errors, []
     names_in = _tensor_names(folder, shards)
     errors += [error(f"shard {shard[:80]!r} is missing or unreadable")
                for shard in shards if shard not in names_in]
@@ -452,7 +488,20 @@ def _index_errors(index: str) -> List[Dict[str, Any]]:
     for name, shard in weight_map.items():
         if shard in names_in and where.get(name) != shard:
             errors.append(error(f"tensor {name[:80]!r} is not in its shard {shard}"))
-    return errors
+    return errors, [os.path.join(folder, shard) for shard in shards]
+
+
+def _index_text(index: str, max_size: int) -> bytes:
+    """The bytes of the index file (or object) `index`, refused past `max_size`."""
+    if is_url(index):
+        from .remote import read_object   # a capability: imported when used
+
+        return read_object(index, None, max_size, "index")
+    with open(index, "rb") as file:
+        text = file.read(max_size + 1)
+    if len(text) > max_size:
+        raise SafetensorError(f"{index}: index exceeds the limit of {max_size} bytes")
+    return text
 
 
 def _tensor_names(folder: str, shards: List[str]) -> Dict[str, List[str]]:

@@ -55,6 +55,7 @@ CONTAINERS: Dict[type, str] = {dict: "dict", OrderedDict: "ordered_dict", list: 
 CONTAINER_TAGS = {tag: kind for kind, tag in CONTAINERS.items()}
 INTEGER_TEXT = re.compile(r"-?[0-9]+")
 SCALAR_TAGS = ("float", "int", "bytes")    # scalars that JSON numbers and strings cannot hold
+JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],]')    # strings, and what nests
 
 
 def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, str]] = None,
@@ -269,6 +270,10 @@ def _state_document(metadata: Optional[Mapping[str, str]], source: str) -> Dict[
     except orjson.JSONDecodeError as error:
         raise SafetensorError(f"{source}: metadata {STATE_KEY!r} is not valid JSON "
                               f"({error})") from None
+    twice = _key_given_twice(text)
+    if twice is not None:
+        raise SafetensorError(f"{source}: metadata {STATE_KEY!r} gives the key "
+                              f"{twice[:80]!r} twice in one object")
     if not isinstance(document, dict) or set(document) != {"version", "tree"}:
         raise SafetensorError(f"{source}: metadata {STATE_KEY!r} must be an object of "
                               f"'version' and 'tree'")
@@ -277,6 +282,37 @@ def _state_document(metadata: Optional[Mapping[str, str]], source: str) -> Dict[
         raise SafetensorError(f"{source}: state format version {version!r} is not known "
                               f"(this fastst reads version {STATE_VERSION})")
     return document
+
+
+def _key_given_twice(text: str) -> Optional[str]:
+    """The first key that an object of the JSON `text` (valid JSON) gives twice,
+    or None: a parser keeps one of the two silently, as the header parser does
+    not. One pass over the tokens, with no recursion however deep the nesting."""
+    import orjson
+
+    open_keys: List[Optional[Set[str]]] = []     # per open container: its keys; None: an array
+    key_next = False
+    for match in JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            if key_next:
+                key = orjson.loads(token) if "\\" in token else token[1:-1]
+                keys = open_keys[-1]
+                if keys is not None:
+                    if key in keys:
+                        return key
+                    keys.add(key)
+                key_next = False
+        elif token == "{":
+            open_keys.append(set())
+            key_next = True
+        elif token == "[":
+            open_keys.append(None)
+        elif token in ("}", "]"):
+            open_keys.pop()
+        elif token == ",":
+            key_next = open_keys[-1] is not None
+    return None
 
 
 class _Decoder:
@@ -345,8 +381,13 @@ class _Decoder:
             raise self.fail(path, f"tensor {name!r} is used twice")
         self.used.add(name)
         value = self.get_tensor(name)
-        if tag == "scalar" and isinstance(value, np.ndarray):
-            return value[()]
+        if tag == "scalar":
+            shape = tuple(value.shape)
+            if shape:
+                raise self.fail(path, f"a scalar node names tensor {name!r} of shape "
+                                      f"{list(shape)}; a scalar's tensor has shape []")
+            if isinstance(value, np.ndarray):
+                return value[()]
         return value
 
     def scalar(self, tag: str, text: Any, path: str) -> Any:

@@ -496,14 +496,24 @@ class TensorRegion:
         self._write_at(piece, self.offset + start_row * row_bytes)
 
     def __setitem__(self, index: Any, array: Any) -> None:
-        self.write(array, self._start_row(index if isinstance(index, tuple) else (index,)))
+        """``region[first:last] = rows``: `rows` must fill the rows selected, all of
+        them (a chunk of a dask array must have the shape of its block)."""
+        first, end = self._rows(index if isinstance(index, tuple) else (index,))
+        piece = _as_array(self.target, self.name, array)
+        block = (end - first, *self.shape[1:]) if self.shape else ()
+        if piece.shape != block:
+            raise SafetensorError(f"{self.target}: tensor {self.name!r}: the block of rows "
+                                  f"{first}:{end} has shape {block}, but its piece has shape "
+                                  f"{piece.shape}")
+        self.write(piece, first)
 
     def _checked(self, piece: np.ndarray, start_row: Any) -> np.ndarray:
         where = f"{self.target}: tensor {self.name!r}"
         expected = numpy_dtype(self.dtype)
         if spec_of_array(self.name, np.empty(0, piece.dtype)).dtype != self.dtype:
             raise SafetensorTypeError(f"{where} is {self.dtype}: its pieces must be "
-                                      f"{expected} arrays, got {piece.dtype}")
+                                      f"{expected} arrays, got {piece.dtype} at row "
+                                      f"{start_row}")
         start = operator.index(start_row)
         if not self.shape:
             if piece.shape or start:
@@ -515,13 +525,14 @@ class TensorRegion:
                                   f"{piece.shape} does not fit at row {start}")
         return np.ascontiguousarray(piece).astype(expected, copy=False)
 
-    def _start_row(self, index: Tuple[Any, ...]) -> int:
-        """The first row of an index of slices that selects whole rows."""
+    def _rows(self, index: Tuple[Any, ...]) -> Tuple[int, int]:
+        """The first row and the row past the last of an index of slices that
+        selects whole rows ((0, 0) for a tensor without axis)."""
         if not self.shape:
             if index not in ((), (Ellipsis,)):
                 raise SafetensorError(f"{self.target}: tensor {self.name!r} has no axis: "
                                       f"write it whole, got index {index!r}")
-            return 0
+            return 0, 0
         if len(index) > len(self.shape) or not all(isinstance(part, slice) for part in index):
             raise SafetensorError(f"{self.target}: tensor {self.name!r}: a region takes "
                                   f"slices of rows, got index {index!r}")
@@ -531,7 +542,10 @@ class TensorRegion:
                 raise SafetensorError(f"{self.target}: tensor {self.name!r}: a region is "
                                       f"written in whole rows; index {index!r} cuts axis "
                                       f"{axis}")
-        return index[0].indices(self.shape[0])[0] if index else 0
+        if not index:
+            return 0, self.shape[0]
+        start, stop, _ = index[0].indices(self.shape[0])
+        return start, max(start, stop)
 
     def _write_at(self, piece: np.ndarray, position: int) -> None:
         try:

@@ -7,6 +7,10 @@ import json
 import multiprocessing
 import os
 import pickle
+import signal
+import stat
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -161,6 +165,12 @@ def test_a_shard_holding_a_tensor_the_index_does_not_name(tmp_path):
     (b'{"weight_map": {"w": "/abs.safetensors"}}', "tensor 'w': shard '/abs.safetensors'"),
     (b'{"weight_map": {"w": "sub/x.safetensors"}}', "tensor 'w': shard 'sub/x.safetensors'"),
     (b'{"weight_map": {"w": "model.bin"}}', "tensor 'w': shard 'model.bin'"),
+    (b'{"weight_map": {"w": "..%2fup.safetensors"}}', "shard '..%2fup.safetensors' is not"),
+    (b'{"weight_map": {"w": "a?.safetensors"}}', "shard 'a?.safetensors' is not"),
+    (b'{"weight_map": {"w": "a#.safetensors"}}', "shard 'a#.safetensors' is not"),
+    (b'{"weight_map": {"w": "a\\\\b.safetensors"}}', "shard 'a\\\\b.safetensors' is not"),
+    (b'{"weight_map": {"w": "a\\u0001.safetensors"}}', "shard 'a\\x01.safetensors' is not"),
+    (b'{"weight_map": {"w": ".hidden.safetensors"}}', "shard '.hidden.safetensors' is not"),
     (b'{"weight_map": {"w": "a.safetensors", "w": "b.safetensors"}}', "names 'w' twice"),
     (b'{"weight_map": {}, "x": ' + b"[" * 500 + b"]" * 500 + b"}", "nests deeper than 64"),
     (b'{"weight_map": {}, "x": ' + b"[" * 100000 + b"]" * 100000 + b"}", "not valid JSON"),
@@ -314,6 +324,14 @@ def test_a_file_name_names_the_shards(tmp_path):
     assert list(loaded) == list(arrays())
 
 
+@pytest.mark.parametrize("name", [".hidden.safetensors", "a%2f.safetensors",
+                                  "a?.safetensors", "a#b.safetensors"])
+def test_a_name_whose_shards_no_index_could_name_is_refused(tmp_path, name):
+    with pytest.raises(fastst.SafetensorError, match="no index could name them"):
+        fastst.save_file(arrays(), tmp_path / "out" / name, max_shard_size=800)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_new_save_removes_the_stale_files_of_the_last_one(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors.backup").write_text("keep")
@@ -338,6 +356,170 @@ def test_a_failed_shard_leaves_the_last_save_whole(tmp_path):
     with pytest.raises(ValueError, match="'bad'"):
         save_checkpoint(bad, tmp_path, max_shard_size=4)
     assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before
+
+
+# A re-save killed (SIGKILL) at its k-th step, a step being any call that changes
+# the directory's names: os.replace, os.rename, os.link or os.unlink. With `no_links`,
+# the file system makes no hard links (os.link fails with EPERM). The old checkpoint
+# has six shards; the new one is cut by the max_shard_size given.
+KILLED_SAVE = """
+import errno, os, signal, sys
+import numpy as np
+import fastst
+
+directory, kill_at, no_links, size = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+steps = [0]
+
+def counted(call):
+    def step(*args, **kwargs):
+        steps[0] += 1
+        if steps[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return call(*args, **kwargs)
+    return step
+
+def no_link(*args, **kwargs):
+    raise PermissionError(errno.EPERM, "no hard links here")
+
+if no_links:
+    os.link = no_link
+for name in ("replace", "rename", "link", "unlink"):
+    setattr(os, name, counted(getattr(os, name)))
+arrays = {f"layer.{k}": np.full(100, 100 + k, np.float32) for k in range(6)}
+fastst.save_file(arrays, directory, max_shard_size=int(size) if size.isdigit() else size)
+print("saved after", steps[0], "steps")
+"""
+
+
+def saved_arrays(base):
+    return {f"layer.{k}": np.full(100, base + k, np.float32) for k in range(6)}
+
+
+def loads_as(directory):
+    """'old', 'new', or the error that opening the checkpoint in `directory` raises."""
+    try:
+        loaded = fastst.load_file(directory)
+    except fastst.SafetensorError as error:
+        return error
+    for name, base in (("old", 0), ("new", 100)):
+        expected = saved_arrays(base)
+        if list(loaded) == list(expected) and all(
+                np.array_equal(loaded[key], expected[key]) for key in expected):
+            return name
+    return {key: value[0] for key, value in loaded.items()}   # a mix
+
+
+def listing(directory):
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+@pytest.mark.parametrize("size, no_links", [
+    (400, False),      # six shards again: each takes the name of an old one
+    (400, True),
+    (800, False),      # three shards, of other names
+    ("1GB", False),    # one file
+])
+def test_a_killed_re_save_leaves_the_old_or_the_new_checkpoint(tmp_path, size, no_links):
+    killed, outcomes = [], []
+    for kill_at in range(1, 100):
+        directory = tmp_path / f"killed-{kill_at}"
+        fastst.save_file(saved_arrays(0), directory, max_shard_size=400)
+        assert len(os.listdir(directory)) == 7
+        child = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(directory),
+                                str(kill_at), "1" if no_links else "0", str(size)],
+                               capture_output=True, text=True, timeout=120)
+        assert child.returncode in (0, -signal.SIGKILL), child.stderr
+        outcome = loads_as(directory)
+        if isinstance(outcome, fastst.SafetensorError):
+            # only where hard links are not made: a shard set aside by a rename
+            assert no_links and "is missing" in str(outcome), outcome
+            outcome = "error"
+        assert outcome in ("old", "new", "error"), f"killed at step {kill_at}: loads {outcome}"
+        outcomes.append(outcome)
+        killed.append(directory)
+        if child.returncode == 0:
+            break
+    else:
+        pytest.fail("the save never finished")
+    assert outcomes[0] == "old" and outcomes[-1] == "new" and "new" in outcomes[:-1]
+    if size == 400:     # six shards set aside, six renamed into place, two indexes
+        assert len(outcomes) > 14
+    # the next save finishes the work: the files of a clean save, and nothing else
+    clean = tmp_path / "clean"
+    fastst.save_file(saved_arrays(200), clean, max_shard_size=size)
+    for directory in killed:
+        fastst.save_file(saved_arrays(200), directory, max_shard_size=size)
+        assert listing(directory) == listing(clean), directory.name
+
+
+def test_an_fsynced_re_save_flushes_each_rename_before_the_ones_that_depend_on_it(
+        tmp_path, monkeypatch):
+    fastst.save_file(saved_arrays(0), tmp_path, max_shard_size=400)
+    log = []
+
+    def logged(name, call, describe):
+        def step(*args, **kwargs):
+            log.append((name, *describe(*args)))
+            return call(*args, **kwargs)
+        monkeypatch.setattr(os, name, step)
+
+    logged("fsync", os.fsync, lambda fd: (os.readlink(f"/proc/self/fd/{fd}"),))
+    logged("replace", os.replace, lambda source, target: (os.path.basename(target),))
+    logged("link", os.link, lambda source, target, **_: (os.path.basename(target),))
+    fastst.save_file(saved_arrays(100), tmp_path, max_shard_size=400, fsync=True)
+    monkeypatch.undo()
+    assert loads_as(tmp_path) == "new"
+    flushed_directory = [k for k, step in enumerate(log) if step == ("fsync", str(tmp_path))]
+    renames = [k for k, step in enumerate(log) if step[0] == "replace"]
+    shards = [k for k in renames if log[k][1] != INDEX]
+    index_renames = [k for k in renames if log[k][1] == INDEX]
+    assert len(index_renames) == 2, "an index naming the backups, then the new index"
+    backup_index, index = index_renames
+    links = [k for k, step in enumerate(log) if step[0] == "link"]
+    assert len(links) == len(shards) == 6
+    for k in shards:   # a new file's bytes are on disk before it is renamed into place
+        temporary = f".{log[k][1]}."
+        assert any(step[0] == "fsync" and os.path.basename(step[1]).startswith(temporary)
+                   for step in log[:k])
+    # the backups, and the index naming them, before any old shard's name is taken
+    assert max(links) < backup_index < min(shards)
+    assert any(backup_index < k < min(shards) for k in flushed_directory)
+    # the new shards before the index that names them; the index itself
+    assert any(max(shards) < k < index for k in flushed_directory)
+    assert any(k > index for k in flushed_directory)
+
+
+@pytest.mark.parametrize("size", [400, 800, "1GB"])
+def test_a_re_saved_checkpoint_keeps_the_mode_of_the_one_it_replaces(tmp_path, size):
+    fastst.save_file(saved_arrays(0), tmp_path, max_shard_size=400)
+    for name in os.listdir(tmp_path):
+        os.chmod(tmp_path / name, 0o600)
+    fastst.save_file(saved_arrays(100), tmp_path, max_shard_size=size)
+    assert loads_as(tmp_path) == "new"
+    assert {name: stat.S_IMODE(os.stat(tmp_path / name).st_mode)
+            for name in os.listdir(tmp_path)} == dict.fromkeys(os.listdir(tmp_path), 0o600)
+
+
+def test_a_new_checkpoint_takes_the_mode_open_gives(tmp_path):
+    old = os.umask(0o027)
+    try:
+        fastst.save_file(saved_arrays(0), tmp_path, max_shard_size=400)
+    finally:
+        os.umask(old)
+    assert {stat.S_IMODE(os.stat(tmp_path / name).st_mode)
+            for name in os.listdir(tmp_path)} == {0o640}
+
+
+def test_a_symlink_in_a_checkpoint_is_replaced_not_written_through(tmp_path):
+    cache = tmp_path / "cache"
+    fastst.save_file(saved_arrays(0), cache, max_shard_size=400)
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    for name in os.listdir(cache):
+        (directory / name).symlink_to(cache / name)
+    fastst.save_file(saved_arrays(100), directory, max_shard_size=400)
+    assert loads_as(cache) == "old" and loads_as(directory) == "new"
+    assert not any((directory / name).is_symlink() for name in os.listdir(directory))
 
 
 # ---------------------------------------------------------------------------

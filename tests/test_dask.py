@@ -351,6 +351,25 @@ def test_a_failed_chunk_leaves_the_old_file(tmp_path, tensors, scheduler):
     assert target.read_bytes() == before and temp_files(tmp_path) == []
 
 
+@pytest.mark.parametrize("scheduler", ["threads", "sync"])
+@pytest.mark.parametrize("chunk_of, message", [
+    (lambda block: block[:-1],
+     r"the block of rows (0:50|50:100) has shape \(50, 4\), but its piece has shape \(49, 4\)"),
+    (lambda block: np.concatenate([block, block[:1]]),
+     r"the block of rows (0:50|50:100) has shape \(50, 4\), but its piece has shape \(51, 4\)"),
+    (lambda block: block[:, :, None], r"has shape \(50, 4\), but its piece has shape \(50, 4, 1\)"),
+    (lambda block: block.astype(np.float32), "must be float64 arrays, got float32 at row (0|50)"),
+])
+def test_a_chunk_unlike_its_block_is_refused(tmp_path, scheduler, chunk_of, message):
+    target = tmp_path / "kept.safetensors"
+    fastst.save_file({"old": np.ones(3)}, target)
+    before = target.read_bytes()
+    array = da.ones((100, 4), chunks=50).map_blocks(chunk_of, dtype=np.float64)
+    with pytest.raises(fastst.SafetensorError, match=f"{target}: tensor 'x'.*{message}"):
+        to_safetensors({"x": array}, target, scheduler=scheduler)
+    assert target.read_bytes() == before and temp_files(tmp_path) == []
+
+
 def test_arrays_that_cannot_be_written_are_refused(tmp_path):
     target = tmp_path / "refused.safetensors"
     with pytest.raises(fastst.SafetensorNotImplementedError, match="writes local files"):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import ml_dtypes
@@ -230,7 +231,6 @@ def test_verify_true_refuses_a_file_without_checksums(tmp_path):
     ("{", "not valid JSON"),
     ('{"algorithm":"xxh3_64"}', "must be an object of 'algorithm' and 'tensors'"),
     ('{"algorithm":"md5","tensors":{}}', "algorithm 'md5' is not known"),
-    ('{"algorithm":"xxh3_64","tensors":{}}', "tensor 'a' has no checksum"),
     ('{"algorithm":"xxh3_64","tensors":{"a":"0123456789abcdef","b":"00"}}', "'b' has a checksum but is not"),
     ('{"algorithm":"xxh3_64","tensors":{"a":"0123456789ABCDEF"}}', "16 lowercase hex"),
     ('{"algorithm":"xxh3_64","tensors":{"a":7}}', "16 lowercase hex"),
@@ -243,6 +243,43 @@ def test_malformed_checksum_metadata_is_a_clear_error(tmp_path, entry, match):
     report = verify_file(str(path))
     assert not report["ok"] and report["errors"][0]["tensor"] is None
     assert match.split("'")[0] in report["errors"][0]["error"]
+
+
+def partly_checksummed(path, covered):
+    """A file of tensors a, b, c whose checksums cover only `covered`, and whose
+    tensor c is corrupt."""
+    fastst.save_file({name: np.full(8, k, np.float32) for k, name in enumerate("abc")}, path,
+                     checksum="xxh3_64")
+    entry = recorded(path)
+    entry["tensors"] = {name: entry["tensors"][name] for name in covered}
+    fastst.update_metadata(path, {CHECKSUM_KEY: orjson.dumps(entry).decode()})
+    corrupt(path, "c")
+
+
+@pytest.mark.parametrize("covered, message", [
+    ("ac", "tensor 'b' has no checksum (the file's checksums cover 2 of its 3 tensors)"),
+    ("", "tensors 'a', 'b', 'c' have no checksum (the file's checksums cover 0 of its 3"),
+])
+def test_verify_true_names_the_tensors_that_checksums_leave_out(tmp_path, covered, message):
+    path = tmp_path / "part.safetensors"
+    partly_checksummed(path, covered)
+    with pytest.raises(SafetensorError, match=re.escape(f"{path}: verify=True, but {message}")):
+        safe_open(path, verify=True)
+
+
+def test_verify_names_the_tensors_that_checksums_leave_out_and_checks_the_others(
+        tmp_path, capsys):
+    path = tmp_path / "part.safetensors"
+    partly_checksummed(path, "ac")
+    report = verify_file(str(path))
+    assert not report["ok"] and report["checksum"] == "xxh3_64" and report["checked"] == 2
+    assert [(error["tensor"], error["error"].split(" (")[0]) for error in report["errors"]] == [
+        ("b", "has no checksum"), ("c", "checksum mismatch, the data is corrupt")]
+    code, out, _ = run_cli(capsys, path)
+    assert code == 1
+    assert f"{path}: FAILED: 3 tensors, 96 bytes, 2 checksums (xxh3_64)" in out
+    assert "tensor 'b': has no checksum (the file's checksums cover 2 of its 3" in out
+    assert "the file has no checksums" not in out
 
 
 # ---------------------------------------------------------------------------
@@ -322,7 +359,10 @@ def test_a_sharded_folder_verifies(tmp_path, capsys):
      "tensor 'x' of s1.safetensors is not in the weight_map"),
     ({"a": "s1.safetensors", "b": "gone.safetensors"}, {"s1.safetensors": ["a"]},
      "shard 'gone.safetensors' is missing"),
-    ({"a": "../s1.safetensors"}, {"s1.safetensors": ["a"]}, "is not a file name in the folder"),
+    ({"a": "../s1.safetensors"}, {"s1.safetensors": ["a"]},
+     "is not a .safetensors file name in the index's folder"),
+    ({"a": "%2e%2e%2fs1.safetensors"}, {"s1.safetensors": ["a"]},
+     "is not a .safetensors file name in the index's folder"),
     ({"a": 3}, {"s1.safetensors": ["a"]}, "has no 'weight_map' object"),
 ])
 def test_index_and_shards_that_disagree_are_reported(tmp_path, capsys, weight_map, files,
@@ -387,6 +427,36 @@ def test_a_corrupt_shard_is_named_on_reading_and_by_verify(tmp_path, capsys):
     failed = [line for line in out.splitlines() if "FAILED" in line]
     assert len(failed) == 1 and written[1].name in failed[0]
     assert f"tensor '{victim}': checksum mismatch" in out
+
+
+def test_a_checkpoint_verifies_by_its_index(tmp_path, capsys):
+    arrays, written = save_checked_shards(tmp_path)
+    index = tmp_path / "model.safetensors.index.json"
+    (tmp_path / "other.safetensors").write_bytes(b"not a checkpoint's file")
+    report = verify_path(str(index))
+    assert report["ok"] and report["errors"] == []
+    assert [file["file"] for file in report["files"]] == [str(shard) for shard in written]
+    assert all(file["checked"] == 2 for file in report["files"])
+    with safe_open(written[2]) as f:
+        victim = f.offset_keys()[0]
+    corrupt_one_tensor(written[2], victim)
+    code, out, _ = run_cli(capsys, index)
+    assert code == 1 and f"{written[0]}: ok: 2 tensors" in out
+    assert f"{written[2]}: FAILED" in out and f"tensor '{victim}': checksum mismatch" in out
+    assert "header" not in out and "other.safetensors" not in out
+    os.unlink(written[1])
+    code, out, _ = run_cli(capsys, index)
+    assert code == 1 and f"shard '{written[1].name}' is missing or unreadable" in out
+
+
+def test_an_index_that_is_not_one_is_reported_as_an_index(tmp_path, capsys):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text("{not json")
+    code, out, _ = run_cli(capsys, index)
+    assert code == 1 and out.startswith(f"{index}: cannot be read as JSON")
+    index.write_text(" " * 200)
+    report = verify_path(str(index), max_header_size=100)
+    assert "index exceeds the limit of 100 bytes" in report["errors"][0]["error"]
 
 
 def test_an_empty_folder_fails(tmp_path, capsys):

@@ -687,6 +687,39 @@ def test_a_checkpoint_url_with_a_bad_index_is_refused(served):
         f.get_tensor("a")
 
 
+# shard names that a server, decoding the path it is asked for, takes out of the index's
+# folder (or to another file than the one named)
+ESCAPING_SHARDS = [
+    "%2e%2e%2f%2e%2e%2fprivate%2fsecret.safetensors",
+    "..%2F..%2Fprivate%2Fsecret.safetensors",
+    "%2E%2E%5C%2E%2E%5Cprivate%5Csecret.safetensors",
+    "..\\..\\private\\secret.safetensors",
+    "%2fprivate%2fsecret.safetensors",
+    "secret.safetensors?.safetensors",
+    "secret.safetensors#.safetensors",
+    "secret%00.safetensors",
+    "line\nbreak.safetensors",
+]
+
+
+@pytest.mark.parametrize("shard", ESCAPING_SHARDS)
+def test_no_request_for_a_shard_leaves_the_index_folder(served, shard):
+    import posixpath
+    import urllib.parse
+
+    server, put = served
+    put("private/secret.safetensors", fastst.save({"w": np.ones(2, np.float32)}))
+    url = put(f"models/m1/{INDEX}", json.dumps({"weight_map": {"w": shard}}).encode())
+    server.reset_counts()
+    with pytest.raises(SafetensorError, match=f"{url}: tensor 'w': shard .* is not a "
+                                              f".safetensors file name in the index's folder"):
+        with fastst.safe_open(url) as f:
+            f.get_tensor("w")
+    for _, path, _ in server.requests:     # as a static server finds the file it serves
+        served_path = posixpath.normpath(urllib.parse.unquote(urllib.parse.urlsplit(path).path))
+        assert served_path == f"/models/m1/{INDEX}", path
+
+
 # ---------------------------------------------------------------------------
 # The command line on URLs
 # ---------------------------------------------------------------------------
@@ -754,3 +787,16 @@ def test_verify_checks_a_url_tensor_by_tensor(served, capsys):
     with fastst.safe_open(io.BytesIO(good)) as f:
         last = f.offset_keys()[-1]
     assert [error["tensor"] for error in reports[0]["files"][0]["errors"]] == [last]
+
+
+def test_verify_checks_a_checkpoint_by_its_index_url(served, tmp_path, capsys):
+    server, put = served
+    tensors = {f"layer.{k}": np.full(100, k, dtype=np.float32) for k in range(6)}
+    fastst.save_file(tensors, tmp_path, max_shard_size=800, checksum="xxh3_64")
+    urls = {name: put(f"ckpt/{name}", (tmp_path / name).read_bytes())
+            for name in os.listdir(tmp_path)}
+    status, reports, _ = cli_json(capsys, "verify", "--json", urls[INDEX])
+    assert status == 0 and reports[0]["errors"] == []
+    assert [file["file"] for file in reports[0]["files"]] == sorted(
+        url for name, url in urls.items() if name != INDEX)
+    assert [file["checked"] for file in reports[0]["files"]] == [2, 2, 2]

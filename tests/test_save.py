@@ -72,6 +72,75 @@ def test_new_file_mode_follows_the_umask(tmp_path, umask):
     assert mode == 0o666 & ~umask
 
 
+def _stream(path):
+    with fastst.StreamWriter(path, {"a": ("F64", (3,))}) as writer:
+        writer.write("a", np.ones(3))
+
+
+def _dask(path):
+    dask_array = pytest.importorskip("dask.array")
+    from fastst.dask import to_safetensors
+
+    to_safetensors({"a": dask_array.ones(3, chunks=2)}, path, scheduler="synchronous")
+
+
+def _rewritten_metadata(path):
+    assert not fastst.update_metadata(path, {"note": "x" * 100})     # a rewrite, not in place
+
+
+# every writer of a local file; each writes `path` as a file of tensor "a"
+NEW_FILE_WRITERS = {
+    "save_file": lambda path: fastst.save_file({"a": np.ones(3)}, path),
+    "file_url": lambda path: fastst.save_file({"a": np.ones(3)}, f"file://{path}"),
+    "serialize_file": lambda path: fastst.serialize_file(
+        [fastst.writer.WriteSpec("a", "F64", (3,), np.ones(3))], path),
+    "save_state": lambda path: fastst.save_state(path, {"a": np.ones(3)}),
+    "stream_writer": _stream,
+    "dask": _dask,
+}
+WRITERS = {**NEW_FILE_WRITERS, "update_metadata": _rewritten_metadata}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o444])
+def test_a_replaced_file_keeps_its_mode(tmp_path, writer, mode):
+    path = tmp_path / "m.safetensors"
+    fastst.save_file({"a": np.ones(3)}, path)
+    os.chmod(path, mode)
+    old = os.stat(path)
+    WRITERS[writer](str(path))
+    new = os.stat(path)
+    assert new.st_ino != old.st_ino      # a new file took the name
+    assert stat.S_IMODE(new.st_mode) == mode
+    assert fastst.load_file(path)["a"].tolist() == [1.0] * 3
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+
+
+@pytest.mark.parametrize("writer", NEW_FILE_WRITERS)
+def test_a_new_file_takes_the_mode_open_gives(tmp_path, writer):
+    old = os.umask(0o027)
+    try:
+        NEW_FILE_WRITERS[writer](str(tmp_path / "m.safetensors"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "m.safetensors").st_mode) == 0o640
+
+
+def test_a_file_being_replaced_is_written_where_only_its_owner_reads_it(tmp_path):
+    path = tmp_path / "m.safetensors"
+    fastst.save_file({"a": np.zeros(3)}, path)
+    os.chmod(path, 0o600)
+    old = os.umask(0)
+    try:
+        with fastst.StreamWriter(path, {"a": ("F64", (3,))}) as writer:
+            (temporary,) = [name for name in os.listdir(tmp_path) if name != path.name]
+            assert stat.S_IMODE(os.stat(tmp_path / temporary).st_mode) == 0o600
+            writer.write("a", np.ones(3))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
 def test_saving_through_a_symlink_replaces_its_target(tmp_path):
     real = tmp_path / "real.safetensors"
     link = tmp_path / "link.safetensors"

@@ -214,6 +214,39 @@ def test_hostile_metadata_is_a_clear_error(tmp_path, tree_text, version, match):
     assert str(path) in str(caught.value)
 
 
+@pytest.mark.parametrize("tree_text, version, twice", [
+    ('{"list":[1],"list":[2]}', "1", "list"),
+    ('{"list":[1],"\\u006cist":[2]}', "1", "list"),
+    ('{"dict":[["a",{"int":"1","int":"2"}]]}', "1", "int"),
+    ('{"tuple":[{"list":[{"float":"nan","float":"inf"}]}]}', "1", "float"),
+    ('{"version":1,"tree":{"list":[1]},"tree":{"list":[2]}}', None, "tree"),
+    ('{"version":1,"tree":{"list":["a,\\"b\\"{"]},"version":1}', None, "version"),
+])
+def test_a_key_given_twice_in_the_tree_is_refused(tmp_path, tree_text, version, twice):
+    path = hostile(tmp_path, tree_text, version=version)
+    with pytest.raises(SafetensorError, match=f"{path}: metadata 'fastst.state' gives the key "
+                                              f"'{twice}' twice in one object"):
+        load_state(path)
+
+
+def test_keys_alike_in_different_objects_are_not_given_twice(tmp_path):
+    path = hostile(tmp_path, '{"list":[{"list":[{"dict":[["list",{"list":[]}]]}]},'
+                             '{"list":["{\\"list\\":1,\\"list\\":2}"]}]}')
+    assert load_state(path) == [[{"list": []}], ['{"list":1,"list":2}']]
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_a_scalar_node_over_a_tensor_with_axes_is_refused(tmp_path, framework):
+    if framework == "pt":
+        pytest.importorskip("torch")
+    path = hostile(tmp_path, '{"dict":[["lr",{"scalar":"m"}]]}', {"m": np.zeros((2, 3))})
+    with pytest.raises(SafetensorError, match=r"at 'lr': a scalar node names tensor 'm' of "
+                                              r"shape \[2, 3\]; a scalar's tensor has shape"):
+        load_state(path, framework)
+    path = hostile(tmp_path, '{"dict":[["lr",{"scalar":"m"}]]}', {"m": np.float32(0.5)})
+    assert float(load_state(path, framework)["lr"]) == 0.5
+
+
 def test_leaves_that_collide_on_one_tensor_are_refused(tmp_path):
     path = hostile(tmp_path, '{"dict":[["a",{"tensor":"t"}],["b",{"tensor":"t"}]]}',
                    {"t": np.zeros(1)})

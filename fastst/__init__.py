@@ -8,8 +8,8 @@ imported themselves.
 """
 from typing import TYPE_CHECKING
 
-from ._api import load, load_file, load_into, save, save_file
-from ._handle import FrameworkHandle, NumpyHandle, safe_open
+from ._api import load, load_file, load_into, safe_open, save, save_file
+from ._handle import FrameworkHandle, NumpyHandle
 from ._slicing import SafeSlice
 from ._core import (
     DEFAULT_MAX_HEADER_SIZE,
@@ -29,8 +29,7 @@ from .writer import (  # noqa: E402
     StreamWriter, TensorSpec, deserialize, save_file_from, serialize, serialize_file,
     update_metadata,
 )
-
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 if TYPE_CHECKING:
     from .state import load_state, save_state

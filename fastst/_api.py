@@ -2,16 +2,21 @@
 ``safetensors.numpy`` (and ``load_into``), over safe_open and the write plan."""
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol, Union, cast
+from typing import (TYPE_CHECKING, Any, Dict, Literal, Mapping, Optional, Protocol, Union,
+                    overload)
 
+from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
+from ._checksums import plan_with_checksums
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, spec_of_array
-from ._files import PathLike, write_atomically
-from ._handle import Backend, Openable, is_url, safe_open
-from .integrity import plan_with_checksums
+from ._files import PathLike
+from ._handle import ArrayHandle, Backend, Handle, Openable, open_handle
+from ._source import NOT_LOCAL, as_source
+from .checkpoint import is_checkpoint, open_checkpoint, save_array_checkpoint
 
-if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
+if TYPE_CHECKING:   # none of these is imported when fastst is; numpy.typing costs milliseconds
+    import jax  # type: ignore[import-not-found, unused-ignore]
     import numpy.typing as npt
+    import torch  # type: ignore[import-not-found, unused-ignore]
 
 class WritableFile(Protocol):
     """A binary file object that save_file writes to in order."""
@@ -120,31 +125,16 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
     elsewhere it is put whole. Or a writable binary file object, written in order
     from its position.
     """
-    if is_url(filename) or _is_writable_object(filename):
-        if fsync or max_shard_size is not None:
-            raise SafetensorError("fsync= and max_shard_size= apply to local paths, not to "
-                                  "URLs or file objects")
-        from .remote import save_plan   # a capability: imported when used
-
-        save_plan(_plan(tensor_dict, metadata, checksum, header_padding), filename, storage_options)
-        return
-    if storage_options:
-        raise SafetensorError("storage_options apply to URLs only")
-    path = cast(PathLike, filename)   # neither a URL nor a file object
+    source = as_source(filename, storage_options, writing=True)
     if max_shard_size is not None:
-        from .checkpoint import save_array_checkpoint   # a capability: imported when used
-
+        if source.local_path is None:
+            raise SafetensorError(NOT_LOCAL)
         if header_padding:
             raise ValueError("header_padding= is not available with max_shard_size=")
-        save_array_checkpoint(_as_dict(tensor_dict), path, metadata=metadata,
+        save_array_checkpoint(_as_dict(tensor_dict), source.local_path, metadata=metadata,
                               max_shard_size=max_shard_size, fsync=fsync, checksum=checksum)
         return
-    write_atomically(_plan(tensor_dict, metadata, checksum, header_padding), path, fsync=fsync)
-
-
-def _is_writable_object(target: Any) -> bool:
-    return (not isinstance(target, (str, bytes, os.PathLike))
-            and callable(getattr(target, "write", None)))
+    source.write(_plan(tensor_dict, metadata, checksum, header_padding), fsync=fsync)
 
 
 def _plan(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str, str]],
@@ -159,3 +149,87 @@ def _as_dict(tensors: Mapping[str, Any]) -> Dict[str, Any]:
     if isinstance(tensors, Mapping):
         return dict(tensors.items())
     raise TypeError(f"tensors must be a dict of str to numpy.ndarray, got {type(tensors).__name__}")
+
+
+@overload
+def safe_open(filename: Openable, framework: Literal["np", "numpy"] = "np",
+              device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              storage_options: Optional[Mapping[str, Any]] = None) -> ArrayHandle: ...
+@overload
+def safe_open(filename: Openable, framework: Literal["pt", "torch", "pytorch"],
+              device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              storage_options: Optional[Mapping[str, Any]] = None) -> Handle[torch.Tensor]: ...
+@overload
+def safe_open(filename: Openable, framework: Literal["jax", "flax"],
+              device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              storage_options: Optional[Mapping[str, Any]] = None) -> Handle[jax.Array]: ...
+def safe_open(filename: Openable,
+              framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
+              device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
+              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+              storage_options: Optional[Mapping[str, Any]] = None
+              ) -> Union[ArrayHandle, Handle[Any]]:
+    """Open a safetensors file lazily: validate its header, map it, and hand out
+    its tensors, zero-copy where the framework allows.
+
+    Parameters
+    ----------
+    filename : str, bytes, os.PathLike, URL or binary file object
+        A ``.safetensors`` file, or a sharded checkpoint: its directory or its
+        ``*.index.json``, opened as one handle over all its shards (a
+        ``fastst.checkpoint.ShardedHandle``, whose ``metadata()`` is the index's).
+        Or an fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...),
+        or a binary file object with ``seek`` and ``read``: the header is read
+        first, then only the byte ranges asked for, into fresh memory (backend
+        ``"ranges"``; see ``fastst.remote``).
+    framework : {"np", "numpy", "pt", "torch", "pytorch", "jax", "flax"}
+        ``"np"``/``"numpy"`` (default): NumPy arrays, from a ``NumpyHandle``.
+        ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
+        ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``).
+        torch and JAX tensors come from a ``FrameworkHandle``, with the same
+        reading methods; only these import their framework. For typing, the
+        result is an ``ArrayHandle`` for NumPy and a ``Handle`` of the
+        framework's tensors otherwise: what one file's handle and a sharded
+        checkpoint's have in common.
+    device : str, int, torch.device or jax.Device
+        ``"cpu"`` (default; the only one for NumPy), or where the framework should
+        put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).
+    backend : {"mmap", "pread"}
+        ``"mmap"`` (default) maps the file privately: arrays are views, writable,
+        and writes never reach the file. ``"pread"`` reads each tensor into fresh
+        memory when asked, for files that may change while open. URLs and file objects
+        are always read by ranges into fresh memory, whatever `backend` says.
+    max_header_size : int
+        Largest header accepted, in bytes (100,000,000 by default).
+    verify : bool
+        Check each tensor's checksum (see ``fastst.integrity``) the first time it
+        is read; a file without checksums is refused, and so is one whose
+        checksums leave a tensor out (naming it). For a sharded checkpoint, each
+        shard is checked so as its tensors are read.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system (credentials,
+        ``client_kwargs``, timeouts...).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"w": np.eye(2, dtype=np.float32)}, path)
+    >>> with fastst.safe_open(path, framework="np") as f:
+    ...     f.keys(), f.get_tensor("w").sum(), f.get_slice("w")[1].tolist()
+    (['w'], np.float32(2.0), [0.0, 1.0])
+    """
+    if framework in NUMPY_FRAMEWORKS:
+        check_numpy_device(device)
+        convert = None
+    else:
+        convert = framework_converter(framework, device)
+    source = as_source(filename, storage_options, backend=backend)
+    if is_checkpoint(source):
+        return open_checkpoint(source, convert, max_header_size=max_header_size,
+                               verify=verify, opened_as=(framework, device))
+    return open_handle(source, convert, max_header_size=max_header_size, verify=verify,
+                       opened_as=(framework, device))

@@ -24,10 +24,9 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, O
 import numpy as np
 import torch
 
-from . import DTYPES, SafetensorError, TensorInfo, safe_open
-from ._handle import file_changed, stamp
-from .checkpoint import ShardedHandle
-from .torch import TORCH_DTYPES
+from ._core import SafetensorError, TensorInfo
+from ._source import Identity, identity_of, local_version
+from ._torch_dtypes import numpy_array_torch_dtypes, torch_dtype_of_bytes
 
 # Measured on H100 machines (bench/gpu.py, bench/RESULTS.md): of the ring shapes
 # tried, 16 threads reading 16 MiB each were the fastest, or within noise of it, with
@@ -51,20 +50,7 @@ class TensorPlace(NamedTuple):
         return self.begin % self.dtype.itemsize == 0
 
 
-# header code -> torch dtype: fastst.torch's map, with uint8 for the packed codes torch
-# has no dtype for (as NumPy has them); None where this torch lacks the code's dtype
-_TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = {
-    row.code: torch.uint8 if row.torch is None else TORCH_DTYPES[row.code] for row in DTYPES
-}
 _FLOAT4 = "F4"
-
-
-def torch_dtype(code: str, name: str, source: str) -> torch.dtype:
-    dtype = _TORCH_DTYPES[code]
-    if dtype is None:
-        raise SafetensorError(f"{source}: tensor {name!r}: this torch ({torch.__version__}) "
-                              f"has no dtype for {code}")
-    return dtype
 
 
 def tensor_place(name: str, info: TensorInfo, source: str) -> TensorPlace:
@@ -76,12 +62,8 @@ def tensor_place(name: str, info: TensorInfo, source: str) -> TensorPlace:
             f"{source}: tensor {name!r}: F4 {shape} cannot be a torch.float4_e2m1fn_x2 "
             f"tensor, which packs two values a byte along the last dim: that dim must be even")
     torch_shape = tuple(shape if array_shape is None else array_shape)
-    return TensorPlace(name, torch_dtype(code, name, source), torch_shape, begin, end)
-
-
-# header code -> the torch dtype of fastst's NumPy array for it (packed sub-byte
-# tensors as their bytes), a dtype DLPack carries
-_NUMPY_DTYPES: Dict[str, torch.dtype] = {row.code: getattr(torch, row.numpy) for row in DTYPES}
+    return TensorPlace(name, torch_dtype_of_bytes(code, f"{source}: tensor {name!r}"),
+                       torch_shape, begin, end)
 
 
 def numpy_place(name: str, info: TensorInfo, source: str) -> TensorPlace:
@@ -89,7 +71,7 @@ def numpy_place(name: str, info: TensorInfo, source: str) -> TensorPlace:
     tensors as their packed bytes), as torch's: what other frameworks take
     through DLPack."""
     code, shape, (begin, end), array_shape = info
-    return TensorPlace(name, _NUMPY_DTYPES[code],
+    return TensorPlace(name, numpy_array_torch_dtypes()[code],
                        tuple(shape if array_shape is None else array_shape), begin, end)
 
 
@@ -346,30 +328,29 @@ def device_ring(device: torch.device, chunk_bytes: int, buffers: int
     return make_dest, make_ring
 
 
-def load_file(filename: Any, device: torch.device, *, backend: str = "mmap",
-              chunk_bytes: int = CHUNK_BYTES, buffers: int = RING_BUFFERS
-              ) -> Dict[str, torch.Tensor]:
-    """Every tensor of `filename` on the CUDA `device`, read through a ring of
-    `buffers` pinned buffers of `chunk_bytes` each (see the module's docstring)."""
-    return load_through(filename, backend, *device_ring(device, chunk_bytes, buffers))
+def load_all(opened: Any, device: torch.device, *, chunk_bytes: int = CHUNK_BYTES,
+             buffers: int = RING_BUFFERS) -> Dict[str, torch.Tensor]:
+    """Every tensor of `opened` (an open file or sharded checkpoint, as ``safe_open``
+    gives it) on the CUDA `device`, read through a ring of `buffers` pinned buffers
+    of `chunk_bytes` each (see the module's docstring)."""
+    return load_through(opened, *device_ring(device, chunk_bytes, buffers))
 
 
-def load_through(filename: Any, backend: str, make_dest: MakeDest, make_ring: MakeRing
+def load_through(opened: Any, make_dest: MakeDest, make_ring: MakeRing
                  ) -> Dict[str, torch.Tensor]:
-    """Every tensor of a file, or of a sharded checkpoint (its directory or
-    ``*.index.json``: one allocation per shard, shard after shard in index
-    order), streamed through rings (see ``load_opened_through``)."""
+    """Every tensor of an open file, or of a sharded checkpoint (one allocation per
+    shard, shard after shard in index order), streamed through rings (see
+    ``load_opened_through``)."""
     tensors: Dict[str, torch.Tensor] = {}
-    with opened_files(filename, backend) as readers:
-        for reader in readers:
-            tensors.update(load_opened_through(reader, make_dest, make_ring))
+    for reader in files_of(opened):
+        tensors.update(load_opened_through(reader, make_dest, make_ring))
     return tensors
 
 
-def load_into(targets: Dict[str, torch.Tensor], filename: Any, device: torch.device, *,
-              backend: str = "mmap", chunk_bytes: int = CHUNK_BYTES,
-              buffers: int = RING_BUFFERS) -> Tuple[List[str], Dict[str, torch.Tensor]]:
-    """Load `filename` (a file or a sharded checkpoint) onto the CUDA `device`,
+def load_into(targets: Dict[str, torch.Tensor], opened: Any, device: torch.device, *,
+              chunk_bytes: int = CHUNK_BYTES, buffers: int = RING_BUFFERS
+              ) -> Tuple[List[str], Dict[str, torch.Tensor]]:
+    """Load `opened` (an open file or sharded checkpoint) onto the CUDA `device`,
     its tensors written straight into the tensors of `targets` (a model's state
     dict) that live on `device` and have their dtype and shape: the names so
     written, and the other tensors, in one allocation per file (see
@@ -377,31 +358,27 @@ def load_into(targets: Dict[str, torch.Tensor], filename: Any, device: torch.dev
     index = torch.cuda.current_device() if device.index is None else device.index
     on_device = {name: tensor for name, tensor in targets.items()
                  if tensor.device == torch.device("cuda", index)}
-    return load_into_through(on_device, filename, backend,
-                             *device_ring(device, chunk_bytes, buffers))
+    return load_into_through(on_device, opened, *device_ring(device, chunk_bytes, buffers))
 
 
-def load_into_through(targets: Dict[str, torch.Tensor], filename: Any, backend: str,
-                      make_dest: MakeDest, make_ring: MakeRing, *, place: Place = tensor_place
+def load_into_through(targets: Dict[str, torch.Tensor], opened: Any, make_dest: MakeDest,
+                      make_ring: MakeRing, *, place: Place = tensor_place
                       ) -> Tuple[List[str], Dict[str, torch.Tensor]]:
-    """``load_opened_into`` for each file `filename` names (its shards, in order)."""
+    """``load_opened_into`` for each file of `opened` (its shards, in order)."""
     placed: List[str] = []
     rest: Dict[str, torch.Tensor] = {}
-    with opened_files(filename, backend) as readers:
-        for reader in readers:
-            names, tensors = load_opened_into(reader, targets, make_dest, make_ring,
-                                              place=place)
-            placed += names
-            rest.update(tensors)
+    for reader in files_of(opened):
+        names, tensors = load_opened_into(reader, targets, make_dest, make_ring, place=place)
+        placed += names
+        rest.update(tensors)
     return placed, rest
 
 
-@contextlib.contextmanager
-def opened_files(filename: Any, backend: str) -> Iterator[List[Any]]:
-    """The open files `filename` names: itself, or a checkpoint's shards in index
-    order, each checked against the index before any is read; closed on exit."""
-    with safe_open(filename, backend=backend) as opened:
-        yield opened.shards() if isinstance(opened, ShardedHandle) else [opened]
+def files_of(opened: Any) -> List[Any]:
+    """The open files of `opened`: itself, or a sharded checkpoint's shards in index
+    order, each checked against the index before any is read."""
+    shards = getattr(opened, "shards", None)
+    return list(shards()) if callable(shards) else [opened]
 
 
 def load_handle(reader: Any, device: torch.device, *, chunk_bytes: int = CHUNK_BYTES,
@@ -489,11 +466,11 @@ def places_of(reader: Any, place: Place = tensor_place) -> List[TensorPlace]:
 def opened_again(reader: Any) -> Iterator[int]:
     """A descriptor on the file `reader` opened, opened again by its path and
     checked to be the same file (device, inode, size, modification time)."""
-    identity = reader.file_identity
-    with open(identity[0], "rb") as file:
-        now = stamp(os.fstat(file.fileno()))
-        if now != tuple(identity[1:]):
-            raise file_changed(reader.source, identity, now, "it was opened",
+    seen = identity_of(reader)
+    with open(seen.location, "rb") as file:
+        now = Identity(seen.location, local_version(os.fstat(file.fileno())))
+        if now.version != seen.version:
+            raise seen.changed(now, "file", "it was opened",
                                "open it again to read the new file")
         yield file.fileno()
 

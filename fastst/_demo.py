@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Te
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from ._api import safe_open, save_file
 from .cli import describe, format_table, human_size, render_inspect
 

@@ -1,6 +1,6 @@
 # THE dtype table, and every list derived from it (included by _core.pyx).
 
-DtypeInfo = namedtuple("DtypeInfo", ["code", "bits", "numpy", "torch"])
+DtypeInfo = namedtuple("DtypeInfo", ["code", "bits", "numpy", "torch"], module="fastst")
 DtypeInfo.__doc__ = """One safetensors dtype: header code, bits per element, the name of
 the NumPy dtype its tensors surface as (packed uint8 for sub-byte codes), and the
 name of the torch dtype (None where torch has none)."""

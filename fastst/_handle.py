@@ -1,26 +1,27 @@
-"""safe_open: a validated file whose tensors come out as NumPy arrays, or, through
-a framework adapter's converter chosen once at opening, as torch or JAX tensors."""
+"""Handles on one safetensors file: a ``NumpyHandle`` (the compiled Reader's
+methods: NumPy arrays, views of the file's map or fresh memory), a
+``VerifyingHandle`` that checks each tensor's checksum on its first read, and a
+``FrameworkHandle`` whose tensors pass through a framework adapter's converter,
+chosen once at opening. ``open_handle`` opens one on a Source; a handle pickles by
+opening its Source again, which must hold the same version of the file.
+"""
 from __future__ import annotations
 
-import importlib
-import os
-import re
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterator, List, Literal,
-                    Mapping, Optional, Protocol, Sequence, Tuple, TypeGuard, Union, cast, overload,
-                    runtime_checkable)
+                    Optional, Protocol, Set, Tuple, Union, overload, runtime_checkable)
 
+from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
+from ._checksums import checksums_of, digest_of, mismatch, some_tensors, without_checksum
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
 from ._files import PathLike
 from ._slicing import Converter, SafeSlice, T
+from ._source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
 
 if TYPE_CHECKING:   # none of these is imported when fastst is
-    import jax  # type: ignore[import-not-found, unused-ignore]
     import numpy.typing as npt
-    import torch  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["ArrayHandle", "FrameworkHandle", "Handle", "NumpyHandle", "Openable", "ReadableFile",
-           "file_changed", "is_checkpoint_path", "is_remote", "is_url", "open_file",
-           "open_remote", "safe_open", "stamp"]
+__all__ = ["ArrayHandle", "Backend", "FrameworkHandle", "Handle", "NumpyHandle", "Openable",
+           "ReadableFile", "VerifyingHandle", "open_handle"]
 
 Backend = Literal["mmap", "pread"]
 
@@ -33,10 +34,6 @@ class ReadableFile(Protocol):
 
 Openable = Union[PathLike, ReadableFile]   # a path (or URL string), or a file object
 FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
-NUMPY_FRAMEWORKS = ("np", "numpy")
-URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")   # scheme://..., for fsspec
-# framework name -> the fastst module that adapts NumPy arrays to it (imported on use)
-ADAPTERS = {"pt": "torch", "torch": "torch", "pytorch": "torch", "jax": "jax", "flax": "jax"}
 
 
 @runtime_checkable
@@ -100,7 +97,19 @@ class NumpyHandle(Reader):
     the same file, which must not have changed.
     """
 
-    storage_options: Optional[Dict[str, Any]] = None   # a URL's, to reopen it when unpickled
+    _origin: Optional[Source] = None
+
+    @property
+    def origin(self) -> Source:
+        """Where the handle's bytes are: the Source it was opened on (see
+        ``fastst._source``), which a pickled handle opens again."""
+        if self._origin is None:   # opened with the Reader's own methods
+            self._origin = _origin_of(self)
+        return self._origin
+
+    @origin.setter
+    def origin(self, source: Source) -> None:
+        self._origin = source
 
     def __enter__(self) -> NumpyHandle:
         return self
@@ -113,8 +122,7 @@ class NumpyHandle(Reader):
         return SafeSlice(self, name)
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        """Pickled, a handle reopens the same file (see ``_reopened``), or the same
-        URL (see ``_reopened_url``)."""
+        """Pickled, a handle opens its Source again (see ``_reopened``)."""
         return _pickled(self, "np", "cpu")
 
     def __repr__(self) -> str:
@@ -236,82 +244,40 @@ class FrameworkHandle(Generic[T]):
         return _describe(self._reader)
 
 
-def _pickled(reader: Reader, framework: str, device: Any) -> Tuple[Any, ...]:
-    """How a handle pickles: the function that opens it again (``_reopened`` for a
-    file, ``_reopened_url`` for a URL) and its arguments: the file's identity (path,
-    device, inode, size, mtime; or URL, size, ETag, modification time), the
-    backend (or a URL's storage_options), the header's length, the framework, the
-    device, and the class of the reader (a NumpyHandle, or a subclass such as one
-    that verifies)."""
+def _pickled(reader: NumpyHandle, framework: str, device: Any) -> Tuple[Any, ...]:
+    """How a handle pickles: the function that opens it again (``_reopened``) and its
+    arguments: the Source, the version of the file read (its ``Identity``), the
+    header's length, the framework, the device, and the class of the reader (a
+    NumpyHandle, or a subclass such as one that verifies)."""
     if reader.closed:
         raise SafetensorError(f"{reader.source}: file is closed; a closed handle cannot be "
                               f"pickled")
-    identity = reader.file_identity
-    ranged = reader.backend == "ranges"
-    if identity is None:
-        raise SafetensorError(
-            f"{reader.source}: a handle on a file object cannot be pickled; open a path or "
-            f"a URL instead" if ranged else f"{reader.source}: a handle on a buffer cannot "
-            f"be pickled; save the buffer to a file and open that")
-    opening = getattr(reader, "storage_options", None) if ranged else reader.backend
-    return (_reopened_url if ranged else _reopened,
-            (identity, opening, reader.data_start - 8, framework, device, type(reader)))
+    seen = identity_of(reader)
+    if seen is None:
+        raise SafetensorError(f"{reader.source}: {reader.origin.cannot_reopen()}")
+    return (_reopened, (reader.origin, seen, reader.data_start - 8, framework, device,
+                        type(reader)))
 
 
-def _reopened(identity: FileIdentity, backend: Backend, header_size: int, framework: str,
-              device: Any, reader_class: type = NumpyHandle
-              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
-    """A pickled handle, unpickled: the same file opened again, as before. A file
-    that is not the one pickled (replaced, rewritten, resized) is refused."""
-    path = identity[0]
-    _check_same_file(path, identity, stamp(os.stat(path)))
+def _origin_of(reader: Reader) -> Source:
+    """The Source of a Reader opened by its own methods, as far as it tells: a local
+    file (its path and backend), else one that cannot be opened again."""
+    if reader.backend in ("mmap", "pread") and reader.file_identity is not None:
+        return LocalFile(reader.file_identity[0], reader.backend)
+    return Buffer(None) if reader.backend == "buffer" else FileObject(None)
+
+
+def _reopened(source: Source, seen: Identity, header_size: int, framework: str, device: Any,
+              reader_class: type = None) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+    """A pickled handle, unpickled: its Source opened again, as before. A file that
+    is not the one pickled (replaced, rewritten, resized) is refused."""
     convert = None if framework in NUMPY_FRAMEWORKS else framework_converter(framework, device)
-    reader = reader_class()
+    reader = (reader_class or NumpyHandle)()
     # the header's length is known: a longer one is not the same file
-    reader.open_file(path, backend, max_header_size=header_size)
-    try:
-        _check_same_file(path, identity, reader.file_identity[1:])
-    except SafetensorError:
-        reader.close()
-        raise
+    source.reopen(reader, seen, max_header_size=header_size, what="file",
+                  since="the handle was pickled", remedy="open it again to read the new file")
+    reader.origin = source
     return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
-
-
-def _reopened_url(identity: Tuple[Any, ...], storage_options: Optional[Dict[str, Any]],
-                  header_size: int, framework: str, device: Any, reader_class: type
-                  ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
-    """A pickled handle on a URL, unpickled: the URL opened again, which must still
-    name the same object (size, ETag, modification time)."""
-    from .remote import reopen_reader    # a capability: imported when used
-
-    convert = None if framework in NUMPY_FRAMEWORKS else framework_converter(framework, device)
-    reader = reader_class()
-    reopen_reader(reader, identity, storage_options, header_size)
-    reader.storage_options = storage_options
-    return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
-
-
-def stamp(info: os.stat_result) -> Tuple[int, int, int, int]:
-    """What tells one version of a file from another: its st_dev, st_ino, st_size
-    and st_mtime_ns (a handle's ``file_identity`` after the path)."""
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
-
-
-def _check_same_file(path: Union[str, bytes], identity: FileIdentity,
-                     now: Tuple[int, ...]) -> None:
-    if tuple(now) != tuple(identity[1:]):
-        raise file_changed(path, identity, now, "the handle was pickled",
-                           "open it again to read the new file")
-
-
-def file_changed(path: Union[str, bytes], identity: Sequence[Any], now: Tuple[int, ...],
-                 since: str, remedy: str) -> SafetensorError:
-    """The error for a file whose ``stamp`` is `now` (empty: the file is gone) where
-    `identity` (a ``file_identity``) was seen `since` some event; `remedy` says
-    what to do."""
-    return SafetensorError(
-        f"{os.fsdecode(path)}: file changed since {since} (device, inode, size, mtime "
-        f"{tuple(identity[1:])}, now {tuple(now) or 'missing'}); {remedy}")
 
 
 def _naming_the_file(convert: Converter[T], source: str) -> Converter[T]:
@@ -330,220 +296,116 @@ def _describe(reader: Reader) -> str:
     return f"<fastst.safe_open {reader.source!r} ({state})>"
 
 
-@overload
-def safe_open(filename: Openable, framework: Literal["np", "numpy"] = "np",
-              device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              storage_options: Optional[Mapping[str, Any]] = None) -> ArrayHandle: ...
-@overload
-def safe_open(filename: Openable, framework: Literal["pt", "torch", "pytorch"],
-              device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              storage_options: Optional[Mapping[str, Any]] = None) -> Handle[torch.Tensor]: ...
-@overload
-def safe_open(filename: Openable, framework: Literal["jax", "flax"],
-              device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              storage_options: Optional[Mapping[str, Any]] = None) -> Handle[jax.Array]: ...
-def safe_open(filename: Openable,
-              framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
-              device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              storage_options: Optional[Mapping[str, Any]] = None
-              ) -> Union[ArrayHandle, Handle[Any]]:
-    """Open a safetensors file lazily: validate its header, map it, and hand out
-    its tensors, zero-copy where the framework allows.
+class VerifyingHandle(NumpyHandle):
+    """A NumpyHandle that checks each tensor's checksum the first time the tensor
+    is read (``safe_open(..., verify=True)``); a partial read (rows, a slice)
+    checks the whole tensor first. A file without checksums is refused, and so is
+    one whose checksums leave some tensor out, at opening: verifying it could not
+    keep its promise. (``verify_file`` checks the other tensors of such a file and
+    names each one left out as an error.)"""
 
-    Parameters
-    ----------
-    filename : str, bytes, os.PathLike, URL or binary file object
-        A ``.safetensors`` file, or a sharded checkpoint: its directory or its
-        ``*.index.json``, opened as one handle over all its shards (a
-        ``fastst.checkpoint.ShardedHandle``, whose ``metadata()`` is the index's).
-        Or an fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...),
-        or a binary file object with ``seek`` and ``read``: the header is read
-        first, then only the byte ranges asked for, into fresh memory (backend
-        ``"ranges"``; see ``fastst.remote``).
-    framework : {"np", "numpy", "pt", "torch", "pytorch", "jax", "flax"}
-        ``"np"``/``"numpy"`` (default): NumPy arrays, from a ``NumpyHandle``.
-        ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
-        ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``).
-        torch and JAX tensors come from a ``FrameworkHandle``, with the same
-        reading methods; only these import their framework. For typing, the
-        result is an ``ArrayHandle`` for NumPy and a ``Handle`` of the
-        framework's tensors otherwise: what one file's handle and a sharded
-        checkpoint's have in common.
-    device : str, int, torch.device or jax.Device
-        ``"cpu"`` (default; the only one for NumPy), or where the framework should
-        put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).
-    backend : {"mmap", "pread"}
-        ``"mmap"`` (default) maps the file privately: arrays are views, writable,
-        and writes never reach the file. ``"pread"`` reads each tensor into fresh
-        memory when asked, for files that may change while open. URLs and file objects
-        are always read by ranges into fresh memory, whatever `backend` says.
-    max_header_size : int
-        Largest header accepted, in bytes (100,000,000 by default).
-    verify : bool
-        Check each tensor's checksum (see ``fastst.integrity``) the first time it
-        is read; a file without checksums is refused, and so is one whose
-        checksums leave a tensor out (naming it). For a sharded checkpoint, each
-        shard is checked so as its tensors are read.
-    storage_options : dict, optional
-        For a URL: the options of its fsspec file system (credentials,
-        ``client_kwargs``, timeouts...).
+    def open_file(self, filename: Any, backend: str = "mmap", *,
+                  max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
+        super().open_file(filename, backend, max_header_size=max_header_size)
+        self._take_checksums()
 
-    Examples
-    --------
-    >>> import numpy as np, fastst, tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
-    >>> fastst.save_file({"w": np.eye(2, dtype=np.float32)}, path)
-    >>> with fastst.safe_open(path, framework="np") as f:
-    ...     f.keys(), f.get_tensor("w").sum(), f.get_slice("w")[1].tolist()
-    (['w'], np.float32(2.0), [0.0, 1.0])
-    """
-    if framework in NUMPY_FRAMEWORKS:
-        _check_numpy_device(device)
-        convert = None
-    else:
-        convert = framework_converter(framework, device)
-    if storage_options and not is_url(filename):
-        raise SafetensorError(f"storage_options apply to URLs only, not to "
-                              f"{_shown_target(filename)}")
-    if is_checkpoint_path(filename):
-        from .checkpoint import open_checkpoint   # a capability: imported when used
+    def open_ranges(self, source: str, size: int, fetch: Any, *,
+                    max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+                    identity: Any = None) -> None:
+        super().open_ranges(source, size, fetch, max_header_size=max_header_size,
+                            identity=identity)
+        self._take_checksums()
 
-        return open_checkpoint(cast(PathLike, filename), convert, backend=backend,
-                               max_header_size=max_header_size, verify=verify,
-                               opened_as=(framework, device), storage_options=storage_options)
-    if is_remote(filename):
-        return open_remote(filename, convert, max_header_size=max_header_size, verify=verify,
-                           storage_options=storage_options, opened_as=(framework, device))
-    path = cast(PathLike, filename)   # neither a URL nor a file object
-    return open_file(path, convert, backend=backend, max_header_size=max_header_size,
-                     verify=verify, opened_as=(framework, device))
+    def _take_checksums(self) -> None:
+        names = self.offset_keys()
+        found = checksums_of(self.metadata(), names, self.source)
+        if found is None:
+            raise SafetensorError(f"{self.source}: verify=True, but the file has no "
+                                  f"checksums (save it with checksum='xxh3_64')")
+        self.algorithm, self.digests = found
+        missing = without_checksum(names, self.digests)
+        if missing:
+            raise SafetensorError(f"{self.source}: verify=True, but {some_tensors(missing)} "
+                                  f"{'has' if len(missing) == 1 else 'have'} no checksum "
+                                  f"(the file's checksums cover {len(names) - len(missing)} "
+                                  f"of its {len(names)} tensors)")
+        self.verified: Set[str] = set()
+
+    def check(self, name: str, array: Optional[npt.NDArray[Any]] = None) -> None:
+        """Check tensor `name` (its bytes `array`, else read now) unless done before."""
+        if name in self.verified:
+            return
+        if array is None:
+            array = NumpyHandle.get_tensor(self, name)
+        actual = digest_of(array, self.algorithm)
+        if actual != self.digests[name]:
+            raise SafetensorError(f"{self.source}: tensor {name!r}: "
+                                  + mismatch(self.algorithm, self.digests[name], actual))
+        self.verified.add(name)
+
+    def get_tensor(self, name: str, *, out: Optional[npt.NDArray[Any]] = None
+                   ) -> npt.NDArray[Any]:
+        array: npt.NDArray[Any] = super().get_tensor(name, out=out)
+        self.check(name, array)
+        return array
+
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+        return self.get_tensor(name)
+
+    def get_tensors(self) -> Dict[str, npt.NDArray[Any]]:
+        return {name: self.get_tensor(name) for name in self.offset_keys()}
+
+    def copy_tensors(self) -> Dict[str, npt.NDArray[Any]]:
+        arrays: Dict[str, npt.NDArray[Any]] = super().copy_tensors()
+        for name, array in arrays.items():
+            self.check(name, array)
+        return arrays
+
+    def read_into(self, arrays: Dict[str, npt.NDArray[Any]]) -> None:
+        super().read_into(arrays)
+        for name, array in arrays.items():
+            self.check(name, array)
+
+    def read_rows(self, name: str, first: int, last: int) -> npt.NDArray[Any]:
+        self.check(name)
+        rows: npt.NDArray[Any] = super().read_rows(name, first, last)
+        return rows
+
+    def gather_rows(self, name: str, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        self.check(name)
+        gathered: npt.NDArray[Any] = super().gather_rows(name, rows)
+        return gathered
+
+    def gather(self, name: str, rows: Any, out: Optional[npt.NDArray[Any]] = None
+               ) -> npt.NDArray[Any]:
+        self.check(name)
+        gathered: npt.NDArray[Any] = super().gather(name, rows, out)
+        return gathered
 
 
 @overload
-def open_file(filename: PathLike, convert: None = None, *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              opened_as: Optional[Tuple[str, Any]] = None) -> NumpyHandle: ...
-@overload
-def open_file(filename: PathLike, convert: Converter[T], *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              opened_as: Optional[Tuple[str, Any]] = None) -> FrameworkHandle[T]: ...
-@overload
-def open_file(filename: PathLike, convert: Optional[Converter[Any]], *,
-              backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
-              verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None
-              ) -> Union[NumpyHandle, FrameworkHandle[Any]]: ...
-def open_file(filename: PathLike, convert: Optional[Converter[Any]] = None, *,
-              backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
-              verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None
-              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
-    """One safetensors file, its tensors passed through `convert` (a framework's
-    converter, see ``framework_converter``) or NumPy arrays when it is None; with
-    `verify`, each tensor's checksum is checked on its first read. `opened_as`, the
-    (framework, device) `convert` is for, lets a FrameworkHandle pickle."""
-    reader = NumpyHandle() if not verify else _verifying_handle()
-    reader.open_file(filename, backend, max_header_size=max_header_size)
-    return reader if convert is None else FrameworkHandle(reader, convert, opened_as)
-
-
-def is_url(target: Any) -> TypeGuard[str]:
-    """Whether `target` is a URL string (``scheme://...``), opened through fsspec."""
-    return isinstance(target, str) and URL.match(target) is not None
-
-
-def is_remote(target: Any) -> bool:
-    """Whether `target` is read by byte ranges: a URL or a binary file object (one
-    with ``seek`` and ``read``)."""
-    if isinstance(target, (str, bytes, os.PathLike)):
-        return is_url(target)
-    return callable(getattr(target, "seek", None)) and callable(getattr(target, "read", None))
-
-
-@overload
-def open_remote(target: Openable, convert: None = None, *,
+def open_handle(source: Source, convert: None = None, *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-                storage_options: Optional[Mapping[str, Any]] = None,
                 opened_as: Optional[Tuple[str, Any]] = None) -> NumpyHandle: ...
 @overload
-def open_remote(target: Openable, convert: Converter[T], *,
+def open_handle(source: Source, convert: Converter[T], *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-                storage_options: Optional[Mapping[str, Any]] = None,
                 opened_as: Optional[Tuple[str, Any]] = None) -> FrameworkHandle[T]: ...
 @overload
-def open_remote(target: Openable, convert: Optional[Converter[Any]], *,
+def open_handle(source: Source, convert: Optional[Converter[Any]], *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-                storage_options: Optional[Mapping[str, Any]] = None,
                 opened_as: Optional[Tuple[str, Any]] = None
                 ) -> Union[NumpyHandle, FrameworkHandle[Any]]: ...
-def open_remote(target: Openable, convert: Optional[Converter[Any]] = None, *,
+def open_handle(source: Source, convert: Optional[Converter[Any]] = None, *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-                storage_options: Optional[Mapping[str, Any]] = None,
                 opened_as: Optional[Tuple[str, Any]] = None
                 ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
-    """A URL or a file object, read by byte ranges (see ``fastst.remote``)."""
-    from .remote import open_reader    # a capability: imported when used
-
-    if isinstance(target, str) and target.endswith(".index.json"):
-        raise SafetensorError(f"{target}: a sharded checkpoint's index; open it with "
-                              f"safe_open, which reads the shards beside it")
-    reader = NumpyHandle() if not verify else _verifying_handle()
-    open_reader(reader, target, storage_options=storage_options,
-                max_header_size=max_header_size)
-    reader.storage_options = dict(storage_options) if storage_options else None
+    """One safetensors file where `source` says, its tensors passed through
+    `convert` (a framework's converter, see ``fastst._adapters``) or NumPy arrays
+    when it is None; with `verify`, each tensor's checksum is checked on its first
+    read. `opened_as`, the (framework, device) `convert` is for, lets a
+    FrameworkHandle pickle."""
+    reader = VerifyingHandle() if verify else NumpyHandle()
+    source.open(reader, max_header_size=max_header_size)
+    reader.origin = source
     return reader if convert is None else FrameworkHandle(reader, convert, opened_as)
-
-
-def _verifying_handle() -> NumpyHandle:
-    from .integrity import VerifyingHandle     # imported on use: it is rarely asked for
-    return VerifyingHandle()
-
-
-def is_checkpoint_path(filename: Any) -> bool:
-    """Whether `filename` names a sharded checkpoint: a directory or an
-    ``*.index.json`` (see ``fastst.checkpoint``), or the URL of an index."""
-    if not isinstance(filename, (str, bytes, os.PathLike)):
-        return False
-    path = os.fsdecode(filename)
-    return path.endswith(".index.json") or (not is_url(path) and os.path.isdir(path))
-
-
-# What a shard's name may not hold, whatever the scheme: a path separator, '%' (a
-# server decodes escapes: '%2e%2e%2f' is '../'), '?' or '#' (they end a URL's path),
-# a control character.
-NOT_IN_SHARD_NAMES = re.compile(r"[/\\%?#\x00-\x1f\x7f]")
-SHARD_NAME_RULE = ("a .safetensors file name in the index's folder (no '/', '\\', '%', '?', "
-                   "'#' or control character, and no leading '.')")
-
-
-def is_plain_shard_name(name: str) -> bool:
-    """Whether `name`, as an ``*.index.json`` gives a shard, names a ``.safetensors``
-    file in the index's own folder, on disk and behind any URL alike (see
-    ``SHARD_NAME_RULE``)."""
-    return (name.endswith(".safetensors") and not name.startswith(".")
-            and NOT_IN_SHARD_NAMES.search(name) is None)
-
-
-def _shown_target(target: Any) -> str:
-    if isinstance(target, (str, bytes, os.PathLike)):
-        return f"the path {os.fsdecode(target)!r}"
-    return f"a {type(target).__name__}"
-
-
-def framework_converter(framework: str, device: Any) -> Converter[Any]:
-    """The converter of `framework`'s adapter for `device`: a function of
-    (NumPy array, tensor name, TensorInfo) that returns the framework's tensor."""
-    module = ADAPTERS.get(framework) if isinstance(framework, str) else None
-    if module is None:
-        raise SafetensorError(
-            f"unknown framework {framework!r}; use 'np', 'pt' (torch) or 'jax'/'flax'")
-    converter: Converter[Any] = importlib.import_module(f"fastst.{module}").converter(device)
-    return converter
-
-
-def _check_numpy_device(device: Any) -> None:
-    if device != "cpu":
-        raise SafetensorError(f"NumPy arrays live on the CPU; device must be 'cpu', "
-                              f"got {device!r}")

@@ -1,7 +1,8 @@
 # Reader: an open file or buffer with a validated header; views, copies, rows and
 # gathers (included by _core.pyx).
 
-TensorInfo = namedtuple("TensorInfo", ["dtype", "shape", "data_offsets", "array_shape"])
+TensorInfo = namedtuple("TensorInfo", ["dtype", "shape", "data_offsets", "array_shape"],
+                        module="fastst")
 TensorInfo.__doc__ = """One tensor's header entry: dtype code, shape (list), data_offsets
 (begin, end) relative to the tensor buffer, and array_shape, the shape of its NumPy
 array (packed bytes for sub-byte dtypes; None when NumPy cannot hold the shape)."""

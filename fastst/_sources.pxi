@@ -139,7 +139,7 @@ cdef class _ReadPlan:
     cdef run_threaded(self):
         cdef Py_ssize_t threads = 1
         if self.total >= THREADED_BELOW:
-            threads = min(_usable_cpus(), 8, self.n)
+            threads = min(usable_cpus(), 8, self.n)
         if threads <= 1:
             self.run(0, 1)
             return
@@ -163,7 +163,9 @@ cdef class _ReadPlan:
                           f"bytes missing)")
 
 
-cdef Py_ssize_t _usable_cpus():
+def usable_cpus():
+    """The CPUs this process may run on (its affinity where the platform tells it),
+    which thread pools size themselves by."""
     if hasattr(os, "sched_getaffinity"):    # Linux only
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1

@@ -1,11 +1,11 @@
 # Writing: every writer hands over explicit specs; one plan, one output loop
 # (included by _core.pyx).
 
-WriteSpec = namedtuple("WriteSpec", ["name", "dtype", "shape", "source"])
+WriteSpec = namedtuple("WriteSpec", ["name", "dtype", "shape", "data"], module="fastst.writer")
 WriteSpec.__doc__ = """One tensor to write: its name, header dtype code, header shape, and
-`source`, a NumPy array whose bytes (in C order, little-endian) are the tensor's data,
+`data`, a NumPy array whose bytes (in C order, little-endian) are the tensor's data,
 or None for a tensor declared now and written later, in pieces (a streaming writer).
-The source's dtype need not be the code's: torch float4 comes as packed uint8."""
+The data's dtype need not be the code's: torch float4 comes as packed uint8."""
 
 
 cdef int _code_for_array(str name, object array) except -1:
@@ -34,40 +34,40 @@ def spec_of_array(name, array):
 
 
 cdef class WritePlan:
-    """A file to write: the 8-byte prefix and padded header, then the sources in
+    """A file to write: the 8-byte prefix and padded header, then the tensors' data in
     the order the format's writers use (dtype rank descending, then name).
 
-    A plan of declared specs (sources None) has a layout but no data: a streaming
+    A plan of declared specs (data None) has a layout but no data: a streaming
     writer fills it with `write_rows` and `write_bytes`, which check each piece
     against the layout before any byte is written."""
     cdef readonly bytes prefix
-    cdef readonly list sources
+    cdef readonly list data
     cdef readonly uint64_t total_size
     cdef _Header layout       # the plan's own header parsed back, on first use
 
     def to_bytes(self):
         """The whole file as one bytes object, filled with the GIL released per tensor."""
-        self._check_sources()
+        self._check_data()
         cdef bytes out = PyBytes_FromStringAndSize(NULL, self.total_size)
         self._output(PyBytes_AS_STRING(out), -1, "<bytes>")
         return out
 
     def write_to(self, int fd, str target="<file>"):
         """Write the whole file to `fd`, the GIL released per write."""
-        self._check_sources()
+        self._check_data()
         self._output(NULL, fd, target)
 
     def write_stream(self, stream, str target="<stream>"):
         """Write the whole file to a binary file object, in order, through
         ``stream.write`` in pieces of at most STREAM_PIECE bytes: the bytes of
         `write_to`, for uploads (fsspec files) and other file objects."""
-        self._check_sources()
+        self._check_data()
         _write_pieces(stream, np.frombuffer(self.prefix, np.uint8), target)
-        for item in self.sources:
+        for item in self.data:
             _write_pieces(stream, _little_endian_c_order(item), target)
 
-    cdef _check_sources(self):
-        for item in self.sources:
+    cdef _check_data(self):
+        for item in self.data:
             if item is None:
                 raise SafetensorError("a plan of declared tensors has no data to write "
                                       "whole; fill it with write_rows or write_bytes")
@@ -76,7 +76,7 @@ cdef class WritePlan:
         """The one output loop: each piece goes to `dest` (advancing) when it is
         given, else to `fd` at its position."""
         dest = _emit(dest, fd, -1, PyBytes_AS_STRING(self.prefix), len(self.prefix), target)
-        for item in self.sources:
+        for item in self.data:
             dest = _emit_array(item, dest, fd, -1, target)
 
     @property
@@ -146,13 +146,13 @@ cdef class WritePlan:
             raise SafetensorIndexError(
                 f"{target}: tensor {_shown(name)}: bytes [{first}, {first + length}) lie "
                 f"outside its {size} bytes")
-        source = np.frombuffer(view.cast("B"), dtype=np.uint8)
-        return self._write_at(fd, entry, first, source, length, target)
+        array = np.frombuffer(view.cast("B"), dtype=np.uint8)
+        return self._write_at(fd, entry, first, array, length, target)
 
-    cdef tuple _write_at(self, int fd, Entry* entry, uint64_t start, cnp.ndarray source,
+    cdef tuple _write_at(self, int fd, Entry* entry, uint64_t start, cnp.ndarray array,
                          uint64_t length, str target):
         if length:
-            _emit_array(source, NULL, fd, self.data_start + entry.begin + start, target)
+            _emit_array(array, NULL, fd, self.data_start + entry.begin + start, target)
         return start, start + length
 
     cdef _Header _layout(self):
@@ -264,7 +264,7 @@ cdef _write_pieces(object stream, cnp.ndarray array, str target):
 
 def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
                bint keep_order=False):
-    """Validate WriteSpecs (or tuples of the same fields; a source left out or None
+    """Validate WriteSpecs (or tuples of the same fields; data left out or None
     declares a tensor to be written later), order them as the format's writers do (or keep
     their order with `keep_order`), and build the header: a WritePlan.
 
@@ -275,9 +275,9 @@ def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
     entries = []
     seen = set()
     for spec in specs:
-        name, code, shape, source = _spec_fields(spec)
-        rank, nbytes = _checked_spec(name, code, shape, source, seen)
-        entries.append((-rank, name, tuple([int(dim) for dim in shape]), source, nbytes))
+        name, code, shape, data = _spec_fields(spec)
+        rank, nbytes = _checked_spec(name, code, shape, data, seen)
+        entries.append((-rank, name, tuple([int(dim) for dim in shape]), data, nbytes))
     if not keep_order:
         entries.sort(key=_rank_and_name)
 
@@ -285,27 +285,27 @@ def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
     if metadata is not None:
         header["__metadata__"] = _checked_metadata(metadata)
     cdef uint64_t offset = 0
-    sources = []
-    for rank, name, shape, source, nbytes in entries:
+    arrays = []
+    for rank, name, shape, data, nbytes in entries:
         header[name] = {"dtype": DTYPE_CODES[-rank], "shape": shape,
                         "data_offsets": (offset, offset + nbytes)}
         offset += nbytes
-        sources.append(source)
+        arrays.append(data)
     cdef WritePlan plan = WritePlan.__new__(WritePlan)
     plan.prefix = _prefix_and_header(header, _checked_size("header_padding", header_padding),
                                      -1 if header_size is None
                                      else _checked_size("header_size", header_size))
-    plan.sources = sources
+    plan.data = arrays
     plan.total_size = len(plan.prefix) + offset
     return plan
 
 
 cdef tuple _spec_fields(object spec):
-    """(name, code, shape, source) of a WriteSpec, a 4-tuple, or a 3-tuple that
+    """(name, code, shape, data) of a WriteSpec, a 4-tuple, or a 3-tuple that
     declares a tensor without its data."""
     fields = tuple(spec) if isinstance(spec, (tuple, list)) else None
     if fields is None or not 3 <= len(fields) <= 4:
-        raise SafetensorTypeError(f"a spec is (name, dtype code, shape[, source]), got "
+        raise SafetensorTypeError(f"a spec is (name, dtype code, shape[, data]), got "
                                   f"{_shown(fields) if fields is not None else type(spec).__name__}")
     return fields if len(fields) == 4 else fields + (None,)
 
@@ -318,7 +318,7 @@ cdef Py_ssize_t _checked_size(str what, object value) except -1:
     return value
 
 
-cdef tuple _checked_spec(object name, object code, object shape, object source, set seen):
+cdef tuple _checked_spec(object name, object code, object shape, object data, set seen):
     """(rank of the dtype, byte size) of a valid spec; raises when it is not valid."""
     if type(name) is not str:
         raise TypeError(f"tensor names must be str, got {type(name).__name__} {_shown(name)}")
@@ -332,9 +332,9 @@ cdef tuple _checked_spec(object name, object code, object shape, object source, 
     if rank is None:
         raise SafetensorTypeError(f"tensor {_shown(name)}: unknown dtype code {_shown(code)} "
                                   f"(known: {', '.join(DTYPE_CODES)})")
-    if source is not None and not isinstance(source, np.ndarray):
-        raise TypeError(f"tensor {_shown(name)}: the source must be a numpy.ndarray, got "
-                        f"{type(source).__name__}")
+    if data is not None and not isinstance(data, np.ndarray):
+        raise TypeError(f"tensor {_shown(name)}: the data must be a numpy.ndarray, got "
+                        f"{type(data).__name__}")
     cdef uint64_t count = 1, dim, nbytes
     try:
         dims = list(shape)
@@ -360,9 +360,9 @@ cdef tuple _checked_spec(object name, object code, object shape, object source, 
     if status > 0:
         raise SafetensorError(f"tensor {_shown(name)}: shape {_shown(dims)} x {code} "
                               f"overflows 64 bits of bytes")
-    if source is not None and nbytes != <uint64_t>source.nbytes:
+    if data is not None and nbytes != <uint64_t>data.nbytes:
         raise SafetensorError(f"tensor {_shown(name)}: shape {_shown(dims)} x {code} needs "
-                              f"{nbytes} bytes but the source holds {source.nbytes}")
+                              f"{nbytes} bytes but the data holds {data.nbytes}")
     return rank, nbytes
 
 

@@ -10,10 +10,10 @@ import struct
 import sys
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
-from . import __version__
+from ._version import __version__
 from ._api import safe_open
-from ._handle import is_checkpoint_path, is_url
-from .checkpoint import ShardedHandle, data_bytes
+from ._source import as_source
+from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path
 from ._progress import byte_bar
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 
@@ -284,7 +284,7 @@ def inspect_file(path: str, max_header_size: int) -> Dict[str, Any]:
     except SafetensorError as error:
         message = str(error)
         try:
-            if not is_checkpoint_path(path) and not is_url(path):
+            if not is_checkpoint_path(path) and as_source(path).local_path is not None:
                 message = diagnose(path, max_header_size) or message
         except OSError:
             pass

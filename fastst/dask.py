@@ -31,7 +31,6 @@ Examples
 """
 from __future__ import annotations
 
-import os
 import pickle
 import threading
 from collections import OrderedDict
@@ -48,7 +47,8 @@ from dask.utils import parse_bytes
 from ._core import DTYPES, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError
 from ._core import numpy_dtype
 from ._files import PathLike
-from ._handle import file_changed, is_url, safe_open, stamp
+from ._api import safe_open
+from ._source import Source, as_source, identity_of
 from .writer import PendingFile, StreamWriter
 
 __all__ = ["from_safetensors", "open_files_kept", "to_safetensors"]
@@ -125,26 +125,19 @@ def _names(source: str, name: Any) -> List[str]:
 def _from_shards(checkpoint: Any, names: List[str], chunks: Chunks, backend: Optional[str],
                  storage_options: Optional[Mapping[str, Any]]) -> Dict[str, da.Array]:
     """A sharded checkpoint's tensors, each read from its shard (each shard opened once)."""
-    by_shard: Dict[str, List[str]] = {}
+    by_shard: Dict[str, Tuple[Source, List[str]]] = {}
     for each in names:
-        by_shard.setdefault(checkpoint.shard_file(each), []).append(each)
+        shard = checkpoint.shard_source(each)
+        by_shard.setdefault(shard.label, (shard, []))[1].append(each)
     found: Dict[str, da.Array] = {}
-    for shard, tensors in by_shard.items():
-        found.update(from_safetensors(shard, tensors, chunks, backend=backend,
-                                      storage_options=storage_options))
+    for shard, tensors in by_shard.values():
+        found.update(from_safetensors(shard, tensors, chunks, backend=backend))
     return {each: found[each] for each in names}
 
 
-def _open(source: Any, backend: Optional[str],
+def _open(target: Any, backend: Optional[str],
           storage_options: Optional[Mapping[str, Any]]) -> Any:
-    options: Dict[str, Any] = {}
-    if backend is not None:
-        options["backend"] = backend
-    elif not is_url(source):
-        options["backend"] = "pread"
-    if storage_options is not None:
-        options["storage_options"] = dict(storage_options)
-    return safe_open(source, "np", **options)
+    return safe_open(as_source(target, storage_options, backend=backend or "pread"), "np")
 
 
 def _opening(handle: Any) -> bytes:
@@ -279,18 +272,14 @@ def open_files_kept() -> List[str]:
 
 
 def _check_unchanged(handle: Any, opening: bytes) -> None:
-    identity = getattr(handle, "file_identity", None)
-    if handle.backend not in ("mmap", "pread") or identity is None:
-        return
-    path = identity[0]
-    try:
-        now: Tuple[int, ...] = stamp(os.stat(path))
-    except FileNotFoundError:
-        now = ()
-    if now != tuple(identity[1:]):
+    seen = identity_of(handle)
+    if handle.backend not in ("mmap", "pread") or seen is None:
+        return     # a URL is held to its version by each request
+    now = handle.origin.identity()
+    if now is None or now.version != seen.version:
         with _open_files_lock:
             _open_files.pop(opening, None)
-        raise file_changed(path, identity, now, "the dask array was made",
+        raise seen.changed(now, "file", "the dask array was made",
                            "call from_safetensors again to read the new file")
 
 
@@ -338,7 +327,7 @@ def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
     that fails, the old file stays as it was too, but the temporary file beside
     it (``.<name>.<random>.fastst-tmp``) is left for the caller to remove.
     """
-    if is_url(path):
+    if as_source(path, writing=True).local_path is None:
         raise SafetensorNotImplementedError(
             f"{path}: to_safetensors writes local files (its workers write in place); "
             f"write locally, then upload")

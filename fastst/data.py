@@ -30,7 +30,8 @@ import numpy as np
 
 from ._core import SafetensorError, TensorNotFoundError
 from ._files import PathLike
-from ._handle import Backend, safe_open
+from ._api import safe_open
+from ._handle import Backend
 
 if TYPE_CHECKING:
     import numpy.typing as npt

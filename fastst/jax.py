@@ -47,7 +47,7 @@ def converter(device: Any = "cpu") -> Callable[[npt.NDArray[Any], str, TensorInf
 
         from . import _cuda   # imports torch: only when a CUDA GPU is asked for
 
-        return CudaConverter(target, *_cuda.device_ring(
+        return JaxCudaConverter(target, *_cuda.device_ring(
             torch.device("cuda", chosen.local_hardware_id), _cuda.CHUNK_BYTES,
             _cuda.RING_BUFFERS))
     return Converter(target)
@@ -64,7 +64,7 @@ class Converter:
         return result
 
 
-class CudaConverter(Converter):
+class JaxCudaConverter(Converter):
     """A converter for a CUDA GPU that takes a whole open file at once: its tensors
     stream through a ring of pinned buffers into one allocation on the GPU
     (``make_dest`` and ``make_ring``: see ``fastst._cuda.device_ring``) and become

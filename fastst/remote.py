@@ -1,8 +1,8 @@
 """File objects and fsspec URLs as safetensors files: the header first, then only the
 byte ranges asked for, and uploads of whole files to URLs.
 
-``safe_open``, ``load_file`` and ``save_file`` come here for a binary file object or
-a URL (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...); nothing here is
+The Sources of ``fastst._source`` come here for a binary file object or a URL
+(``s3://``, ``gs://``, ``http(s)://``, ``memory://``...); nothing here is
 imported by ``import fastst``, and fsspec (with s3fs or aiohttp behind it) only when
 a URL is opened. The compiled Reader does the rest (``Reader.open_ranges``): it reads
 the prefix and header in one request (two for a header over 64 KiB), coalesces the
@@ -23,15 +23,14 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan
+from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
-from ._handle import is_url
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "SpooledUpload", "open_reader",
-           "read_object", "reopen_reader", "save_plan", "url_identity", "with_default_timeouts"]
+__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "FileObjectRanges", "SpooledUpload",
+           "UrlRanges", "read_object", "save_plan", "with_default_timeouts"]
 
 CONNECT_TIMEOUT = 10.0   # seconds to connect to a store, unless storage_options say otherwise
 READ_TIMEOUT = 60.0      # seconds a store may stay silent while answering a request
@@ -43,44 +42,6 @@ S3_PROTOCOLS = ("s3", "s3a")
 # discard leaves the previous one. Elsewhere a save is one put of the whole file.
 STAGED_PROTOCOLS = ("s3", "s3a", "gs", "gcs")
 Range = Tuple[int, int]
-
-
-def open_reader(reader: Reader, target: Any, *,
-                storage_options: Optional[Mapping[str, Any]] = None,
-                max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Reader:
-    """Open `reader` on a file object or a URL (with fsspec's `storage_options`)."""
-    if is_url(target):
-        store = UrlRanges(target, storage_options)
-        reader.open_ranges(target, store.size, store, max_header_size=max_header_size,
-                           identity=store.identity)
-        return reader
-    if storage_options:
-        raise SafetensorError(f"storage_options apply to URLs only, not to a "
-                              f"{type(target).__name__}")
-    ranges = FileObjectRanges(target)
-    reader.open_ranges(ranges.source, ranges.size, ranges, max_header_size=max_header_size)
-    return reader
-
-
-def reopen_reader(reader: Reader, identity: Tuple[Any, ...],
-                  storage_options: Optional[Mapping[str, Any]], max_header_size: int) -> Reader:
-    """`reader` opened on the URL of `identity` again, which must still name the same
-    object (size, ETag and modification time as when it was first opened)."""
-    url = identity[0]
-    open_reader(reader, url, storage_options=storage_options, max_header_size=max_header_size)
-    now = reader.file_identity or ()
-    if now != identity:
-        reader.close()
-        raise SafetensorError(f"{url}: the object changed since the handle was pickled "
-                              f"(size, ETag, modified {identity[1:]}, now {now[1:]}); open "
-                              f"it again to read the new object")
-    return reader
-
-
-def url_identity(url: str, storage_options: Optional[Mapping[str, Any]]) -> Tuple[Any, ...]:
-    """The object at `url` as (URL, size, ETag, modification time): what a handle
-    on it holds as its ``file_identity``."""
-    return UrlRanges(url, storage_options).identity
 
 
 def read_object(url: str, storage_options: Optional[Mapping[str, Any]], limit: int,
@@ -344,21 +305,16 @@ def _precondition_failed(error: BaseException) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def save_plan(plan: WritePlan, target: Any,
+def save_plan(plan: WritePlan, target: str,
               storage_options: Optional[Mapping[str, Any]] = None) -> None:
-    """Write a WritePlan to a URL or a writable binary file object.
+    """Write a WritePlan to the URL `target`.
 
     On S3 and Google Cloud Storage the file is streamed up in parts and the object
     appears only once complete; a failed save aborts the upload and leaves the
     previous object. A ``file://`` URL is written as ``save_file`` writes a path
     (atomically). On other stores the file is put whole in one call (atomic where
-    the store's put is). A file object is written in order from where it is.
+    the store's put is).
     """
-    if not is_url(target):
-        if storage_options:
-            raise SafetensorError("storage_options apply to URLs only")
-        plan.write_stream(target, getattr(target, "name", None) or "<file object>")
-        return
     fs, path = _url_to_fs(target, dict(storage_options or {}))
     try:
         if _is_local(fs):

@@ -31,16 +31,18 @@ import base64
 import binascii
 import math
 import re
-import sys
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 
-from ._core import SafetensorError, SafetensorTypeError, WriteSpec, spec_of_array
+from ._api import safe_open
+from ._checksums import plan_with_checksums
+from ._core import SafetensorError, SafetensorTypeError, WriteSpec
 from ._files import PathLike, write_atomically
-from ._handle import Backend, safe_open
-from .integrity import plan_with_checksums
+from ._handle import Backend
+from ._specs import is_tensor, spec_of
+from .checkpoint import ShardEntry, save_checkpoint
 
 __all__ = ["STATE_KEY", "STATE_VERSION", "MAX_DEPTH", "save_state", "load_state",
            "state_to_tensors", "state_from_tensors", "tensor_specs"]
@@ -76,9 +78,7 @@ def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, st
     tensors, state_metadata = state_to_tensors(tree, metadata)
     specs = tensor_specs(tensors)
     if max_shard_size is not None:
-        from .checkpoint import ShardEntry, save_checkpoint   # a capability: imported when used
-
-        entries = [ShardEntry(spec, 0 if spec.source is None else spec.source.nbytes)
+        entries = [ShardEntry(spec, 0 if spec.data is None else spec.data.nbytes)
                    for spec in specs]
         save_checkpoint(entries, filename, max_shard_size=max_shard_size,
                         metadata=state_metadata, fsync=fsync, checksum=checksum)
@@ -138,7 +138,7 @@ class _Encoder:
             return self.container(value, path, depth, open_ids)
         if kind in SCALARS:
             return _scalar(value, path)
-        if _is_array(value):
+        if is_tensor(value):
             return self.array(value, path)
         raise SafetensorTypeError(f"state tree at {_where(path)}: a {kind.__module__}."
                                   f"{kind.__qualname__} cannot be stored (only dicts, lists, "
@@ -192,15 +192,6 @@ def _scalar(value: Any, path: str) -> Any:
     return value
 
 
-def _is_array(value: Any) -> bool:
-    if isinstance(value, (np.ndarray, np.generic)):
-        return True
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return True
-    return hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape")
-
-
 def _key_name(key: Any) -> str:
     """A dict key as one part of a path name (see the module's doc)."""
     if type(key) is str:
@@ -227,15 +218,7 @@ def tensor_specs(tensors: Mapping[str, Any]) -> List[WriteSpec]:
     """The WriteSpecs that write `tensors` (NumPy arrays and scalars, torch
     tensors through ``fastst.torch``, anything else NumPy can view, like JAX
     arrays)."""
-    torch = sys.modules.get("torch")
-    specs = []
-    for name, value in tensors.items():
-        if torch is not None and isinstance(value, torch.Tensor):
-            from .torch import spec_of_tensor
-            specs.append(spec_of_tensor(name, value))
-        else:
-            specs.append(spec_of_array(name, np.asarray(value)))
-    return specs
+    return [spec_of(name, value) for name, value in tensors.items()]
 
 
 # ---------------------------------------------------------------------------

@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
-
-import numpy as np
-import numpy.typing as npt
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 try:
     import torch
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("fastst.torch needs PyTorch: pip install torch") from error
 
-import ml_dtypes
-
-from ._core import (DTYPES, Reader, SafetensorError, SafetensorNotImplementedError,
-                    SafetensorTypeError, TensorInfo)
-from ._handle import Backend, is_remote, safe_open
+from ._api import safe_open
+from ._checksums import plan_with_checksums
+from ._core import DTYPES, Reader, WritePlan
+from ._files import write_atomically
+from ._handle import Backend
+from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
+from ._source import as_source
+from ._torch_adapter import converter, spec_of_tensor, target_device
+from ._torch_dtypes import torch_dtypes
 from .checkpoint import ShardEntry, save_checkpoint
-from .integrity import plan_with_checksums
-from .writer import (TensorSpec, WritePlan, WriteSpec, deserialize, serialize, serialize_file,
-                     write_atomically)
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
            "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES", "safe_open",
@@ -36,16 +34,8 @@ __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model",
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# ---------------------------------------------------------------------------
-# Dtypes
-# ---------------------------------------------------------------------------
-
 # header code -> torch dtype; None where torch (or this version of it) lacks one
-TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = {
-    row.code: getattr(torch, row.torch, None) if row.torch else None for row in DTYPES}
-_CODE_OF_TORCH: Dict[torch.dtype, str] = {
-    dtype: code for code, dtype in TORCH_DTYPES.items() if dtype is not None}
-_FLOAT4 = TORCH_DTYPES["F4"]
+TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = torch_dtypes()
 
 # The reference's own tables under its names, which libraries import from
 # safetensors.torch (vLLM, torch's distributed checkpoint): header code -> torch dtype
@@ -54,143 +44,27 @@ _FLOAT4 = TORCH_DTYPES["F4"]
 _TYPES: Dict[str, torch.dtype] = {
     row.code: TORCH_DTYPES[row.code] for row in DTYPES
     if TORCH_DTYPES[row.code] is not None and TORCH_DTYPES[row.code].itemsize * 8 == row.bits}
-_SIZE: Dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in _CODE_OF_TORCH}
+_SIZE: Dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in TORCH_DTYPES.values()
+                                 if dtype is not None}
 
 
 def _getdtype(dtype_str: str) -> torch.dtype:
     return _TYPES[dtype_str]
 
-# torch dtypes whose memory NumPy can view as they are; the others (bfloat16, float8,
-# float4) are viewed through the unsigned integer of their width
-_NUMPY_KNOWS = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.float16, torch.int32,
-                torch.float32, torch.complex64, torch.float64, torch.int64}
-_SAME_WIDTH_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-# NumPy dtypes NumPy has no torch twin for (ml_dtypes'): the same-width integer
-# dtype both sides share, and the header code.
-_VIA_INTEGER = {
-    np.dtype(ml_dtypes.bfloat16): (np.dtype(np.int16), torch.int16, "BF16"),
-    np.dtype(ml_dtypes.float8_e5m2): (np.dtype(np.uint8), torch.uint8, "F8_E5M2"),
-    np.dtype(ml_dtypes.float8_e4m3fn): (np.dtype(np.uint8), torch.uint8, "F8_E4M3"),
-    np.dtype(ml_dtypes.float8_e8m0fnu): (np.dtype(np.uint8), torch.uint8, "F8_E8M0"),
-    np.dtype(ml_dtypes.float8_e4m3fnuz): (np.dtype(np.uint8), torch.uint8, "F8_E4M3FNUZ"),
-    np.dtype(ml_dtypes.float8_e5m2fnuz): (np.dtype(np.uint8), torch.uint8, "F8_E5M2FNUZ"),
-}
 
 # ---------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------
 
 
-def converter(device: Any = "cpu"
-              ) -> Callable[[npt.NDArray[Any], str, TensorInfo], torch.Tensor]:
-    """The function safe_open(framework="pt") passes each NumPy view through.
-
-    On the CPU the tensor views the array's memory; read-only arrays (views of
-    ``bytes``) are copied, since torch tensors are always writable. Any other
-    device gets a copy, moved there with ``.to(device)``; on a CUDA device large
-    tensors go through a ring of pinned buffers filled by several threads, and a
-    handle's ``get_tensors()`` streams the whole file through one ring into one
-    device allocation.
-    """
-    target = _target_device(device)
-    if target is not None and target.type == "cuda":
-        return CudaConverter(target)
-
-    def convert(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
-        tensor = _tensor_of(array, name, info)
-        return tensor if target is None else tensor.to(target)
-
-    return convert
-
-
-class CudaConverter:
-    """The converter for a CUDA device: one tensor through the pinned ring
-    (large ones; small ones with ``.to``), or, with ``convert_file``, every
-    tensor of an open file through one ring (see ``fastst._cuda``)."""
-
-    def __init__(self, device: torch.device) -> None:
-        from . import _cuda   # only when CUDA is asked for
-
-        self.device = device
-        self.load_handle = _cuda.load_handle
-        self.to_device = _cuda.to_device
-
-    def __call__(self, array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
-        return self.to_device(_tensor_of(array, name, info), self.device)
-
-    def convert_file(self, reader: Any) -> Dict[str, torch.Tensor]:
-        """Every tensor of the file `reader` (a NumpyHandle) opened, on the device."""
-        tensors: Dict[str, torch.Tensor] = self.load_handle(reader, self.device)
-        return tensors
-
-
-def _tensor_of(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
-    if not array.flags.behaved or (array.ndim and min(array.strides) < 0):
-        array = np.array(array, order="C")   # torch wants writable, aligned, forward strides
-    through = _VIA_INTEGER.get(array.dtype)
-    if through is not None:
-        numpy_int, _, code = through
-        return torch.from_numpy(array.view(numpy_int)).view(_torch_dtype(code, name))
-    if array.dtype == np.uint8:
-        if info.dtype == "F4":
-            if info.array_shape is None or len(info.array_shape) != len(info.shape):
-                raise SafetensorError(
-                    f"tensor {name!r}: F4 {info.shape} cannot be a torch.float4_e2m1fn_x2 tensor, "
-                    f"which packs two values a byte along the last dim: that dim must be even")
-            return torch.from_numpy(array).view(_torch_dtype(info.dtype, name))
-        # F6_*: torch has no 6-bit dtype; the packed bytes come as uint8, as in NumPy
-    return torch.from_numpy(array)
-
-
-def _torch_dtype(code: str, name: str) -> torch.dtype:
-    dtype = TORCH_DTYPES[code]
-    if dtype is None:
-        raise SafetensorError(f"tensor {name!r}: this torch ({torch.__version__}) has no dtype "
-                              f"for {code}")
-    return dtype
-
-
 def _streamed_cuda_device(device: Any, filename: Any) -> Optional[torch.device]:
     """The CUDA device a local file (or checkpoint) streams to through the pinned
     ring; None for any other device, or a URL or file object."""
-    target = _target_device(device)
-    if target is not None and target.type == "cuda" and not is_remote(filename):
+    target = target_device(device)
+    if target is not None and target.type == "cuda" and \
+            as_source(filename).local_path is not None:
         return target
     return None
-
-
-def _target_device(device: Any) -> Optional[torch.device]:
-    """None for the CPU, else the torch.device to move tensors to, checked usable."""
-    if isinstance(device, str) and device == "cpu":
-        return None
-    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise SafetensorError(f"device must be a str, an int or a torch.device, got {device!r}")
-    try:
-        # an int is a CUDA device index, as in safetensors
-        target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    except (RuntimeError, ValueError) as error:
-        raise SafetensorError(f"invalid device {device!r}: {error}") from None
-    if target.type == "cpu":
-        return None
-    if target.type == "meta":
-        return target
-    if target.type == "cuda":
-        if not torch.cuda.is_available():
-            why = ("this torch was built without CUDA" if torch.version.cuda is None
-                   else "no CUDA device is visible")
-            raise RuntimeError(f"device {device!r} is not available: {why} "
-                               f"(torch {torch.__version__}); load with device='cpu'")
-        if target.index is not None and target.index >= torch.cuda.device_count():
-            raise RuntimeError(f"device {device!r} is not available: only "
-                               f"{torch.cuda.device_count()} CUDA device(s)")
-        return target
-    backend = getattr(torch, target.type, None)
-    is_available = getattr(backend, "is_available", None)
-    if callable(is_available) and not is_available():
-        raise RuntimeError(f"device {device!r} is not available to torch {torch.__version__}; "
-                           f"load with device='cpu'")
-    return target
 
 
 def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *,
@@ -207,7 +81,8 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     target = _streamed_cuda_device(device, filename)
     if target is not None:
         from . import _cuda   # only when CUDA is asked for
-        return _cuda.load_file(filename, target, backend=backend)
+        with safe_open(filename, backend=backend) as opened:
+            return _cuda.load_all(opened, target)
     with safe_open(filename, framework="pt", device=device, backend=backend) as f:
         return f.get_tensors()
 
@@ -274,40 +149,6 @@ def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]
     _check_for_save(tensors)
     specs = [spec_of_tensor(name, tensor) for name, tensor in tensors.items()]
     return plan_with_checksums(specs, metadata, checksum)
-
-
-def spec_of_tensor(name: Any, tensor: torch.Tensor) -> WriteSpec:
-    """What to write for `tensor`: its header code and shape, and a NumPy view of
-    its bytes on the CPU."""
-    if tensor.device.type == "meta":
-        raise SafetensorNotImplementedError(
-            f"tensor {name!r} is on the meta device and has no data to save")
-    code = _CODE_OF_TORCH.get(tensor.dtype)
-    if code is None:
-        raise SafetensorTypeError(f"tensor {name!r}: {tensor.dtype} has no safetensors dtype")
-    shape = list(tensor.shape)
-    if code == "F4":   # two values a byte, along the last dim
-        if not shape:
-            raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
-                             f"last dim to hold its two values")
-        shape[-1] *= 2
-    return WriteSpec(name, code, shape, _bytes_of(tensor))
-
-
-def _bytes_of(tensor: torch.Tensor) -> npt.NDArray[Any]:
-    """A NumPy array over `tensor`'s memory (copied to the CPU first if need be),
-    of a dtype of the same width that NumPy knows."""
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.to("cpu")
-    if tensor.is_conj():
-        tensor = tensor.resolve_conj()
-    if tensor.is_neg():
-        tensor = tensor.resolve_neg()
-    if tensor.dtype not in _NUMPY_KNOWS:
-        tensor = tensor.view(_SAME_WIDTH_INTEGER[tensor.element_size()])
-    array: npt.NDArray[Any] = tensor.numpy()
-    return array
 
 
 # ---------------------------------------------------------------------------
@@ -490,8 +331,8 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     target = _streamed_cuda_device(device, filename)
     if target is not None:
         from . import _cuda   # only when CUDA is asked for
-        placed, state_dict = _cuda.load_into(model.state_dict(), filename, target,
-                                             backend=backend)
+        with safe_open(filename, backend=backend) as opened:
+            placed, state_dict = _cuda.load_into(model.state_dict(), opened, target)
     else:
         placed, state_dict = [], load_file(filename, device=device, backend=backend)
     removals = _remove_duplicate_names(model.state_dict(),

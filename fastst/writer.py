@@ -23,183 +23,25 @@ import bisect
 import mmap
 import operator
 import os
-import sys
 import threading
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ._core import (
-    DTYPES, Reader, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
-    TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
-)
-from ._core import write_array_at
-from ._files import AtomicFile, PathLike, copy_range, write_atomically
-from ._handle import is_url
-from .integrity import (CHECKSUM_KEY, checksum_metadata, digests_in_file, plan_with_checksums,
-                        reserved_checksums)
+from ._checksums import checksum_metadata, digests_in_file, reserved_checksums
+from ._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
+                    TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
+                    write_array_at)
+from ._edit import update_metadata
+from ._files import AtomicFile, PathLike, write_atomically
+from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
+from ._source import as_source
+from ._specs import Declared, as_array, declared_specs, specs_of
 
 __all__ = ["PendingFile", "StreamWriter", "TensorRegion", "TensorSpec", "WritePlan", "WriteSpec",
-           "declared_specs",
-           "deserialize", "plan_write", "save_file_from", "serialize", "serialize_file", "spec_of_array",
-           "specs_of", "update_metadata", "write_atomically"]
+           "declared_specs", "deserialize", "plan_write", "save_file_from", "serialize",
+           "serialize_file", "spec_of_array", "specs_of", "update_metadata", "write_atomically"]
 
-UINT64_MAX = (1 << 64) - 1
-# torch-style dtype name (the reference's TensorSpec spelling) -> header code
-_CODE_OF_TORCH_NAME = {row.torch: row.code for row in DTYPES if row.torch is not None}
-_PACKED_PAIRS = {row.code for row in DTYPES if row.bits == 4}   # torch stores two per byte
-
-# ---------------------------------------------------------------------------
-# The reference's low-level API
-# ---------------------------------------------------------------------------
-
-
-class TensorSpec:
-    """One tensor for ``serialize`` / ``serialize_file``, as ``safetensors.TensorSpec``.
-
-    ``TensorSpec(*, dtype, shape, data_ptr, data_len)``: `dtype` is a torch-style
-    name ("float32", "bfloat16", "float4_e2m1fn_x2") and is kept as its header code
-    ("F32"); `shape` is the header shape, except for ``float4_e2m1fn_x2``, whose
-    storage shape (two values a byte) has its last axis doubled, as the reference does.
-
-    UNSAFE, as in the reference: `data_ptr` is a raw address of `data_len` bytes that
-    the caller must keep valid and unchanged until every ``serialize`` call using
-    this spec has returned. A wrong address crashes the interpreter. A list of
-    ``WriteSpec`` holding the arrays themselves needs no pointer.
-    """
-
-    __slots__ = ("_dtype", "_shape", "_data_ptr", "_data_len")
-
-    def __init__(self, *, dtype: str, shape: Sequence[int], data_ptr: int,
-                 data_len: int) -> None:
-        if type(dtype) is not str:
-            raise TypeError(f"argument 'dtype': {type(dtype).__name__!r} object is not an "
-                            f"instance of 'str'")
-        dims = _unsigned_dims(shape)
-        self._data_ptr = _unsigned("data_ptr", data_ptr)
-        self._data_len = _unsigned("data_len", data_len)
-        code = _CODE_OF_TORCH_NAME.get(dtype)
-        if code is None:
-            raise SafetensorError(f"Unknown dtype {dtype!r}. Supported dtypes: "
-                                  f"{', '.join(_CODE_OF_TORCH_NAME)}")
-        if code in _PACKED_PAIRS and dims:
-            dims[-1] = _unsigned("shape", dims[-1] * 2)
-        self._dtype, self._shape = code, dims
-
-    dtype = property(operator.attrgetter("_dtype"),
-                     doc='The header dtype code, e.g. ``"F32"`` (str).')
-    data_ptr = property(operator.attrgetter("_data_ptr"),
-                        doc="The raw address of the tensor's bytes (int).")
-    data_len = property(operator.attrgetter("_data_len"),
-                        doc="The number of bytes at `data_ptr` (int).")
-
-    @property
-    def shape(self) -> List[int]:
-        """The header shape (for float4 pairs, the last axis doubled)."""
-        return list(self._shape)
-
-    def __repr__(self) -> str:
-        return (f"TensorSpec(dtype={self._dtype!r}, shape={self._shape!r}, "
-                f"data_ptr={self._data_ptr}, data_len={self._data_len})")
-
-
-def _unsigned(what: str, value: Any) -> int:
-    number = operator.index(value)
-    if number < 0:
-        raise OverflowError(f"argument {what!r}: can't convert negative int to unsigned")
-    if number > UINT64_MAX:
-        raise OverflowError(f"argument {what!r}: int too big to convert")
-    return number
-
-
-def _unsigned_dims(shape: Any) -> List[int]:
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
-        raise TypeError(f"argument 'shape': {type(shape).__name__!r} object is not a "
-                        f"sequence of integers")
-    return [_unsigned("shape", dim) for dim in shape]
-
-
-def serialize(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSpec]],
-              metadata: Optional[Dict[str, str]] = None, *, header_padding: int = 0,
-              checksum: Optional[str] = None) -> bytes:
-    """The bytes of a safetensors file holding the tensors described, as
-    ``safetensors.serialize``: `tensor_dict` maps names to ``TensorSpec`` (raw
-    pointers, see its warning), or is a list of ``WriteSpec`` (arrays).
-    `header_padding` reserves room for later metadata edits (``update_metadata``);
-    `checksum` is that of ``fastst.save``."""
-    return plan_with_checksums(_write_specs(tensor_dict), metadata, checksum,
-                               header_padding=header_padding).to_bytes()
-
-
-def serialize_file(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSpec]],
-                   filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
-                   fsync: bool = False, header_padding: int = 0,
-                   checksum: Optional[str] = None) -> None:
-    """Write the tensors described to `filename`, atomically (see ``save_file``),
-    as ``safetensors.serialize_file``. A failure to write is a SafetensorError, as
-    there, with the OSError as its cause. `header_padding` reserves room for later
-    metadata edits (``update_metadata``); `checksum` is that of ``fastst.save``."""
-    plan = plan_with_checksums(_write_specs(tensor_dict), metadata, checksum,
-                               header_padding=header_padding)
-    try:
-        write_atomically(plan, filename, fsync=fsync)
-    except OSError as error:
-        raise SafetensorError(f"{os.fsdecode(filename)}: cannot write: {error}") from error
-
-
-def deserialize(bytes: Any) -> List[Tuple[str, Dict[str, Any]]]:
-    """Every tensor of a safetensors buffer, in buffer order, as
-    ``[(name, {"dtype": code, "shape": [...], "data": bytearray}), ...]``, as
-    ``safetensors.deserialize``. The header is validated in full first."""
-    reader = Reader()
-    reader.open_buffer(bytes)
-    try:
-        data, start = memoryview(bytes).cast("B"), reader.data_start
-        out = []
-        for name in reader.offset_keys():
-            info = reader.info(name)
-            begin, end = info.data_offsets
-            out.append((name, {"dtype": info.dtype, "shape": info.shape,
-                               "data": bytearray(data[start + begin:start + end])}))
-        return out
-    finally:
-        reader.close()
-
-
-def _write_specs(tensor_dict: Any) -> List[WriteSpec]:
-    if not isinstance(tensor_dict, Mapping):
-        if isinstance(tensor_dict, (str, bytes)) or not hasattr(tensor_dict, "__iter__"):
-            raise TypeError(f"tensor_dict must be a dict of str to TensorSpec, got "
-                            f"{type(tensor_dict).__name__}")
-        return list(tensor_dict)
-    specs = []
-    for name, spec in tensor_dict.items():
-        if type(name) is not str:
-            raise TypeError(f"tensor names must be str, got {type(name).__name__}")
-        if not isinstance(spec, TensorSpec):
-            raise TypeError(f"tensor {name!r}: expected a fastst.TensorSpec, got "
-                            f"{type(spec).__name__}")
-        specs.append(WriteSpec(name, spec.dtype, spec.shape,
-                               _bytes_at(name, spec.data_ptr, spec.data_len)))
-    return specs
-
-
-def _bytes_at(name: str, address: int, length: int) -> np.ndarray:
-    """The `length` bytes at a raw address, as a uint8 array (not copied)."""
-    if length == 0:
-        return np.empty(0, np.uint8)
-    if address == 0:
-        raise SafetensorError(f"tensor {name!r}: data_ptr is NULL but data_len is {length}")
-    import ctypes
-    return np.frombuffer(memoryview((ctypes.c_char * length).from_address(address)).cast("B"),
-                         dtype=np.uint8)
-
-
-# ---------------------------------------------------------------------------
-# Declare, then fill: the streaming writer
-# ---------------------------------------------------------------------------
-
-Declared = Union[Mapping[str, Tuple[Any, Sequence[int]]], Iterable[Tuple[str, Any, Sequence[int]]]]
 SHOWN_GAPS = 4   # tensors, and ranges per tensor, listed when some are left unwritten
 
 
@@ -254,7 +96,7 @@ class StreamWriter:
                  header_padding: int = 0, checksum: Optional[str] = None,
                  storage_options: Optional[Mapping[str, Any]] = None) -> None:
         self._file: Optional[AtomicFile] = None
-        self._upload = _spooled_upload(filename, storage_options)
+        self._upload = as_source(filename, storage_options, writing=True).spool()
         if self._upload is not None:
             filename = self._upload.path
         try:
@@ -312,7 +154,7 @@ class StreamWriter:
 
     def write(self, name: str, array: Any, start_row: int = 0) -> None:
         """Write `array` as tensor `name` whole, or as its rows from `start_row` on."""
-        piece = _as_array(self.name, name, array)
+        piece = as_array(self.name, name, array)
         fd = self._open_fd()
         self._mark(name, self._plan.write_rows(fd, name, start_row, piece, self.name))
 
@@ -487,7 +329,7 @@ class TensorRegion:
     def write(self, array: Any, start_row: int = 0) -> None:
         """Write `array` as rows ``[start_row, start_row + len(array))`` of the tensor
         (the whole tensor when it has no axis)."""
-        piece = self._checked(_as_array(self.target, self.name, array), start_row)
+        piece = self._checked(as_array(self.target, self.name, array), start_row)
         rows = len(piece) if self.shape else 1
         row_bytes = self.size // self.shape[0] if self.shape and self.shape[0] else self.size
         if piece.nbytes != rows * row_bytes:
@@ -499,7 +341,7 @@ class TensorRegion:
         """``region[first:last] = rows``: `rows` must fill the rows selected, all of
         them (a chunk of a dask array must have the shape of its block)."""
         first, end = self._rows(index if isinstance(index, tuple) else (index,))
-        piece = _as_array(self.target, self.name, array)
+        piece = as_array(self.target, self.name, array)
         block = (end - first, *self.shape[1:]) if self.shape else ()
         if piece.shape != block:
             raise SafetensorError(f"{self.target}: tensor {self.name!r}: the block of rows "
@@ -597,107 +439,6 @@ def _pending_file(temp: str, target: str, fsync: bool) -> PendingFile:
     return PendingFile(temp, target, fsync=fsync)
 
 
-def _spooled_upload(filename: Any, storage_options: Optional[Mapping[str, Any]]) -> Any:
-    """A SpooledUpload for a URL (see ``fastst.remote``), None for a path."""
-    if not is_url(filename):
-        if storage_options:
-            raise SafetensorError("storage_options apply to URLs only")
-        return None
-    from .remote import SpooledUpload   # a capability: imported when used
-
-    return SpooledUpload(filename, storage_options)
-
-
-def declared_specs(specs: Declared) -> List[WriteSpec]:
-    """WriteSpecs without sources from a mapping ``name -> (dtype, shape)`` or
-    ``(name, dtype, shape)`` triples (a dtype: header code, NumPy or torch dtype)."""
-    items = specs.items() if isinstance(specs, Mapping) else specs
-    declared = []
-    for item in items:
-        if isinstance(specs, Mapping):
-            name, (dtype, shape) = item[0], _pair(item)
-        else:
-            name, dtype, shape = _triple(item)
-        code, shape = _code_and_shape(name, dtype, shape)
-        declared.append(WriteSpec(name, code, shape, None))
-    return declared
-
-
-def _pair(item: Any) -> Tuple[Any, Any]:
-    try:
-        dtype, shape = item[1]
-    except (TypeError, ValueError):
-        raise SafetensorTypeError(f"tensor {item[0]!r}: declare it as (dtype, shape), got "
-                                  f"{type(item[1]).__name__}") from None
-    return dtype, shape
-
-
-def _triple(item: Any) -> Tuple[Any, Any, Any]:
-    if isinstance(item, WriteSpec):
-        return item.name, item.dtype, item.shape
-    try:
-        name, dtype, shape = item
-    except (TypeError, ValueError):
-        raise SafetensorTypeError(f"declare each tensor as (name, dtype, shape), got "
-                                  f"{type(item).__name__}") from None
-    return name, dtype, shape
-
-
-def _code_and_shape(name: Any, dtype: Any, shape: Any) -> Tuple[str, Any]:
-    """The header code and shape a declared dtype stands for."""
-    if isinstance(dtype, str) and dtype.isupper():
-        return dtype, shape    # header codes are upper case; plan_write says if it is unknown
-    text = str(dtype)
-    if text.startswith("torch."):
-        code = _CODE_OF_TORCH_NAME.get(text[len("torch."):])
-        if code in _PACKED_PAIRS and len(shape):
-            shape = (*shape[:-1], shape[-1] * 2)
-        if code is not None:
-            return code, shape
-    try:
-        code = spec_of_array(str(name), np.empty(0, np.dtype(dtype))).dtype
-    except (TypeError, ValueError):
-        raise SafetensorTypeError(f"tensor {name!r}: dtype {dtype!r} has no safetensors "
-                                  f"code") from None
-    return code, shape
-
-
-def _as_array(target: str, name: str, data: Any) -> np.ndarray:
-    if isinstance(data, np.ndarray):
-        return data
-    if isinstance(data, np.generic):
-        return np.asarray(data)
-    torch = sys.modules.get("torch")     # a torch tensor means torch is imported
-    if torch is not None and isinstance(data, torch.Tensor):
-        return _torch_as_numpy(torch, data)
-    try:
-        return np.asarray(memoryview(data))
-    except TypeError:
-        pass
-    if hasattr(data, "__array__") or hasattr(data, "__dlpack__"):
-        try:
-            return np.asarray(data)
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise SafetensorTypeError(
-                f"{target}: tensor {name!r}: NumPy cannot view this "
-                f"{type(data).__name__} ({error}); write its raw bytes with write_bytes") from None
-    raise SafetensorTypeError(f"{target}: tensor {name!r}: expected an array or a buffer, got "
-                              f"{type(data).__name__}")
-
-
-def _torch_as_numpy(torch: Any, tensor: Any) -> np.ndarray:
-    """A NumPy array over a torch tensor's bytes (copied to the CPU if need be), of
-    the NumPy dtype its code surfaces as: bfloat16 and float8 become ml_dtypes arrays,
-    which NumPy cannot make from torch itself."""
-    code = _CODE_OF_TORCH_NAME.get(str(tensor.dtype).replace("torch.", "", 1))
-    if code is None or code in _PACKED_PAIRS:
-        return np.asarray(tensor)      # NumPy's own error says why it cannot
-    tensor = tensor.detach().cpu()
-    same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    raw = tensor.view(same_width[tensor.element_size()]).numpy()
-    return raw.view(numpy_dtype(code))
-
-
 def _add_range(ranges: List[List[int]], begin: int, end: int) -> None:
     """Merge [begin, end) into sorted, disjoint, non-touching `ranges`."""
     i = bisect.bisect_left(ranges, [begin])
@@ -730,11 +471,6 @@ def _describe_gaps(gaps: Dict[str, List[Tuple[int, int]]]) -> str:
         parts.append(f"tensor {name!r} bytes {shown}{more}")
     more = f"; and {len(gaps) - SHOWN_GAPS} more tensors" if len(gaps) > SHOWN_GAPS else ""
     return "; ".join(parts) + more
-
-
-# ---------------------------------------------------------------------------
-# Write from a producer
-# ---------------------------------------------------------------------------
 
 
 def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
@@ -771,98 +507,3 @@ def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
                 raise SafetensorError(f"{writer.name}: tensor {name!r} is produced twice")
             seen.add(name)
             writer.write(name, tensor)
-
-
-def specs_of(source: Any) -> List[WriteSpec]:
-    """The declared specs of every tensor of an open file (a ``safe_open`` or core
-    Reader), in its buffer order: what ``save_file_from`` needs to copy it."""
-    specs = []
-    for name in source.offset_keys():
-        info = source.info(name)
-        specs.append(WriteSpec(name, info.dtype, info.shape, None))
-    return specs
-
-
-# ---------------------------------------------------------------------------
-# Metadata edits
-# ---------------------------------------------------------------------------
-
-
-def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *,
-                    fsync: bool = False, header_padding: int = 0, in_place: bool = True) -> bool:
-    """Replace the ``__metadata__`` of a safetensors file (None removes it).
-
-    When the new header, with `header_padding` bytes to spare, fits in the old
-    header's room (a header may end in spaces, which ``header_padding`` on the
-    writers reserves), only the header bytes are rewritten, in place: the
-    tensors are not touched. Otherwise the file is rewritten atomically: the new
-    header with `header_padding` spaces of room for later edits, then the tensor
-    bytes copied in bounded memory. Returns True when the edit was made in place.
-
-    An in-place edit is one write of the header bytes, not atomic: a reader, or
-    a crash, in the middle of it may see a header part old, part new. Where that
-    matters, pass ``in_place=False`` for an atomic rewrite.
-
-    The tensors' checksums (``fastst.integrity``), which describe bytes the edit
-    does not change, are kept unless `metadata` gives that key itself.
-    """
-    reader = Reader()
-    reader.open_file(filename, "pread")
-    try:
-        metadata = _keeping_checksums(reader.metadata(), metadata)
-        specs = specs_of(reader)
-        old_room = reader.data_start - 8
-        plan = plan_write(specs, metadata, keep_order=True)
-        _check_same_layout(reader, plan, specs)
-        if in_place and len(plan.prefix.rstrip(b" ")) - 8 + header_padding <= old_room:
-            _rewrite_header(plan_write(specs, metadata, keep_order=True, header_size=old_room),
-                            filename, fsync)
-            return True
-        plan = plan_write(specs, metadata, keep_order=True, header_padding=header_padding)
-        _rewrite_file(plan, reader, filename, fsync)
-        return False
-    finally:
-        reader.close()
-
-
-def _keeping_checksums(old: Optional[Mapping[str, str]],
-                       new: Optional[Mapping[str, str]]) -> Optional[Mapping[str, str]]:
-    if old is None or CHECKSUM_KEY not in old or (new is not None and CHECKSUM_KEY in new):
-        return new
-    return {**(new or {}), CHECKSUM_KEY: old[CHECKSUM_KEY]}
-
-
-def _check_same_layout(reader: Reader, plan: WritePlan, specs: List[WriteSpec]) -> None:
-    for spec in specs:
-        if plan.info(spec.name).data_offsets != reader.info(spec.name).data_offsets:
-            raise SafetensorError(f"{reader.source}: tensor {spec.name!r}: its bytes are not "
-                                  f"where a rewritten header would place them")
-
-
-def _rewrite_header(plan: WritePlan, filename: PathLike, fsync: bool) -> None:
-    fd = os.open(filename, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        plan.write_prefix(fd, os.fsdecode(filename))
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _rewrite_file(plan: WritePlan, reader: Reader, filename: PathLike, fsync: bool) -> None:
-    data_size = plan.total_size - plan.data_start
-    file = AtomicFile(filename, plan.total_size)
-    try:
-        plan.write_prefix(file.fd, file.target)
-        source = os.open(filename, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if os.fstat(source).st_size != reader.data_start + data_size:
-                raise SafetensorError(f"{reader.source}: the file changed while its "
-                                      f"metadata was being edited")
-            copy_range(source, reader.data_start, file.fd, plan.data_start, data_size)
-        finally:
-            os.close(source)
-    except BaseException:
-        file.abort()
-        raise
-    file.commit(fsync=fsync)

@@ -201,7 +201,7 @@ def test_empty_metadata_is_written_as_an_empty_object():
 
 
 def test_specs_write_a_header_shape_the_source_dtype_does_not_tell(tmp_path):
-    # Four 4-bit values packed in two bytes: the spec says F4 [4], the source is uint8.
+    # Four 4-bit values packed in two bytes: the spec says F4 [4], the data is uint8.
     packed = np.array([0x21, 0x43], dtype=np.uint8)
     specs = [fastst.writer.WriteSpec("f4", "F4", (4,), packed),
              fastst.writer.WriteSpec("w", "F32", (2,), np.ones(2, np.float32))]
@@ -215,7 +215,7 @@ def test_specs_write_a_header_shape_the_source_dtype_does_not_tell(tmp_path):
 
 
 @pytest.mark.parametrize("spec, message", [
-    (("x", "F32", (3,), np.ones(2, np.float32)), r"shape \[3\] x F32 needs 12 bytes but the source holds 8"),
+    (("x", "F32", (3,), np.ones(2, np.float32)), r"shape \[3\] x F32 needs 12 bytes but the data holds 8"),
     (("x", "F4", (3,), np.ones(2, np.uint8)), "do not fill whole bytes"),
     (("x", "F33", (2,), np.ones(2, np.float32)), "unknown dtype code 'F33'"),
     (("x", "F32", (-1,), np.ones(2, np.float32)), "shape must hold unsigned integers"),

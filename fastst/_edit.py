@@ -1,0 +1,95 @@
+"""Editing a file's ``__metadata__``: in place when the new header fits the old
+one's room (``header_padding`` reserves it), else by an atomic rewrite that copies
+the tensor bytes in bounded memory.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Mapping, Optional
+
+from ._checksums import CHECKSUM_KEY
+from ._core import Reader, SafetensorError, WritePlan, WriteSpec, plan_write
+from ._files import AtomicFile, PathLike, copy_range
+from ._specs import specs_of
+
+__all__ = ["update_metadata"]
+
+
+def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *,
+                    fsync: bool = False, header_padding: int = 0, in_place: bool = True) -> bool:
+    """Replace the ``__metadata__`` of a safetensors file (None removes it).
+
+    When the new header, with `header_padding` bytes to spare, fits in the old
+    header's room (a header may end in spaces, which ``header_padding`` on the
+    writers reserves), only the header bytes are rewritten, in place: the
+    tensors are not touched. Otherwise the file is rewritten atomically: the new
+    header with `header_padding` spaces of room for later edits, then the tensor
+    bytes copied in bounded memory. Returns True when the edit was made in place.
+
+    An in-place edit is one write of the header bytes, not atomic: a reader, or
+    a crash, in the middle of it may see a header part old, part new. Where that
+    matters, pass ``in_place=False`` for an atomic rewrite.
+
+    The tensors' checksums (``fastst.integrity``), which describe bytes the edit
+    does not change, are kept unless `metadata` gives that key itself.
+    """
+    reader = Reader()
+    reader.open_file(filename, "pread")
+    try:
+        metadata = _keeping_checksums(reader.metadata(), metadata)
+        specs = specs_of(reader)
+        old_room = reader.data_start - 8
+        plan = plan_write(specs, metadata, keep_order=True)
+        _check_same_layout(reader, plan, specs)
+        if in_place and len(plan.prefix.rstrip(b" ")) - 8 + header_padding <= old_room:
+            _rewrite_header(plan_write(specs, metadata, keep_order=True, header_size=old_room),
+                            filename, fsync)
+            return True
+        plan = plan_write(specs, metadata, keep_order=True, header_padding=header_padding)
+        _rewrite_file(plan, reader, filename, fsync)
+        return False
+    finally:
+        reader.close()
+
+
+def _keeping_checksums(old: Optional[Mapping[str, str]],
+                       new: Optional[Mapping[str, str]]) -> Optional[Mapping[str, str]]:
+    if old is None or CHECKSUM_KEY not in old or (new is not None and CHECKSUM_KEY in new):
+        return new
+    return {**(new or {}), CHECKSUM_KEY: old[CHECKSUM_KEY]}
+
+
+def _check_same_layout(reader: Reader, plan: WritePlan, specs: List[WriteSpec]) -> None:
+    for spec in specs:
+        if plan.info(spec.name).data_offsets != reader.info(spec.name).data_offsets:
+            raise SafetensorError(f"{reader.source}: tensor {spec.name!r}: its bytes are not "
+                                  f"where a rewritten header would place them")
+
+
+def _rewrite_header(plan: WritePlan, filename: PathLike, fsync: bool) -> None:
+    fd = os.open(filename, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        plan.write_prefix(fd, os.fsdecode(filename))
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rewrite_file(plan: WritePlan, reader: Reader, filename: PathLike, fsync: bool) -> None:
+    data_size = plan.total_size - plan.data_start
+    file = AtomicFile(filename, plan.total_size)
+    try:
+        plan.write_prefix(file.fd, file.target)
+        source = os.open(filename, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.fstat(source).st_size != reader.data_start + data_size:
+                raise SafetensorError(f"{reader.source}: the file changed while its "
+                                      f"metadata was being edited")
+            copy_range(source, reader.data_start, file.fd, plan.data_start, data_size)
+        finally:
+            os.close(source)
+    except BaseException:
+        file.abort()
+        raise
+    file.commit(fsync=fsync)

@@ -1,0 +1,130 @@
+"""Any value a writer takes, as what the write plan needs: a ``WriteSpec`` (name,
+header dtype code, shape, and a NumPy array of the bytes) for a whole tensor, or a
+NumPy array for a piece of one. NumPy arrays, scalars and buffers are taken as they
+are; a framework's tensors through its adapter (``fastst._adapters``): the same
+registry that reading uses, so nothing here asks which frameworks are imported.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Mapping, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._adapters import tensor_adapter
+from ._core import SafetensorTypeError, WriteSpec, spec_of_array
+from ._torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
+
+__all__ = ["Declared", "as_array", "declared_specs", "is_tensor", "spec_of", "specs_of"]
+
+# every tensor of a file, declared as a mapping name -> (dtype, shape), or as
+# (name, dtype, shape) triples
+Declared = Union[Mapping[str, Tuple[Any, Sequence[int]]], Iterable[Tuple[str, Any, Sequence[int]]]]
+
+
+def spec_of(name: str, value: Any) -> WriteSpec:
+    """The WriteSpec that writes `value` whole as tensor `name`: a NumPy array or
+    scalar, a framework's tensor (through its adapter), or anything NumPy can view
+    (a JAX array, a buffer)."""
+    adapter = tensor_adapter(value)
+    if adapter is not None:
+        spec: WriteSpec = adapter.spec_of_tensor(name, value)
+        return spec
+    return spec_of_array(name, np.asarray(value))
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether `value` is an array a writer takes whole: NumPy's, a framework's, or
+    anything with a dtype and a shape that NumPy can view."""
+    if isinstance(value, (np.ndarray, np.generic)) or tensor_adapter(value) is not None:
+        return True
+    return hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape")
+
+
+def declared_specs(specs: Declared) -> List[WriteSpec]:
+    """WriteSpecs without data from a mapping ``name -> (dtype, shape)`` or
+    ``(name, dtype, shape)`` triples (a dtype: header code, NumPy or torch dtype)."""
+    items = specs.items() if isinstance(specs, Mapping) else specs
+    declared = []
+    for item in items:
+        if isinstance(specs, Mapping):
+            name, (dtype, shape) = item[0], _pair(item)
+        else:
+            name, dtype, shape = _triple(item)
+        code, shape = _code_and_shape(name, dtype, shape)
+        declared.append(WriteSpec(name, code, shape, None))
+    return declared
+
+
+def _pair(item: Any) -> Tuple[Any, Any]:
+    try:
+        dtype, shape = item[1]
+    except (TypeError, ValueError):
+        raise SafetensorTypeError(f"tensor {item[0]!r}: declare it as (dtype, shape), got "
+                                  f"{type(item[1]).__name__}") from None
+    return dtype, shape
+
+
+def _triple(item: Any) -> Tuple[Any, Any, Any]:
+    if isinstance(item, WriteSpec):
+        return item.name, item.dtype, item.shape
+    try:
+        name, dtype, shape = item
+    except (TypeError, ValueError):
+        raise SafetensorTypeError(f"declare each tensor as (name, dtype, shape), got "
+                                  f"{type(item).__name__}") from None
+    return name, dtype, shape
+
+
+def _code_and_shape(name: Any, dtype: Any, shape: Any) -> Tuple[str, Any]:
+    """The header code and shape a declared dtype stands for."""
+    if isinstance(dtype, str) and dtype.isupper():
+        return dtype, shape    # header codes are upper case; plan_write says if it is unknown
+    text = str(dtype)
+    if text.startswith("torch."):
+        code = CODE_OF_TORCH_NAME.get(text[len("torch."):])
+        if code in PACKED_PAIRS and len(shape):
+            shape = (*shape[:-1], shape[-1] * 2)
+        if code is not None:
+            return code, shape
+    try:
+        code = spec_of_array(str(name), np.empty(0, np.dtype(dtype))).dtype
+    except (TypeError, ValueError):
+        raise SafetensorTypeError(f"tensor {name!r}: dtype {dtype!r} has no safetensors "
+                                  f"code") from None
+    return code, shape
+
+
+def as_array(target: str, name: str, data: Any) -> np.ndarray:
+    """A piece of tensor `name` of the file `target` (an array, a buffer, a framework's
+    tensor) as a NumPy array of its bytes, in the NumPy dtype of its code."""
+    if isinstance(data, np.ndarray):
+        return data
+    if isinstance(data, np.generic):
+        return np.asarray(data)
+    adapter = tensor_adapter(data)
+    if adapter is not None:
+        array: np.ndarray = adapter.as_numpy(data)
+        return array
+    try:
+        return np.asarray(memoryview(data))
+    except TypeError:
+        pass
+    if hasattr(data, "__array__") or hasattr(data, "__dlpack__"):
+        try:
+            return np.asarray(data)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise SafetensorTypeError(
+                f"{target}: tensor {name!r}: NumPy cannot view this "
+                f"{type(data).__name__} ({error}); write its raw bytes with write_bytes") from None
+    raise SafetensorTypeError(f"{target}: tensor {name!r}: expected an array or a buffer, got "
+                              f"{type(data).__name__}")
+
+
+def specs_of(handle: Any) -> List[WriteSpec]:
+    """The declared specs of every tensor of an open file (a ``safe_open`` or core
+    Reader), in its buffer order: what ``save_file_from`` needs to copy it."""
+    specs = []
+    for name in handle.offset_keys():
+        info = handle.info(name)
+        specs.append(WriteSpec(name, info.dtype, info.shape, None))
+    return specs

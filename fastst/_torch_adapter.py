@@ -1,0 +1,169 @@
+"""The torch adapter: fastst's NumPy arrays as torch tensors (reading), and torch
+tensors as what fastst's writers take (writing). ``safe_open(..., framework="pt")``
+and the writers reach it through ``fastst._adapters``; ``fastst.torch`` is the
+public face built on it.
+
+A CPU tensor views the array's memory (``torch.from_numpy``, through a same-width
+integer for the dtypes NumPy has from ml_dtypes and torch cannot take from it), so
+loading copies nothing; a tensor to write is viewed by NumPy the same way.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
+                    TensorInfo, WriteSpec, numpy_dtype)
+from ._torch_dtypes import (NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER, codes_of_ml_dtypes,
+                            codes_of_torch, same_width_torch, torch_dtype)
+
+__all__ = ["TorchCudaConverter", "as_numpy", "converter", "is_tensor", "spec_of_tensor",
+           "target_device", "tensor_of"]
+
+
+def converter(device: Any = "cpu"
+              ) -> Callable[[npt.NDArray[Any], str, TensorInfo], torch.Tensor]:
+    """The function safe_open(framework="pt") passes each NumPy view through.
+
+    On the CPU the tensor views the array's memory; read-only arrays (views of
+    ``bytes``) are copied, since torch tensors are always writable. Any other
+    device gets a copy, moved there with ``.to(device)``; on a CUDA device large
+    tensors go through a ring of pinned buffers filled by several threads, and a
+    handle's ``get_tensors()`` streams the whole file through one ring into one
+    device allocation.
+    """
+    target = target_device(device)
+    if target is not None and target.type == "cuda":
+        return TorchCudaConverter(target)
+
+    def convert(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
+        tensor = tensor_of(array, name, info)
+        return tensor if target is None else tensor.to(target)
+
+    return convert
+
+
+class TorchCudaConverter:
+    """The converter to torch tensors on a CUDA device: one tensor through the pinned ring
+    (large ones; small ones with ``.to``), or, with ``convert_file``, every
+    tensor of an open file through one ring (see ``fastst._cuda``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        from . import _cuda   # only when CUDA is asked for
+
+        self.device = device
+        self.load_handle = _cuda.load_handle
+        self.to_device = _cuda.to_device
+
+    def __call__(self, array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
+        return self.to_device(tensor_of(array, name, info), self.device)
+
+    def convert_file(self, reader: Any) -> Dict[str, torch.Tensor]:
+        """Every tensor of the file `reader` (a NumpyHandle) opened, on the device."""
+        tensors: Dict[str, torch.Tensor] = self.load_handle(reader, self.device)
+        return tensors
+
+
+def tensor_of(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
+    """The CPU tensor of fastst's NumPy array for tensor `name` (described by
+    `info`), viewing its memory."""
+    if not array.flags.behaved or (array.ndim and min(array.strides) < 0):
+        array = np.array(array, order="C")   # torch wants writable, aligned, forward strides
+    code = codes_of_ml_dtypes().get(array.dtype)
+    if code is not None:
+        integer = np.dtype(SAME_WIDTH_INTEGER[array.dtype.itemsize])
+        return torch.from_numpy(array.view(integer)).view(torch_dtype(code, f"tensor {name!r}"))
+    if array.dtype == np.uint8 and info.dtype in PACKED_PAIRS:
+        if info.array_shape is None or len(info.array_shape) != len(info.shape):
+            raise SafetensorError(
+                f"tensor {name!r}: F4 {info.shape} cannot be a torch.float4_e2m1fn_x2 tensor, "
+                f"which packs two values a byte along the last dim: that dim must be even")
+        return torch.from_numpy(array).view(torch_dtype(info.dtype, f"tensor {name!r}"))
+    # F6_*: torch has no 6-bit dtype; the packed bytes come as uint8, as in NumPy
+    return torch.from_numpy(array)
+
+
+def target_device(device: Any) -> Optional[torch.device]:
+    """None for the CPU, else the torch.device to move tensors to, checked usable."""
+    if isinstance(device, str) and device == "cpu":
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise SafetensorError(f"device must be a str, an int or a torch.device, got {device!r}")
+    try:
+        # an int is a CUDA device index, as in safetensors
+        target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        raise SafetensorError(f"invalid device {device!r}: {error}") from None
+    if target.type == "cpu":
+        return None
+    if target.type == "meta":
+        return target
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch was built without CUDA" if torch.version.cuda is None
+                   else "no CUDA device is visible")
+            raise RuntimeError(f"device {device!r} is not available: {why} "
+                               f"(torch {torch.__version__}); load with device='cpu'")
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            raise RuntimeError(f"device {device!r} is not available: only "
+                               f"{torch.cuda.device_count()} CUDA device(s)")
+        return target
+    backend = getattr(torch, target.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if callable(is_available) and not is_available():
+        raise RuntimeError(f"device {device!r} is not available to torch {torch.__version__}; "
+                           f"load with device='cpu'")
+    return target
+
+
+def spec_of_tensor(name: Any, tensor: torch.Tensor) -> WriteSpec:
+    """What to write for `tensor`: its header code and shape, and a NumPy view of
+    its bytes on the CPU."""
+    if tensor.device.type == "meta":
+        raise SafetensorNotImplementedError(
+            f"tensor {name!r} is on the meta device and has no data to save")
+    code = codes_of_torch().get(tensor.dtype)
+    if code is None:
+        raise SafetensorTypeError(f"tensor {name!r}: {tensor.dtype} has no safetensors dtype")
+    shape = list(tensor.shape)
+    if code in PACKED_PAIRS:   # two values a byte, along the last dim
+        if not shape:
+            raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
+                             f"last dim to hold its two values")
+        shape[-1] *= 2
+    return WriteSpec(name, code, shape, bytes_of(tensor))
+
+
+def bytes_of(tensor: torch.Tensor) -> npt.NDArray[Any]:
+    """A NumPy array over `tensor`'s memory (copied to the CPU first if need be),
+    of a dtype of the same width that NumPy knows."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.to("cpu")
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    if str(tensor.dtype).replace("torch.", "", 1) not in NUMPY_VIEWS_TORCH:
+        tensor = tensor.view(same_width_torch(tensor.element_size()))
+    array: npt.NDArray[Any] = tensor.numpy()
+    return array
+
+
+def as_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
+    """A NumPy array over a torch tensor's bytes (copied to the CPU if need be), of
+    the NumPy dtype its code surfaces as: bfloat16 and float8 become ml_dtypes
+    arrays, which NumPy cannot make from torch itself. What writers take a piece
+    of a tensor as (``StreamWriter.write``)."""
+    code = codes_of_torch().get(tensor.dtype)
+    if code is None or code in PACKED_PAIRS:
+        return np.asarray(tensor)      # NumPy's own error says why it cannot
+    raw = tensor.detach().cpu().view(same_width_torch(tensor.element_size())).numpy()
+    return raw.view(numpy_dtype(code))
+
+
+def is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)

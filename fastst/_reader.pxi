@@ -150,8 +150,8 @@ cdef class Reader:
 
     cdef list _checked_fetch(self, object fetch, list ranges, object what):
         """fetch(ranges), each answer checked to be a buffer of its range's length:
-        a store that returns fewer (or more) bytes than asked is an error, never
-        data in the wrong place."""
+        a store that returns fewer bytes than asked (a short read) or more (too long)
+        is an error, never data in the wrong place."""
         got = fetch(ranges)
         if not isinstance(got, (list, tuple)) or len(got) != len(ranges):
             raise SafetensorError(f"{self.source}: fetch must return a list of one bytes-like "
@@ -167,7 +167,8 @@ cdef class Reader:
             if view.nbytes != length:
                 _fail(self.source, f"{self._holder(offset, what)}: bytes [{offset}, "
                                    f"{offset + length}) came back {view.nbytes} bytes long, "
-                                   f"not {length} (a short read)")
+                                   f"not {length} ("
+                                   f"{'a short read' if view.nbytes < length else 'too long'})")
             views.append(view)
         return views
 

@@ -154,16 +154,23 @@ cdef class Reader:
         is an error, never data in the wrong place."""
         got = fetch(ranges)
         if not isinstance(got, (list, tuple)) or len(got) != len(ranges):
+            given = (f"{len(got)} of them" if isinstance(got, (list, tuple))
+                     else f"a {type(got).__name__}")
             raise SafetensorError(f"{self.source}: fetch must return a list of one bytes-like "
-                                  f"per range ({len(ranges)}), got {type(got).__name__}")
+                                  f"per range ({len(ranges)}), got {given}")
         views = []
         for (offset, length), item in zip(ranges, got):
             try:
-                view = memoryview(item).cast("B")
+                view = memoryview(item)
             except TypeError:
                 raise SafetensorTypeError(
                     f"{self.source}: fetch returned a {type(item).__name__} for bytes "
                     f"[{offset}, {offset + length}), not a bytes-like object") from None
+            if not view.c_contiguous:
+                raise SafetensorTypeError(
+                    f"{self.source}: fetch returned a {type(item).__name__} for bytes "
+                    f"[{offset}, {offset + length}) that is not contiguous")
+            view = view.cast("B")
             if view.nbytes != length:
                 _fail(self.source, f"{self._holder(offset, what)}: bytes [{offset}, "
                                    f"{offset + length}) came back {view.nbytes} bytes long, "

@@ -338,6 +338,22 @@ def test_a_fetch_that_returns_more_than_asked_is_too_long_not_short():
         reader.open_ranges("x", len(data), lambda ranges: [data[:-1] for _ in ranges])
 
 
+def test_a_fetch_that_answers_with_a_strided_view_or_too_few_answers_says_so():
+    data = fastst.save({"a": np.arange(10.0)})
+
+    def strided(ranges):
+        spaced = bytearray(2 * len(data))
+        spaced[::2] = data
+        return [memoryview(spaced)[::2] for _ in ranges]
+
+    with pytest.raises(fastst.SafetensorTypeError,
+                       match=r"fetch returned a memoryview for bytes \[0, \d+\) that is not "
+                             r"contiguous"):
+        Reader().open_ranges("x", len(data), strided)
+    with pytest.raises(SafetensorError, match=r"one bytes-like per range \(1\), got 2 of them"):
+        Reader().open_ranges("x", len(data), lambda ranges: [data, data])
+
+
 def test_a_file_object_that_gives_more_than_asked_is_refused():
     data = fastst.save({"a": np.arange(10.0)})
 

@@ -207,8 +207,8 @@ class UrlRanges:
         self.etag = info.get("ETag") or info.get("etag") or None
         modified = (info.get("LastModified") or info.get("Last-Modified")
                     or info.get("mtime") or info.get("created"))
-        self.identity = (url, self.size, self.etag, modified)
         self.version = ObjectVersion(url, self.size, self.etag, modified)
+        self.identity = tuple(self.version)
         self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag,
                                                        modified)
 
@@ -280,8 +280,9 @@ def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range],
     return result
 
 
-# One bounded, checked ranged GET per kind of store: (fs, path, offset, length, the
-# version opened, the precondition's keywords) -> the bytes, never more than asked.
+# One ranged GET per kind of store: (fs, path, offset, length, the version opened, the
+# precondition's keywords) -> the bytes. _get_http and _get_s3 read no more than asked
+# and check what the answer says of itself; _get_other is fsspec's own whole read.
 RangeGetter = Callable[[Any, str, int, int, ObjectVersion, Dict[str, Any]], Awaitable[Any]]
 
 

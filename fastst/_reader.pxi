@@ -151,24 +151,32 @@ cdef class Reader:
 
     cdef list _checked_fetch(self, object fetch, list ranges, object what):
         """fetch(ranges), each answer checked to be a buffer of its range's length:
-        a store that returns fewer (or more) bytes than asked is an error, never
-        data in the wrong place."""
+        a store that returns fewer bytes than asked (a short read) or more (too long)
+        is an error, never data in the wrong place."""
         got = fetch(ranges)
         if not isinstance(got, (list, tuple)) or len(got) != len(ranges):
+            given = (f"{len(got)} of them" if isinstance(got, (list, tuple))
+                     else f"a {type(got).__name__}")
             raise SafetensorError(f"{self.source}: fetch must return a list of one bytes-like "
-                                  f"per range ({len(ranges)}), got {type(got).__name__}")
+                                  f"per range ({len(ranges)}), got {given}")
         views = []
         for (offset, length), item in zip(ranges, got):
             try:
-                view = memoryview(item).cast("B")
+                view = memoryview(item)
             except TypeError:
                 raise SafetensorTypeError(
                     f"{self.source}: fetch returned a {type(item).__name__} for bytes "
                     f"[{offset}, {offset + length}), not a bytes-like object") from None
+            if not view.c_contiguous:
+                raise SafetensorTypeError(
+                    f"{self.source}: fetch returned a {type(item).__name__} for bytes "
+                    f"[{offset}, {offset + length}) that is not contiguous")
+            view = view.cast("B")
             if view.nbytes != length:
                 _fail(self.source, f"{self._holder(offset, what)}: bytes [{offset}, "
                                    f"{offset + length}) came back {view.nbytes} bytes long, "
-                                   f"not {length} (a short read)")
+                                   f"not {length} ("
+                                   f"{'a short read' if view.nbytes < length else 'too long'})")
             views.append(view)
         return views
 

@@ -12,16 +12,22 @@ and checks that every range came back whole.
 A URL is read with a precondition where the store has one: S3 reads carry
 ``If-Match: <ETag>`` (through s3fs) and HTTP reads the ``If-Match`` header, so an
 object replaced after it was opened gives a ``SafetensorError``, never a mix of two
-versions. Other stores are checked for length only.
+versions. A store may ignore it, or ignore the range: each S3 and HTTP answer is
+also held to what it says of itself (status 206, its Content-Range, ETag and
+Last-Modified against the object seen at opening), and its body is read in pieces,
+never past the bytes asked for (``_get_http``, ``_get_s3``). Other stores are
+checked for length only.
 """
 from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, NamedTuple,
+                    Optional, Sequence, Tuple)
 
 from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
@@ -36,6 +42,7 @@ CONNECT_TIMEOUT = 10.0   # seconds to connect to a store, unless storage_options
 READ_TIMEOUT = 60.0      # seconds a store may stay silent while answering a request
 SLOWEST_RATE = 256 << 10   # bytes a second below which a call's answer counts as stalled
 MAX_REQUESTS = 16        # requests a URL's reader keeps in flight at once
+READ_PIECE = 1 << 20     # most bytes taken from an answer's body at a time
 HTTP_PROTOCOLS = ("http", "https")
 S3_PROTOCOLS = ("s3", "s3a")
 # Stores whose files honour autocommit=False: the object appears at commit, and
@@ -89,7 +96,7 @@ class FileObjectRanges:
 
     def read(self, offset: int, length: int) -> Any:
         """Up to `length` bytes at `offset`: fewer only at the end of the file (the
-        core then reports the short read)."""
+        core then reports the short read). A piece longer than asked for is refused."""
         self.file.seek(offset)
         if self.readinto is None:
             pieces, done = [], 0
@@ -97,8 +104,11 @@ class FileObjectRanges:
                 piece = self.file.read(length - done)
                 if not piece:
                     break
+                if not isinstance(piece, (bytes, bytearray, memoryview)):
+                    raise SafetensorError(f"{self.source}: the file object's read returned "
+                                          f"a {type(piece).__name__}, not bytes")
+                done += self.within(memoryview(piece).nbytes, length - done, "read")
                 pieces.append(piece)
-                done += len(piece)
             return b"".join(pieces)
         buffer = bytearray(length)
         view, done = memoryview(buffer), 0
@@ -106,13 +116,32 @@ class FileObjectRanges:
             count = self.readinto(view[done:])
             if not count:
                 break
-            done += count
+            done += self.within(count, length - done, "readinto")
         return view[:done]
+
+    def within(self, count: Any, room: int, call: str) -> int:
+        """`count`, the bytes the file object's `call` says it gave when asked for at
+        most `room`; more than that (or not a count) is an error."""
+        if not isinstance(count, int) or count < 0:
+            raise SafetensorError(f"{self.source}: the file object's {call} returned "
+                                  f"{count!r}, not a count of bytes")
+        if count > room:
+            raise SafetensorError(f"{self.source}: the file object's {call} gave {count} "
+                                  f"bytes when asked for {room} (too long)")
+        return count
 
 
 # ---------------------------------------------------------------------------
 # URLs, through fsspec
 # ---------------------------------------------------------------------------
+
+
+class ObjectVersion(NamedTuple):
+    """The object a URL named when it was opened: each answer must be from it."""
+    url: str
+    size: int
+    etag: Optional[str]
+    modified: Any
 
 
 class UrlRanges:
@@ -132,18 +161,24 @@ class UrlRanges:
             raise _translated(error, url, "opening it") from error
         if info.get("type", "file") != "file":
             raise IsADirectoryError(errno.EISDIR, "Is a directory", url)
+        if info.get("size") is None:
+            raise SafetensorError(f"{url}: the store gives no size for the object (it is "
+                                  f"read by byte ranges, which need one)")
         self.size = int(info["size"])
-        self.etag = info.get("ETag") or info.get("etag")
+        self.etag = info.get("ETag") or info.get("etag") or None
         modified = (info.get("LastModified") or info.get("Last-Modified")
                     or info.get("mtime") or info.get("created"))
-        self.identity = (url, self.size, self.etag, modified)
+        self.version = ObjectVersion(url, self.size, self.etag, modified)
+        self.identity = tuple(self.version)
         self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag,
                                                        modified)
 
     def __call__(self, ranges: Sequence[Range]) -> List[Any]:
         try:
             if getattr(self.fs, "async_impl", False):
-                got = _fetch_ranges(self.fs, self.path, ranges, self.read_kwargs)
+                get = _range_getter(self.fs)
+                got = _fetch_ranges(self.fs, ranges, lambda offset, length: get(
+                    self.fs, self.path, offset, length, self.version, self.read_kwargs))
             else:
                 got = self.fs.cat_ranges([self.path] * len(ranges),
                                          [offset for offset, _ in ranges],
@@ -175,13 +210,13 @@ def _seconds_for(size: int) -> float:
     return CONNECT_TIMEOUT + READ_TIMEOUT + size / SLOWEST_RATE
 
 
-def _fetch_ranges(fs: AbstractFileSystem, path: str, ranges: Sequence[Range],
-                  kwargs: Dict[str, Any]) -> List[Any]:
-    """Byte ranges of `path` from an async file system, at most MAX_REQUESTS at once,
-    each its bytes or the exception that fetching it raised. A call that outlasts
-    its deadline raises TimeoutError with every request of it cancelled, retries
-    included (fsspec's ``cat_ranges`` leaves its requests running when its caller
-    gives up)."""
+def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range],
+                  get: Callable[[int, int], Awaitable[Any]]) -> List[Any]:
+    """Byte ranges from an async file system, each ``await get(offset, length)``, at
+    most MAX_REQUESTS at once, each its bytes or the exception that fetching it
+    raised. A call that outlasts its deadline raises TimeoutError with every request
+    of it cancelled, retries included (fsspec's ``cat_ranges`` leaves its requests
+    running when its caller gives up)."""
     import asyncio
 
     from fsspec.asyn import sync  # type: ignore[import-untyped, unused-ignore]
@@ -191,7 +226,7 @@ def _fetch_ranges(fs: AbstractFileSystem, path: str, ranges: Sequence[Range],
 
         async def fetch(offset: int, length: int) -> Any:
             async with slots:
-                return await fs._cat_file(path, start=offset, end=offset + length, **kwargs)
+                return await get(offset, length)
 
         tasks = [asyncio.ensure_future(fetch(offset, length)) for offset, length in ranges]
         try:
@@ -204,6 +239,165 @@ def _fetch_ranges(fs: AbstractFileSystem, path: str, ranges: Sequence[Range],
 
     result: List[Any] = sync(fs.loop, fetch_all)
     return result
+
+
+# One ranged GET per kind of store: (fs, path, offset, length, the version opened, the
+# precondition's keywords) -> the bytes. _get_http and _get_s3 read no more than asked
+# and check what the answer says of itself; _get_other is fsspec's own whole read.
+RangeGetter = Callable[[Any, str, int, int, ObjectVersion, Dict[str, Any]], Awaitable[Any]]
+
+
+def _range_getter(fs: AbstractFileSystem) -> RangeGetter:
+    protocols = _protocols(fs)
+    if protocols & set(HTTP_PROTOCOLS) and hasattr(fs, "set_session"):
+        return _get_http
+    if protocols & set(S3_PROTOCOLS) and hasattr(fs, "_call_s3"):
+        return _get_s3
+    return _get_other
+
+
+async def _get_http(fs: Any, path: str, offset: int, length: int,
+                    version: ObjectVersion, kwargs: Dict[str, Any]) -> Any:
+    """Bytes [offset, offset + length) of an HTTP object, on the aiohttp session of
+    fsspec's HTTPFileSystem (whose request options and headers apply)."""
+    if length == 0:
+        return b""
+    options = {**fs.kwargs, **kwargs}
+    headers = {**options.pop("headers", {}), "Range": f"bytes={offset}-{offset + length - 1}",
+               "Accept-Encoding": "identity"}
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=headers, **options) as response:
+        try:
+            if response.status == 404:
+                raise FileNotFoundError(errno.ENOENT, "No such object", version.url)
+            response.raise_for_status()
+            said = response.headers
+            body = _checked_answer(version, offset, length, response.status,
+                                   said.get("Content-Range"), response.content_length,
+                                   said.get("ETag"), said.get("Last-Modified"))
+            return await _read_at_most(response.content.read, body, version, offset, length)
+        except BaseException:
+            response.close()   # the connection goes with the answer's unread rest
+            raise
+
+
+async def _get_s3(fs: Any, path: str, offset: int, length: int,
+                  version: ObjectVersion, kwargs: Dict[str, Any]) -> Any:
+    """Bytes [offset, offset + length) of an S3 object: s3fs's GetObject (with its
+    IfMatch, its retries), the body read in pieces."""
+    if length == 0:
+        return b""
+    from s3fs.core import (  # type: ignore[import-untyped, unused-ignore]
+        _error_wrapper, version_id_kw)
+
+    bucket, key, version_id = fs.split_path(path)
+
+    async def get_and_read() -> Any:
+        response = await fs._call_s3("get_object", Bucket=bucket, Key=key,
+                                     Range=f"bytes={offset}-{offset + length - 1}",
+                                     **version_id_kw(version_id), **kwargs)
+        stream = response["Body"]
+        try:
+            body = _checked_answer(version, offset, length,
+                                   response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                                   response.get("ContentRange"), response.get("ContentLength"),
+                                   response.get("ETag"), response.get("LastModified"))
+            return await _read_at_most(stream.read, body, version, offset, length)
+        finally:
+            stream.close()
+
+    # as s3fs reads a body: an answer cut short is asked again, a refused one is not
+    return await _error_wrapper(get_and_read, retries=fs.retries)
+
+
+async def _get_other(fs: Any, path: str, offset: int, length: int,
+                     version: ObjectVersion, kwargs: Dict[str, Any]) -> Any:
+    """Bytes [offset, offset + length) through fsspec's ``_cat_file``, which reads
+    the whole answer: checked for length only, by the Reader."""
+    return await fs._cat_file(path, start=offset, end=offset + length, **kwargs)
+
+
+CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+def _checked_answer(version: ObjectVersion, offset: int, length: int, status: Any,
+                    content_range: Optional[str], content_length: Optional[int],
+                    etag: Optional[str], modified: Any) -> int:
+    """How many bytes the body of an answer to a request for [offset, offset + length)
+    may hold, once what the answer says of itself is checked against the request and
+    the object opened: status 206 and a Content-Range that starts at `offset`, ends
+    within the range and gives the object's size; the ETag seen at opening (or, with
+    none, its Last-Modified date). A 200 (the range ignored) is taken only when the
+    whole object was asked for."""
+    asked = f"bytes [{offset}, {offset + length})"
+    if etag and version.etag and etag != version.etag:
+        raise _changed(version, f"its ETag is now {etag}, was {version.etag}", asked)
+    if (not version.etag and isinstance(version.modified, str) and isinstance(modified, str)
+            and modified != version.modified):
+        raise _changed(version, f"its Last-Modified is now {modified}, was "
+                                f"{version.modified}", asked)
+    if status == 200 and offset == 0 and length == version.size:
+        body = length
+    elif status == 200:
+        raise SafetensorError(f"{version.url}: the server ignored the range request for "
+                              f"{asked} (status 200 with the whole object, not 206 with "
+                              f"the range)")
+    elif status != 206:
+        raise SafetensorError(f"{version.url}: {asked}: the server answered with status "
+                              f"{status}, not 206 Partial Content")
+    else:
+        body = _range_answered(version, offset, length, content_range, asked)
+    if content_length is not None and content_length > body:
+        raise SafetensorError(f"{version.url}: the answer for {asked} is {content_length} "
+                              f"bytes long, more than the {body} it should hold (too long)")
+    return body
+
+
+def _range_answered(version: ObjectVersion, offset: int, length: int,
+                    content_range: Optional[str], asked: str) -> int:
+    """The length of the range a 206 answer's Content-Range says it holds, checked
+    to start at `offset`, end within the range asked and give the object's size."""
+    match = CONTENT_RANGE.match(content_range or "")
+    if match is None:
+        raise SafetensorError(f"{version.url}: the answer for {asked} does not say which "
+                              f"bytes it holds (Content-Range {content_range!r})")
+    first, last, total = match.groups()
+    if total != "*" and int(total) != version.size:
+        raise _changed(version, f"its size is now {total} bytes, was {version.size}", asked)
+    held = f"bytes [{first}, {int(last) + 1}) (Content-Range {content_range!r})"
+    if int(first) != offset or int(last) < int(first):
+        raise SafetensorError(f"{version.url}: the server answered {held} to the request "
+                              f"for {asked}")
+    if int(last) >= offset + length:
+        raise SafetensorError(f"{version.url}: the server answered {held} to the request "
+                              f"for {asked}: more than asked (too long)")
+    return int(last) + 1 - offset
+
+
+def _changed(version: ObjectVersion, what: str, asked: str) -> SafetensorError:
+    return SafetensorError(f"{version.url}: the object changed since it was opened ({what}) "
+                           f"while reading {asked}; open it again to read the new object")
+
+
+async def _read_at_most(read: Callable[[int], Awaitable[bytes]], body: int,
+                        version: ObjectVersion, offset: int, length: int) -> bytearray:
+    """An answer's body, which should hold `body` bytes, read in pieces: one byte
+    past them is an error, and nothing beyond it is read. A body that ends early is
+    returned as it is (the Reader reports the short read, naming the tensor)."""
+    out = bytearray(body)
+    done = 0
+    while True:
+        piece = await read(min(READ_PIECE, body + 1 - done))
+        if not piece:
+            break
+        if done + len(piece) > body:
+            raise SafetensorError(f"{version.url}: the answer for bytes [{offset}, "
+                                  f"{offset + length}) goes on past the {body} bytes it "
+                                  f"should hold (too long); the rest was not read")
+        out[done:done + len(piece)] = piece
+        done += len(piece)
+    del out[done:]
+    return out
 
 
 def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileSystem, str]:

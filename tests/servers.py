@@ -10,6 +10,7 @@ import functools
 import hashlib
 import http.server
 import re
+import sys
 import threading
 import time
 import urllib.request
@@ -29,16 +30,27 @@ class RangeServer:
     ``"short-length"`` answers ranges with fewer bytes than asked, honestly
     declared; ``"stall"`` answers GETs only when the test ends; ``"change"``
     replaces each object's content after the first GET (a new ETag);
-    ``"ignore-range"`` answers every GET with the whole object (200).
+    ``"ignore-range"`` answers every GET with the whole object (200);
+    ``"endless"`` ignores Range and streams a chunked body (200) with no end;
+    ``"overlong"`` answers a range with its Content-Range, then a chunked body that
+    goes on past it with no end; ``"new-version"`` ignores If-Match and
+    If-Unmodified-Since and answers from a new version of the object (the same
+    header, every byte after it inverted) with that version's ETag and date;
+    ``"range-total"`` sends the right bytes with a Content-Range whose total is one
+    byte more than the object; ``"range-start"`` sends the bytes one further on
+    than asked, and a Content-Range that says so. An endless body stops when the
+    client hangs up, at ``endless_limit`` bytes, or when the test ends. The first
+    ``honest_gets`` GETs are answered honestly whatever the mode.
     ``delay`` seconds are waited before each GET's answer. Each object has a
     Last-Modified date (a content first seen is a second later than the one before
-    it), and ``If-Unmodified-Since`` is honoured; ``etags = False`` leaves ETags out."""
+    it), and ``If-Unmodified-Since`` is honoured; ``etags = False`` leaves ETags out,
+    ``sizes = False`` the Content-Length of HEAD answers. A client that hangs up
+    while it is answered is no error of the server's."""
 
     def __init__(self, objects=None):
         self.objects = dict(objects or {})
-        self.mode = None
-        self.delay = 0.0
-        self.etags = True
+        self.be_honest()
+        self.endless_limit = 2 << 30
         self.versions = {}            # path -> (ETag of the content, its modification time)
         self.requests = []            # (method, path, Range header or None)
         self.bytes_sent = 0
@@ -46,8 +58,7 @@ class RangeServer:
         self.most_in_flight = 0
         self.lock = threading.Lock()
         self.released = threading.Event()   # ends stalls
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
-        self.server.daemon_threads = True
+        self.server = QuietServer(("127.0.0.1", 0), self.handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
@@ -64,6 +75,14 @@ class RangeServer:
                 seen = self.versions[path] = (tag, max(int(time.time()),
                                                        seen[1] + 1 if seen else 0))
         return seen[1]
+
+    def be_honest(self):
+        """No hostile mode, no delay, ETags and sizes given."""
+        self.mode = None
+        self.honest_gets = 0
+        self.delay = 0.0
+        self.etags = True
+        self.sizes = True
 
     def reset_counts(self):
         with self.lock:
@@ -96,6 +115,7 @@ class RangeServer:
 
             def do_HEAD(self):
                 store.record("HEAD", self.path, None)
+                self.mode = None
                 data = store.objects.get(self.path)
                 if data is None:
                     return self.answer(404, b"", head=True)
@@ -106,6 +126,7 @@ class RangeServer:
                 asked = self.headers.get("Range")
                 with store.counting():
                     store.record("GET", self.path, asked)
+                    self.mode = store.hostile_mode()
                     self.get(asked)
 
             def get(self, asked):
@@ -114,37 +135,84 @@ class RangeServer:
                 data = store.objects.get(self.path)
                 if data is None:
                     return self.answer(404, b"")
-                if store.mode == "stall":
+                if self.mode == "stall":
                     store.released.wait(30)
                     return
                 etag, modified = etag_of(data), store.modified(self.path, data)
-                if store.mode == "change":
+                if self.mode == "change":
                     store.objects[self.path] = bytes(255 - b for b in data[:64]) + data[64:]
-                wanted = self.headers.get("If-Match")
-                if wanted is not None and wanted != etag:
+                if self.mode == "new-version":
+                    data, modified = new_version(data), modified + 1
+                    etag = etag_of(data)
+                elif not self.preconditions_hold(etag, modified):
                     return self.answer(412, b"")
-                since = self.headers.get("If-Unmodified-Since")
-                if since is not None and modified > email.utils.parsedate_to_datetime(
-                        since).timestamp():
-                    return self.answer(412, b"")
+                if self.mode == "endless":
+                    return self.endless(200, etag=etag, modified=modified)
                 match = RANGE.match(asked or "")
-                if match is None or store.mode == "ignore-range":
+                if match is None or self.mode == "ignore-range":
                     return self.answer(200, data, etag=etag, modified=modified)
                 first = int(match.group(1))
                 last = int(match.group(2)) if match.group(2) else len(data) - 1
                 last = min(last, len(data) - 1)
                 if first >= len(data):
                     return self.answer(416, b"")
+                total = len(data) + (self.mode == "range-total")
+                if self.mode == "range-start":
+                    first, last = first + 1, min(last + 1, len(data) - 1)
+                content_range = f"bytes {first}-{last}/{total}"
+                if self.mode == "overlong":
+                    return self.endless(206, etag=etag, modified=modified,
+                                        content_range=content_range)
                 body = memoryview(data)[first:last + 1]
-                if store.mode == "short-length":
+                if self.mode == "short-length":
                     body = body[:len(body) // 2]
+                    content_range = f"bytes {first}-{first + len(body) - 1}/{total}"
                 self.answer(206, body, etag=etag, modified=modified,
-                            content_range=f"bytes {first}-{first + len(body) - 1}/{len(data)}")
+                            content_range=content_range)
 
-            def answer(self, status, body, *, head=False, etag=None, modified=None,
-                       content_range=None):
+            def preconditions_hold(self, etag, modified):
+                wanted = self.headers.get("If-Match")
+                if wanted is not None and wanted != etag:
+                    return False
+                since = self.headers.get("If-Unmodified-Since")
+                return since is None or modified <= email.utils.parsedate_to_datetime(
+                    since).timestamp()
+
+            def endless(self, status, **headers):
+                """A chunked body with no end: pieces until the client hangs up."""
                 self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Transfer-Encoding", "chunked")
+                self.headers_of(**headers)
+                self.end_headers()
+                self.close_connection = True    # no last chunk: the connection just ends
+                piece = b"\x5a" * (64 << 10)
+                chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+                sent = 0
+                while sent < store.endless_limit and not store.released.is_set():
+                    with store.lock:
+                        store.bytes_sent += len(piece)
+                    try:
+                        self.wfile.write(chunk)
+                    except OSError:    # the client hung up
+                        return
+                    sent += len(piece)
+
+            def answer(self, status, body, *, head=False, **headers):
+                self.send_response(status)
+                if store.sizes or not head:
+                    self.send_header("Content-Length", str(len(body)))
+                self.headers_of(**headers)
+                self.end_headers()
+                if head:
+                    return
+                if self.mode == "short" and len(body) > 1:
+                    body = body[:len(body) // 2]
+                    self.close_connection = True
+                with store.lock:   # counted first: the client may go on before write returns
+                    store.bytes_sent += len(body)
+                self.wfile.write(body)
+
+            def headers_of(self, *, etag=None, modified=None, content_range=None):
                 self.send_header("Accept-Ranges", "bytes")
                 if etag and store.etags:
                     self.send_header("ETag", etag)
@@ -153,17 +221,16 @@ class RangeServer:
                                                                              usegmt=True))
                 if content_range:
                     self.send_header("Content-Range", content_range)
-                self.end_headers()
-                if head:
-                    return
-                if store.mode == "short" and len(body) > 1:
-                    body = body[:len(body) // 2]
-                    self.close_connection = True
-                with store.lock:   # counted first: the client may go on before write returns
-                    store.bytes_sent += len(body)
-                self.wfile.write(body)
 
         return Handler
+
+    def hostile_mode(self):
+        """The mode this GET is answered in: none for the first `honest_gets`."""
+        with self.lock:
+            if self.honest_gets > 0:
+                self.honest_gets -= 1
+                return None
+            return self.mode
 
     def record(self, method, path, asked):
         with self.lock:
@@ -179,6 +246,24 @@ class RangeServer:
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A threaded HTTP server that takes a client hanging up in silence."""
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+@functools.lru_cache(maxsize=64)
+def new_version(data):
+    """`data` as a new version of a safetensors file: the same header, every byte
+    after it inverted (the whole of it inverted when it has no header)."""
+    start = 8 + int.from_bytes(data[:8], "little") if len(data) >= 8 else 0
+    start = start if start <= len(data) else 0
+    return data[:start] + bytes(255 - b for b in data[start:])
 
 
 @functools.lru_cache(maxsize=64)   # bytes cache their hash: a hit costs no pass over them

@@ -7,6 +7,10 @@
   it raises, disagreements between entry points included, fails the test.
 * With atheris: the target runs under libFuzzer for 2,000 inputs on a seed corpus
   written into a temporary folder and must exit cleanly.
+
+The same for fuzz/fuzz_ranges.py, the ranged reader against a fetch that lies as a
+script says: its seeds and a few thousand random scripts over mutated files, then,
+with atheris, 2,000 inputs under libFuzzer.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import fastst
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUZZ = os.path.join(ROOT, "fuzz")
 TARGET = os.path.join(FUZZ, "fuzz_load.py")
+RANGES_TARGET = os.path.join(FUZZ, "fuzz_ranges.py")
 MAX_SEED_SIZE = 4096
 MUTATIONS = 2000
 
@@ -120,6 +125,53 @@ def test_target_runs_under_libfuzzer(tmp_path, corpus_module):
         [sys.executable, TARGET, str(corpus), "-runs=2000", "-seed=1", "-max_len=4096",
          "-timeout=5", "-rss_limit_mb=2048", f"-artifact_prefix={tmp_path}{os.sep}",
          f"-dict={os.path.join(FUZZ, 'safetensors.dict')}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=120)
+    output = result.stdout.decode("utf-8", "replace")
+    assert result.returncode == 0, output[-6000:]
+    assert "Done 2000 runs" in output, output[-3000:]
+
+
+def _lying_inputs(target, rng: random.Random, count: int):
+    """Seeds of the ranged target with random scripts (padding first), their files
+    now and then changed as headers."""
+    seeds = [data for _, data in target.seeds()]
+    for _ in range(count):
+        base = rng.choice(seeds)
+        file = base[1 + base[0]:]
+        script = bytes([rng.randrange(4), rng.randrange(256)]
+                       + [rng.randrange(256) for _ in range(rng.randint(0, 40))])
+        if rng.random() < 0.5:
+            file = target.fuzz_load.mutate_structure(file, rng, MAX_SEED_SIZE) or file
+        yield target.joined(script, file)
+
+
+def test_ranges_target_accepts_seeds_and_lying_scripts_without_atheris():
+    target = _module("fuzz_ranges")
+    rng = random.Random(20261125)
+    inputs = [data for _, data in target.seeds()] + list(_lying_inputs(target, rng, MUTATIONS))
+    failures = []
+    for data in inputs:
+        try:
+            target.TestOneInput(data)
+        except Exception as error:   # the target lets only the allowed errors through
+            failures.append(f"{type(error).__name__}: {str(error)[:300]}\n"
+                            f"    input: {data!r}"[:900])
+    assert not failures, (f"{len(failures)} of {len(inputs)} inputs failed; first ones:\n"
+                          + "\n".join(failures[:5]))
+
+
+def test_ranges_target_runs_under_libfuzzer(tmp_path):
+    pytest.importorskip("atheris")
+    corpus = tmp_path / "corpus"
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(fastst.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    subprocess.run([sys.executable, RANGES_TARGET, "--write-seeds", str(corpus)], check=True,
+                   env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, RANGES_TARGET, str(corpus), "-runs=2000", "-seed=1", "-max_len=4096",
+         "-timeout=5", "-rss_limit_mb=2048", f"-artifact_prefix={tmp_path}{os.sep}"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         timeout=120)
     output = result.stdout.decode("utf-8", "replace")

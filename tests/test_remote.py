@@ -5,6 +5,8 @@ import json
 import os
 import pickle
 import struct
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -50,15 +52,11 @@ def putter(server):
 @pytest.fixture
 def served(http_store):
     """Put objects on the HTTP server; yields (server, put(name, data) -> URL)."""
-    http_store.mode = None
-    http_store.delay = 0.0
-    http_store.etags = True
+    http_store.be_honest()
     http_store.objects.clear()
     http_store.reset_counts()
     yield http_store, putter(http_store)
-    http_store.mode = None
-    http_store.delay = 0.0
-    http_store.etags = True
+    http_store.be_honest()
 
 
 @pytest.fixture
@@ -257,6 +255,8 @@ def test_a_store_that_answers_with_the_wrong_length_is_an_error(served, mode):
             f.get_tensor("big")
     if mode == "short-length":
         assert "tensor 'big'" in str(error.value) and "short read" in str(error.value)
+    if mode == "ignore-range":
+        assert "ignored the range request" in str(error.value)
 
 
 def test_a_header_length_past_the_object_is_an_error(served):
@@ -327,6 +327,206 @@ def test_a_fetch_that_returns_the_wrong_shape_is_an_error():
         reader.open_ranges("x", len(data), lambda ranges: [object()])
     with pytest.raises(SafetensorError, match="size must be an integer"):
         reader.open_ranges("x", -1, lambda ranges: [])
+
+
+def test_a_fetch_that_returns_more_than_asked_is_too_long_not_short():
+    data = fastst.save({"a": np.arange(10.0)})
+    reader = Reader()
+    with pytest.raises(SafetensorError, match=r"came back \d+ bytes long, not \d+ \(too long\)"):
+        reader.open_ranges("x", len(data), lambda ranges: [data + b"!" for _ in ranges])
+    with pytest.raises(SafetensorError, match=r"not \d+ \(a short read\)"):
+        reader.open_ranges("x", len(data), lambda ranges: [data[:-1] for _ in ranges])
+
+
+def test_a_fetch_that_answers_with_a_strided_view_or_too_few_answers_says_so():
+    data = fastst.save({"a": np.arange(10.0)})
+
+    def strided(ranges):
+        spaced = bytearray(2 * len(data))
+        spaced[::2] = data
+        return [memoryview(spaced)[::2] for _ in ranges]
+
+    with pytest.raises(fastst.SafetensorTypeError,
+                       match=r"fetch returned a memoryview for bytes \[0, \d+\) that is not "
+                             r"contiguous"):
+        Reader().open_ranges("x", len(data), strided)
+    with pytest.raises(SafetensorError, match=r"one bytes-like per range \(1\), got 2 of them"):
+        Reader().open_ranges("x", len(data), lambda ranges: [data, data])
+
+
+def test_a_file_object_that_gives_more_than_asked_is_refused():
+    data = fastst.save({"a": np.arange(10.0)})
+
+    class Flooding(io.BytesIO):     # read(n) gives a megabyte more than n
+        readinto = None
+
+        def read(self, size=-1):
+            return super().read(size) + bytes(MiB)
+
+    class Boasting(io.BytesIO):     # readinto fills the buffer and says it gave more
+        def readinto(self, buffer):
+            return super().readinto(buffer) + 100
+
+    class Texting(io.BytesIO):      # read gives text
+        readinto = None
+
+        def read(self, size=-1):
+            return super().read(size).decode("latin-1")
+
+    with pytest.raises(SafetensorError, match=rf"read gave {len(data) + MiB} bytes when asked "
+                                              rf"for {len(data)} \(too long\)"):
+        fastst.safe_open(Flooding(data))
+    with pytest.raises(SafetensorError, match=rf"readinto gave {len(data) + 100} bytes when "
+                                              rf"asked for {len(data)} \(too long\)"):
+        fastst.safe_open(Boasting(data))
+    with pytest.raises(SafetensorError, match="read returned a str, not bytes"):
+        fastst.safe_open(Texting(data))
+
+
+def s3_through(server):
+    """storage_options that reach `server` as an S3 endpoint (objects at /bucket/key)."""
+    return {"key": "k", "secret": "s", "skip_instance_cache": True,
+            "client_kwargs": {"endpoint_url": server.url, "region_name": "eu-west-1"}}
+
+
+def on_store(server, put, store, name, data):
+    """The URL and storage_options of `data` put on `server`, over HTTP or as S3."""
+    put(f"bucket/{name}", data)
+    if store == "http":
+        return f"{server.url}/bucket/{name}", None
+    pytest.importorskip("s3fs")
+    return f"s3://bucket/{name}", s3_through(server)
+
+
+LYING_ANSWERS = {
+    "new-version": r"changed since it was opened \(its ETag is now \"\w+\", was \"\w+\"\)",
+    "range-start": r"answered bytes \[145, 524433\) \(Content-Range 'bytes 145-524432/524560'\) "
+                   r"to the request for bytes \[144, 524432\)",
+    "range-total": r"changed since it was opened \(its size is now 524561 bytes, was 524560\)",
+    "ignore-range": r"ignored the range request for bytes \[144, 524432\) \(status 200",
+}
+
+
+@pytest.mark.parametrize("store", ["http", "s3"])
+@pytest.mark.parametrize("mode", sorted(LYING_ANSWERS))
+def test_an_answer_that_is_not_the_bytes_asked_of_the_version_opened_is_refused(
+        served, store, mode):
+    """A server that ignores If-Match and answers from a new version, or answers other
+    bytes than asked, or gives another size: refused, never read as the tensor."""
+    server, put = served
+    tensors = {"big": np.arange(64 * 1024, dtype=np.float64), "tail": np.ones(16)}
+    url, options = on_store(server, put, store, f"{mode}.safetensors", fastst.save(tensors))
+    with fastst.safe_open(url, storage_options=options) as f:
+        assert f.data_start == 144   # 'big' is bytes [144, 524432) of 524560
+        server.mode = mode
+        with pytest.raises(SafetensorError, match=LYING_ANSWERS[mode]) as error:
+            f.get_tensor("big")
+    assert str(error.value).startswith(f"{url}: ")
+
+
+def test_an_answer_from_a_later_date_is_refused_where_there_is_no_etag(served):
+    server, put = served
+    server.etags = False
+    url = put("undated.safetensors", fastst.save({"big": np.arange(64 * 1024.0)}))
+    with fastst.safe_open(url) as f:
+        server.mode = "new-version"     # ignores If-Unmodified-Since
+        with pytest.raises(SafetensorError, match=f"^{url}: the object changed since it was "
+                                                  r"opened \(its Last-Modified is now"):
+            f.get_tensor("big")
+
+
+def test_a_server_that_ignores_ranges_still_serves_a_whole_small_object(served, tmp_path):
+    """Where the range asked is the whole object, the whole object is the answer."""
+    server, put = served
+    tensors = {"a": np.arange(100.0), "b": np.zeros((4, 4), np.int8)}
+    url = put("whole.safetensors", fastst.save(tensors))
+    server.mode = "ignore-range"
+    assert_same(fastst.load_file(url), tensors)
+    _, files = sharded(tmp_path)
+    urls = {name: put(f"whole/{name}", data) for name, data in files.items()}
+    with fastst.safe_open(urls[INDEX]) as f:
+        assert f.keys() == [f"layer.{k}" for k in range(6)]
+
+
+def test_an_object_of_no_known_size_is_refused(served):
+    server, put = served
+    url = put("sizeless.safetensors", fastst.save({"a": np.zeros(3)}))
+    server.sizes = False        # no Content-Length to a HEAD; the GET asked then goes on
+    server.mode = "endless"
+    with pytest.raises(SafetensorError, match=f"^{url}: the store gives no size"):
+        fastst.safe_open(url)
+
+
+ENDLESS_READER = """
+import json, os, resource, sys
+import fsspec, fastst, fastst.cli, fastst.remote   # all a read loads, loaded
+if sys.argv[2] != "null":
+    import s3fs
+base = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10
+resource.setrlimit(resource.RLIMIT_AS, (base + (768 << 20), resource.RLIM_INFINITY))
+url, options, action = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+try:
+    if action == "inspect":
+        sys.exit(fastst.cli.main(["inspect", "--json", url]))
+    with fastst.safe_open(url, storage_options=options) as f:
+        if action == "tensor":
+            f.get_tensor("big")
+    print("read")
+except fastst.SafetensorError as error:
+    print("refused:", error)
+except MemoryError:
+    print("out of memory")
+"""
+
+# (mode, store, what is read, GETs answered honestly first, what the refusal says)
+ENDLESS = [
+    ("endless", "http", "open", 0, "ignored the range request for bytes [0, 65536)"),
+    ("endless", "http", "tensor", 1, "ignored the range request for bytes [144, 524432)"),
+    ("overlong", "http", "tensor", 1, "the answer for bytes [144, 524432) goes on past the "
+                                      "524288 bytes it should hold (too long)"),
+    ("endless", "http", "index", 0, "goes on past the 396 bytes it should hold (too long)"),
+    ("endless", "http", "inspect", 0, "ignored the range request for bytes [0, 65536)"),
+    ("endless", "s3", "open", 0, "ignored the range request for bytes [0, 65536)"),
+    ("endless", "s3", "tensor", 1, "ignored the range request for bytes [144, 524432)"),
+    ("overlong", "s3", "tensor", 1, "goes on past the 524288 bytes it should hold (too long)"),
+    ("endless", "s3", "index", 0, "goes on past the 396 bytes it should hold (too long)"),
+]
+
+
+@pytest.mark.parametrize("mode, store, action, honest, refusal", ENDLESS,
+                         ids=[f"{m}-{s}-{a}" for m, s, a, _, _ in ENDLESS])
+def test_an_answer_without_end_is_read_no_further_than_asked(served, tmp_path, mode, store,
+                                                             action, honest, refusal):
+    """A server that ignores Range and streams a chunked body without end, or sends
+    a range and goes on past it: the header at opening, a tensor, a checkpoint's
+    index, inspect, read in a child process with a bounded address space; the
+    server counts what it sent. Nothing past the bytes asked is read."""
+    server, put = served
+    tensors = {"big": np.arange(64 * 1024, dtype=np.float64), "tail": np.ones(16)}
+    name = "model.safetensors"
+    if action == "index":
+        name = INDEX
+        _, files = sharded(tmp_path)
+        for shard, data in files.items():
+            put(f"bucket/{shard}", data)
+        assert len(files[INDEX]) == 396
+    url, options = on_store(server, put, store, name,
+                            files[INDEX] if action == "index" else fastst.save(tensors))
+    server.endless_limit = 1 << 30
+    server.mode, server.honest_gets = mode, honest
+    server.reset_counts()
+    done = subprocess.run([sys.executable, "-c", ENDLESS_READER, url, json.dumps(options),
+                           action], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MALLOC_ARENA_MAX": "2"})
+    output = done.stdout.strip()
+    if action == "inspect":
+        report = json.loads(output)
+        assert report["file"] == url and done.returncode == 1, output
+        output = report["error"]
+    else:
+        assert output.startswith(f"refused: {url}: "), (output, done.stderr[-3000:])
+    assert refusal in output, output
+    assert server.bytes_sent < 64 * MiB     # what the sockets' buffers took in, at most
 
 
 # ---------------------------------------------------------------------------

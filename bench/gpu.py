@@ -196,7 +196,8 @@ def fastst_load(path: str, chunk: Optional[int] = None, buffers: Optional[int] =
     if chunk is None:
         tensors = ft.load_file(path, device="cuda")
     else:
-        tensors = _cuda.load_file(path, DEVICE, chunk_bytes=chunk, buffers=buffers or 1)
+        with fastst.safe_open(path) as opened:
+            tensors = _cuda.load_all(opened, DEVICE, chunk_bytes=chunk, buffers=buffers or 1)
     torch.cuda.synchronize()
     del tensors
 

@@ -7,9 +7,8 @@ here imports a framework to ask whether a value is one of its tensors.
 """
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ._core import SafetensorError
 from ._slicing import Converter
@@ -18,23 +17,36 @@ __all__ = ["FRAMEWORKS", "NUMPY_FRAMEWORKS", "converter", "check_numpy_device",
            "tensor_adapter"]
 
 NUMPY_FRAMEWORKS = ("np", "numpy")
-# framework name, as safe_open takes it -> the module that adapts NumPy arrays to it
-FRAMEWORKS: Dict[str, str] = {"pt": "fastst._torch_adapter", "torch": "fastst._torch_adapter",
-                              "pytorch": "fastst._torch_adapter", "jax": "fastst.jax",
-                              "flax": "fastst.jax"}
-# top-level package of a tensor's type -> the module that writes such tensors (JAX
+
+
+def _torch() -> ModuleType:
+    from . import _torch_adapter   # imports torch
+
+    return _torch_adapter
+
+
+def _jax() -> ModuleType:
+    from . import jax   # imports JAX
+
+    return jax
+
+
+# framework name, as safe_open takes it -> its adapter, imported on first use
+FRAMEWORKS: Dict[str, Callable[[], ModuleType]] = {
+    "pt": _torch, "torch": _torch, "pytorch": _torch, "jax": _jax, "flax": _jax}
+# top-level package of a tensor's type -> the adapter that writes such tensors (JAX
 # arrays need none: NumPy views them)
-TENSOR_PACKAGES: Dict[str, str] = {"torch": "fastst._torch_adapter"}
+TENSOR_PACKAGES: Dict[str, Callable[[], ModuleType]] = {"torch": _torch}
 
 
 def converter(framework: str, device: Any) -> Converter[Any]:
     """The converter of `framework`'s adapter for `device`: a function of
     (NumPy array, tensor name, TensorInfo) that returns the framework's tensor."""
-    module = FRAMEWORKS.get(framework) if isinstance(framework, str) else None
-    if module is None:
+    adapter = FRAMEWORKS.get(framework) if isinstance(framework, str) else None
+    if adapter is None:
         raise SafetensorError(
             f"unknown framework {framework!r}; use 'np', 'pt' (torch) or 'jax'/'flax'")
-    made: Converter[Any] = importlib.import_module(module).converter(device)
+    made: Converter[Any] = adapter().converter(device)
     return made
 
 
@@ -47,8 +59,8 @@ def check_numpy_device(device: Any) -> None:
 def tensor_adapter(value: Any) -> Optional[ModuleType]:
     """The adapter that writes `value`, a framework's tensor (with ``spec_of_tensor``
     and ``as_numpy``); None for anything else."""
-    module = TENSOR_PACKAGES.get(type(value).__module__.partition(".")[0])
-    if module is None:
+    load = TENSOR_PACKAGES.get(type(value).__module__.partition(".")[0])
+    if load is None:
         return None
-    adapter = importlib.import_module(module)
+    adapter = load()
     return adapter if adapter.is_tensor(value) else None

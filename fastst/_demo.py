@@ -11,7 +11,7 @@ import numpy as np
 
 from ._version import __version__
 from ._api import safe_open, save_file
-from .cli import describe, format_table, human_size, render_inspect
+from ._inspect import describe, format_table, human_size, render_inspect
 
 DEMO_LAYERS = 4
 DEMO_FILE = "demo.safetensors"

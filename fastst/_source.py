@@ -215,7 +215,7 @@ class FileObject(Source):
     def open(self, reader: Reader, *, max_header_size: int) -> None:
         from .remote import FileObjectRanges   # what a file object needs: imported when used
 
-        ranges = FileObjectRanges(self.file)
+        ranges = FileObjectRanges(self.file, self.label)
         reader.open_ranges(self.label, ranges.size, ranges, max_header_size=max_header_size)
 
     def cannot_reopen(self) -> str:

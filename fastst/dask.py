@@ -224,7 +224,7 @@ class Chunk:
 def read_chunk(chunk: Chunk) -> np.ndarray:
     """Rows ``[chunk.first, chunk.last)`` of the chunk's tensor, through this
     process's open file (opened, and checked to be the same file, on first use)."""
-    return open_file(chunk.opening).read_rows(chunk.name, chunk.first, chunk.last)
+    return kept_open(chunk.opening).read_rows(chunk.name, chunk.first, chunk.last)
 
 
 class OpenFile:
@@ -249,7 +249,7 @@ _open_files: "OrderedDict[bytes, OpenFile]" = OrderedDict()
 _open_files_lock = threading.Lock()
 
 
-def open_file(opening: bytes) -> Any:
+def kept_open(opening: bytes) -> Any:
     """The file a dask array reads, opened once per process and kept (the most
     recent ``OPEN_FILES_KEPT``); a local file is checked, at each later use, to
     be the one the array was made from (one ``stat``)."""

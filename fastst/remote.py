@@ -77,10 +77,9 @@ class FileObjectRanges:
     """Byte ranges of a binary file object, read one at a time under a lock (the
     object has one position); ``readinto`` is used where the object has it."""
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: Any, label: str) -> None:
         self.file = file
-        name = getattr(file, "name", None) or getattr(file, "path", None)
-        self.source = name if isinstance(name, str) else f"<{type(file).__name__}>"
+        self.source = label     # what messages call it
         self.lock = threading.Lock()
         self.readinto = getattr(file, "readinto", None)
         try:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fastst
-from fastst import _demo, cli
+from fastst import _demo, _inspect, cli
 from helpers import raw_file
 
 
@@ -55,7 +55,7 @@ def _expected_lines(path):
         "tensors      6",
         "total bytes  8252 (8.1 KiB)",
         f"header       {n} bytes (tensor data starts at byte {n + 8})",
-        f"file size    {size} ({cli.human_size(size)})",
+        f"file size    {size} ({_inspect.human_size(size)})",
         "",
         "metadata     2 entries",
         "  author  tests",
@@ -424,7 +424,7 @@ def test_help_exits_0(capsys):
     (2**20, "1.0 MiB"), (5 * 2**30, "5.0 GiB"), (3 * 2**40, "3.0 TiB"),
 ])
 def test_human_size(nbytes, text):
-    assert cli.human_size(nbytes) == text
+    assert _inspect.human_size(nbytes) == text
 
 
 # ---------------------------------------------------------------------------
@@ -439,7 +439,7 @@ def _check_demo_output(out, path):
     assert "  every tensor round-trips byte for byte: True" in lines
     assert "  writing to a view leaves the file unchanged (private map): True" in lines
     # The inspect table of the checkpoint, exactly as `fastst inspect` prints it.
-    table = cli.render_inspect(cli.describe(str(path)))
+    table = _inspect.render_inspect(_inspect.describe(str(path)))
     start = lines.index(f"file: {path}")
     assert lines[start:start + len(table)] == table
     assert "tensors      36" in lines

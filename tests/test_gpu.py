@@ -46,6 +46,24 @@ def bits(tensor):
     return tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
 
 
+def load_through(target, backend, make_dest, make_ring):
+    """``_cuda.load_through`` of the file (or checkpoint) `target` opened with `backend`."""
+    with fastst.safe_open(target, backend=backend) as opened:
+        return _cuda.load_through(opened, make_dest, make_ring)
+
+
+def load_into_through(targets, path, backend, make_dest, make_ring, **options):
+    """``_cuda.load_into_through`` of the file (or checkpoint) `path` opened with `backend`."""
+    with fastst.safe_open(path, backend=backend) as opened:
+        return _cuda.load_into_through(targets, opened, make_dest, make_ring, **options)
+
+
+def load_all(path, device, **options):
+    """``_cuda.load_all`` of the file (or checkpoint) at `path`."""
+    with fastst.safe_open(path) as opened:
+        return _cuda.load_all(opened, device, **options)
+
+
 def assert_same(got: dict, want: dict) -> None:
     assert list(got) == list(want)
     for name, tensor in want.items():
@@ -192,7 +210,7 @@ def host_load(path, chunk_bytes, buffers, truncate_to=None, fail_at=None):
         return rings[0]
 
     try:
-        return _cuda.load_through(path, "mmap", make_dest, make_ring), rings
+        return load_through(path, "mmap", make_dest, make_ring), rings
     except BaseException as error:
         error.rings = rings
         raise
@@ -306,7 +324,7 @@ def test_every_dtype_on_the_device(every_dtype, device):
 def test_odd_alignments_and_chunk_sizes_on_the_device(every_dtype, misaligned, chunk_bytes,
                                                       buffers):
     for path in (every_dtype, misaligned):
-        got = _cuda.load_file(path, torch.device("cuda"), chunk_bytes=chunk_bytes,
+        got = load_all(path, torch.device("cuda"), chunk_bytes=chunk_bytes,
                               buffers=buffers)
         assert_same(got, ft.load_file(path))
     assert got["f32"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
@@ -352,7 +370,7 @@ def test_truncated_on_the_device_frees_the_pinned_ring(tmp_path, monkeypatch, ri
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
     with pytest.raises(fastst.SafetensorError, match=rf"tensor 'b' .* ends at byte {cut}"):
-        _cuda.load_file(path, torch.device("cuda"), chunk_bytes=MiB, buffers=4)
+        load_all(path, torch.device("cuda"), chunk_bytes=MiB, buffers=4)
     # freed while the error and its traceback live on
     assert len(ring_buffers) == 1 and ring_buffers[0]() is None
     assert torch.cuda.memory_allocated() == allocated
@@ -432,7 +450,7 @@ def test_a_sharded_checkpoint_streams_shard_by_shard(tmp_path):
 
     for opened in (tmp_path, tmp_path / "model.safetensors.index.json"):
         rings.clear(), allocations.clear()
-        got = _cuda.load_through(opened, "pread", make_dest, make_ring)
+        got = load_through(opened, "pread", make_dest, make_ring)
         assert list(got) == list(tensors)
         for name, array in tensors.items():
             np.testing.assert_array_equal(got[name].numpy(), array)
@@ -452,7 +470,7 @@ def test_a_broken_checkpoint_is_refused_before_any_shard_is_streamed(tmp_path):
         return torch.empty(total, dtype=torch.uint8)
 
     with pytest.raises(fastst.SafetensorError, match="'layer.3' is absent from its shard"):
-        _cuda.load_through(tmp_path, "mmap", make_dest, None)
+        load_through(tmp_path, "mmap", make_dest, None)
     assert streamed == []
 
 
@@ -464,7 +482,7 @@ def test_a_directory_of_one_file_streams_that_file(tmp_path):
     def make_ring(dest, total):
         return HostRing(dest, *_cuda.ring_shape(total, 4, 2))
 
-    got = _cuda.load_through(tmp_path, "mmap", make_dest, make_ring)
+    got = load_through(tmp_path, "mmap", make_dest, make_ring)
     assert got["w"].tolist() == list(range(6))
 
 
@@ -531,19 +549,20 @@ class FileConverter:
 
 
 def test_get_tensors_hands_the_whole_file_to_a_converter_that_takes_one(tmp_path):
-    from fastst._handle import open_file, open_remote
+    from fastst._handle import open_handle
+    from fastst._source import FileObject, LocalFile
 
     path = tmp_path / "w.safetensors"
     fastst.save_file({"a": np.ones(3), "b": np.zeros(2)}, path, checksum="xxh3_64")
     convert = FileConverter()
     for backend in ("mmap", "pread"):
-        with open_file(path, convert, backend=backend) as f:
+        with open_handle(LocalFile(path, backend), convert) as f:
             assert f.get_tensors() == {"a": ("file", "a"), "b": ("file", "b")}
             assert f.get_tensor("a") == ("one", "a")
     assert convert.files == [str(path)] * 2
-    with open_file(path, convert, verify=True) as f:     # checked tensor by tensor
+    with open_handle(LocalFile(path), convert, verify=True) as f:   # checked tensor by tensor
         assert f.get_tensors() == {"a": ("one", "a"), "b": ("one", "b")}
-    with open(path, "rb") as file, open_remote(file, convert) as f:   # read by ranges
+    with open(path, "rb") as file, open_handle(FileObject(file), convert) as f:   # by ranges
         assert f.get_tensors() == {"a": ("one", "a"), "b": ("one", "b")}
     assert len(convert.files) == 2
 
@@ -586,7 +605,7 @@ def test_a_model_state_streams_into_its_own_memory(tmp_path, chunk_bytes, buffer
         sizes.append(total)
         return make_dest(total, source)
 
-    placed, rest = _cuda.load_into_through(
+    placed, rest = load_into_through(
         state, tmp_path if sharded else tmp_path / "m.safetensors", "mmap", counted_dest,
         make_ring)
     assert sorted(placed) == sorted(saved.state_dict()) and rest == {}
@@ -608,7 +627,7 @@ def test_tensors_that_do_not_fit_their_target_go_to_one_allocation(tmp_path, mis
     del state["2.weight"]                         # no target at all
     state["1.running_mean"] = torch.zeros(7)      # the one that fits
     make_dest, make_ring, _ = host_stand_ins(5, 3)
-    placed, rest = _cuda.load_into_through(state, path, "pread", make_dest, make_ring)
+    placed, rest = load_into_through(state, path, "pread", make_dest, make_ring)
     fitting = {"1.running_mean", "1.num_batches_tracked"}   # int64 in both models
     assert sorted(placed) == sorted(fitting)
     for name in fitting:
@@ -619,7 +638,7 @@ def test_tensors_that_do_not_fit_their_target_go_to_one_allocation(tmp_path, mis
         assert torch.equal(tensor, saved.state_dict()[name])
         assert (tensor.data_ptr() - base) % _cuda.PACKED_ALIGNMENT == 0
     # tensors at offsets their element size does not divide, packed apart and aligned
-    placed, rest = _cuda.load_into_through({}, misaligned, "mmap", make_dest, make_ring)
+    placed, rest = load_into_through({}, misaligned, "mmap", make_dest, make_ring)
     assert placed == []
     assert_same(rest, ft.load_file(misaligned))
 
@@ -696,7 +715,7 @@ def test_jax_takes_the_packed_allocation_as_the_numpy_arrays_are(request, fixtur
 
 def check_jax_takes_the_packed_allocation(fj, path, backend):
     make_dest, make_ring, rings = host_stand_ins(5, 3)
-    _, tensors = _cuda.load_into_through({}, path, backend, make_dest, make_ring,
+    _, tensors = load_into_through({}, path, backend, make_dest, make_ring,
                                          place=_cuda.numpy_place)
     assert all(ring.finished and ring.released for ring in rings)
     base = min(tensor.data_ptr() for tensor in tensors.values())
@@ -713,12 +732,13 @@ def check_jax_takes_the_packed_allocation(fj, path, backend):
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_jax_converter_for_cuda_takes_whole_files(every_dtype, backend):
-    from fastst._handle import open_file
+    from fastst._handle import open_handle
+    from fastst._source import LocalFile
 
     fj = pytest.importorskip("fastst.jax")
     make_dest, make_ring, rings = host_stand_ins(7, 2)
-    convert = fj.CudaConverter(None, make_dest, make_ring)
-    with open_file(every_dtype, convert, backend=backend) as f:
+    convert = fj.JaxCudaConverter(None, make_dest, make_ring)
+    with open_handle(LocalFile(every_dtype, backend), convert) as f:
         arrays = f.get_tensors()
     assert len(rings) == 1 and rings[0].finished and rings[0].released
     assert_same_as_jax_loads(arrays, every_dtype)

@@ -1,0 +1,287 @@
+"""What ``fastst inspect`` reports of a file, a sharded checkpoint or a URL: the
+report as plain data (``describe``), as text (``render_inspect``,
+``render_checkpoint``) and as JSON lines, and why a file that is not one cannot be
+read (``diagnose``). The command line and the demo print it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+from typing import Any, Dict, List, Optional, Sequence
+
+from ._api import safe_open
+from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
+from ._source import as_source
+from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path
+
+__all__ = ["describe", "describe_checkpoint", "diagnose", "format_table", "human_size",
+           "inspect_file", "json_lines", "printable", "render_checkpoint", "render_inspect"]
+
+
+def human_size(nbytes: int) -> str:
+    """``1536`` -> ``"1.5 KiB"``; sizes under 1 KiB stay in bytes."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    value = float(nbytes)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024.0
+        if value < 1024.0 or unit == "PiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def printable(text: str) -> str:
+    """Text as one printable table cell: names with control characters are quoted."""
+    return text if text.isprintable() else repr(text)
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+                 right: Sequence[bool]) -> List[str]:
+    """Align `rows` under `headers`: columns flagged in `right` are right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for k, cell in enumerate(row):
+            widths[k] = max(widths[k], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)]
+        return "  ".join(parts).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths])] + [line(row) for row in rows]
+
+
+def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[str, Any]:
+    """Everything `fastst inspect` reports about the file at `path`, as plain data.
+
+    Raises SafetensorError for a malformed file and OSError when it cannot be read.
+    A sharded checkpoint (a directory or an ``*.index.json``) gets
+    `describe_checkpoint()`'s report. A URL (``https://``, ``s3://``, ...) is read
+    by byte ranges: its header, nothing else.
+    """
+    if is_checkpoint_path(path):
+        return describe_checkpoint(path, max_header_size)
+    with safe_open(path, max_header_size=max_header_size) as reader:
+        tensors = []
+        for name in reader.offset_keys():
+            info = reader.info(name)
+            begin, end = info.data_offsets
+            tensors.append({"name": name, "dtype": info.dtype, "shape": info.shape,
+                            "nbytes": end - begin, "data_offsets": [begin, end]})
+        data_start = reader.data_start
+        metadata = reader.metadata()
+        file_size = data_start + data_bytes(reader)
+    return {
+        "file": os.fsdecode(path),
+        "tensors": tensors,
+        "tensor_count": len(tensors),
+        "total_bytes": sum(t["nbytes"] for t in tensors),
+        "header_size": data_start - 8,
+        "data_start": data_start,
+        "file_size": file_size,
+        "metadata": metadata,
+    }
+
+
+def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+                        ) -> Dict[str, Any]:
+    """What `fastst inspect` reports about the sharded checkpoint at `path`: every
+    tensor with its shard, each shard, the totals and the index's metadata. A
+    directory holding one unsharded file gets that file's `describe()`."""
+    with safe_open(path, framework="np", max_header_size=max_header_size) as handle:
+        if not isinstance(handle, ShardedHandle):
+            return describe(handle.source, max_header_size)
+        tensors = []
+        for name in handle.offset_keys():
+            info = handle.info(name)
+            begin, end = info.data_offsets
+            tensors.append({"name": name, "dtype": info.dtype, "shape": info.shape,
+                            "nbytes": end - begin, "data_offsets": [begin, end],
+                            "shard": os.path.basename(handle.shard_file(name))})
+        shards = [{"file": shard, "tensor_count": len(names),
+                   "file_size": opened.data_start + data_bytes(opened)}
+                  for (shard, names), opened in zip(handle.index.shards.items(),
+                                                    handle.shards())]
+        return {
+            "file": os.fsdecode(path),
+            "index": handle.source,
+            "tensors": tensors,
+            "tensor_count": len(tensors),
+            "total_bytes": sum(t["nbytes"] for t in tensors),
+            "shards": shards,
+            "file_size": sum(shard["file_size"] for shard in shards),
+            "metadata": handle.metadata(),
+        }
+
+
+def render_checkpoint(info: Dict[str, Any]) -> List[str]:
+    """The human-readable report of `describe_checkpoint()`, one string per line."""
+    lines = [f"checkpoint: {printable(info['file'])}", f"index: {printable(info['index'])}", ""]
+    rows = [[printable(t["name"]), t["dtype"], _shape_text(t["shape"]), str(t["nbytes"]),
+             human_size(t["nbytes"]), printable(t["shard"])] for t in info["tensors"]]
+    if rows:
+        lines += format_table(["name", "dtype", "shape", "bytes", "size", "shard"], rows,
+                              [False, False, False, True, True, False])
+    else:
+        lines.append("(no tensors)")
+    total, size = info["total_bytes"], info["file_size"]
+    lines += ["", f"tensors      {info['tensor_count']}",
+              f"total bytes  {total} ({human_size(total)})",
+              f"files size   {size} ({human_size(size)})",
+              "", f"shards       {len(info['shards'])}"]
+    lines += format_table(["  file", "tensors", "size"],
+                          [["  " + printable(shard["file"]), str(shard["tensor_count"]),
+                            human_size(shard["file_size"])] for shard in info["shards"]],
+                          [False, True, True])[2:]
+    metadata = info["metadata"] or {}
+    if metadata:
+        lines += ["", "metadata"]
+        width = max(len(printable(key)) for key in metadata)
+        for key, value in metadata.items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            lines.append(f"  {printable(key).ljust(width)}  {printable(text)}".rstrip())
+    return lines
+
+
+# Leading bytes of files often passed by mistake: they are not a length prefix.
+FOREIGN_MAGIC = (
+    (b"\x93NUMPY", "it is a NumPy .npy file"),
+    (b"PK\x03\x04", "it is a zip archive (.npz, .pt, wheel...)"),
+    (b"PK\x05\x06", "it is an empty zip archive"),
+    (b"\x89HDF\r\n\x1a\n", "it is an HDF5 file"),
+) + tuple((b"\x80" + bytes([protocol]), "it is a Python pickle") for protocol in range(2, 6))
+TEXT_BYTES = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r")
+
+
+def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optional[str]:
+    """Why the file at `path` cannot be read, when its first bytes tell more than the
+    core's message: "not a safetensors file: ..." or "truncated: N bytes expected, M
+    present". None when they do not.
+    """
+    # O_NONBLOCK: a FIFO must not wait for a writer; only regular files are looked at.
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
+        status = os.fstat(fh.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        size = status.st_size
+        start = fh.read(16)
+        if len(start) < 8:
+            return None
+        (length,) = struct.unpack("<Q", start[:8])
+        if 8 + length > size:
+            return _past_the_end(start, length, size)
+        if length > max_header_size:
+            return (f"header length {length} exceeds the limit of {max_header_size} bytes "
+                    f"(raise --max-header-size to read it)")
+        fh.seek(8)
+        data_end = _claimed_data_end(fh.read(length))
+    if data_end is not None and 8 + length + data_end > size:
+        return f"truncated: {8 + length + data_end} bytes expected, {size} present"
+    return None
+
+
+def _past_the_end(start: bytes, length: int, size: int) -> str:
+    """The problem with a file whose length prefix claims more bytes than it holds."""
+    # A real prefix is a little-endian count whose high bytes are zero; text has none.
+    if all(byte in TEXT_BYTES for byte in start[:8]):
+        if start.lstrip()[:1] in (b"{", b"["):
+            return ("not a safetensors file: it is JSON text (a sharded checkpoint is "
+                    "inspected by its directory or its *.index.json)")
+        return "not a safetensors file: it is text"
+    if start[8:9] == b"{":      # a header begins there: the file was cut short
+        return f"truncated: at least {8 + length} bytes expected, {size} present"
+    for magic, what in FOREIGN_MAGIC:
+        if start.startswith(magic):
+            return f"not a safetensors file: {what}"
+    return (f"not a safetensors file: its first 8 bytes give a header length of {length}, "
+            f"past the end of the {size}-byte file")
+
+
+def _claimed_data_end(header: bytes) -> Optional[int]:
+    """The largest data offset that a header claims, or None if it is not readable."""
+    import orjson
+
+    try:
+        parsed = orjson.loads(header)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    ends = [entry["data_offsets"][1] for name, entry in parsed.items()
+            if name != "__metadata__" and isinstance(entry, dict)
+            and isinstance(entry.get("data_offsets"), list)
+            and len(entry["data_offsets"]) == 2
+            and type(entry["data_offsets"][1]) is int and entry["data_offsets"][1] >= 0]
+    return max(ends, default=None)
+
+
+def render_inspect(info: Dict[str, Any]) -> List[str]:
+    """The human-readable report of `describe()`, one string per line."""
+    lines = [f"file: {printable(info['file'])}", ""]
+    headers = ["name", "dtype", "shape", "bytes", "size", "begin", "end"]
+    right = [False, False, False, True, True, True, True]
+    rows = [[printable(t["name"]), t["dtype"], _shape_text(t["shape"]), str(t["nbytes"]),
+             human_size(t["nbytes"]), str(t["data_offsets"][0]), str(t["data_offsets"][1])]
+            for t in info["tensors"]]
+    if rows:
+        lines += format_table(headers, rows, right)
+    else:
+        lines.append("(no tensors)")
+    total = info["total_bytes"]
+    lines += [
+        "",
+        f"tensors      {info['tensor_count']}",
+        f"total bytes  {total} ({human_size(total)})",
+        f"header       {info['header_size']} bytes (tensor data starts at byte "
+        f"{info['data_start']})",
+        f"file size    {info['file_size']} ({human_size(info['file_size'])})",
+    ]
+    metadata = info["metadata"]
+    if metadata:
+        lines += ["", f"metadata     {len(metadata)} {'entry' if len(metadata) == 1 else 'entries'}"]
+        width = max(len(printable(key)) for key in metadata)
+        for key, value in metadata.items():
+            lines.append(f"  {printable(key).ljust(width)}  {printable(value)}".rstrip())
+    elif metadata is not None:
+        lines += ["", "metadata     0 entries"]
+    return lines
+
+
+def json_lines(report: Dict[str, Any]) -> List[str]:
+    """A report of `describe()` (or an error report) as indented JSON, one line per
+    tensor."""
+    lines = ["{"]
+    for key, value in report.items():
+        if key == "tensors" and value:
+            lines.append('  "tensors": [')
+            lines += [f"    {json.dumps(t)}," for t in value]
+            lines[-1] = lines[-1][:-1]
+            lines.append("  ],")
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)},")
+    lines[-1] = lines[-1][:-1]
+    lines.append("}")
+    return lines
+
+
+def inspect_file(path: str, max_header_size: int) -> Dict[str, Any]:
+    """`describe()` of `path`, or ``{"file": path, "error": why}`` when it cannot be read."""
+    try:
+        return describe(path, max_header_size)
+    except SafetensorError as error:
+        message = str(error)
+        try:
+            if not is_checkpoint_path(path) and as_source(path).local_path is not None:
+                message = diagnose(path, max_header_size) or message
+        except OSError:
+            pass
+    except OSError as error:
+        message = error.strerror or str(error)
+    prefix = f"{os.fsdecode(path)}: "
+    return {"file": os.fsdecode(path),
+            "error": message[len(prefix):] if message.startswith(prefix) else message}

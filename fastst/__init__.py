@@ -9,8 +9,6 @@ imported themselves.
 from typing import TYPE_CHECKING
 
 from ._api import load, load_file, load_into, safe_open, save, save_file
-from ._handle import FrameworkHandle, NumpyHandle
-from ._slicing import SafeSlice
 from ._core import (
     DEFAULT_MAX_HEADER_SIZE,
     DTYPE_CODES,
@@ -23,26 +21,36 @@ from ._core import (
     TensorInfo,
     TensorNotFoundError,
 )
-from . import numpy  # noqa: E402  (the module, as `safetensors.numpy` is)
-from . import writer  # noqa: E402
-from .writer import (  # noqa: E402
-    StreamWriter, TensorSpec, deserialize, save_file_from, serialize, serialize_file,
-    update_metadata,
-)
-from ._version import __version__  # noqa: E402
+from ._handle import FrameworkHandle, NumpyHandle
+from ._slicing import SafeSlice
+from ._version import __version__
 
 if TYPE_CHECKING:
+    from . import numpy, writer
+    from ._edit import update_metadata
+    from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
     from .state import load_state, save_state
+    from .writer import StreamWriter, save_file_from
 
-LAZY = {"save_state": "state", "load_state": "state"}    # name -> module, imported on use
+# name -> the module that holds it, imported on first use (None: the module itself)
+LAZY = {"StreamWriter": "writer", "save_file_from": "writer", "update_metadata": "_edit",
+        "TensorSpec": "_lowlevel", "serialize": "_lowlevel", "serialize_file": "_lowlevel",
+        "deserialize": "_lowlevel", "save_state": "state", "load_state": "state",
+        "numpy": None, "writer": None}
 
 
 def __getattr__(name: str) -> object:
-    module = LAZY.get(name)
-    if module is None:
+    if name not in LAZY:
         raise AttributeError(f"module 'fastst' has no attribute {name!r}")
     import importlib
-    return getattr(importlib.import_module(f"fastst.{module}"), name)
+
+    module = importlib.import_module(f"fastst.{LAZY[name] or name}")
+    return module if LAZY[name] is None else getattr(module, name)
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(LAZY))
+
 
 __all__ = [
     "DEFAULT_MAX_HEADER_SIZE",

@@ -6,12 +6,12 @@ from typing import (TYPE_CHECKING, Any, Dict, Literal, Mapping, Optional, Protoc
                     overload)
 
 from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
-from ._checksums import plan_with_checksums
-from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, spec_of_array
+from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, plan_write,
+                    spec_of_array)
 from ._files import PathLike
 from ._handle import ArrayHandle, Backend, Handle, Openable, open_handle
+from ._index import is_checkpoint
 from ._source import NOT_LOCAL, as_source
-from .checkpoint import is_checkpoint, open_checkpoint, save_array_checkpoint
 
 if TYPE_CHECKING:   # none of these is imported when fastst is; numpy.typing costs milliseconds
     import jax  # type: ignore[import-not-found, unused-ignore]
@@ -131,6 +131,8 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
             raise SafetensorError(NOT_LOCAL)
         if header_padding:
             raise ValueError("header_padding= is not available with max_shard_size=")
+        from .checkpoint import save_array_checkpoint   # a capability: imported when used
+
         save_array_checkpoint(_as_dict(tensor_dict), source.local_path, metadata=metadata,
                               max_shard_size=max_shard_size, fsync=fsync, checksum=checksum)
         return
@@ -140,6 +142,10 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
 def _plan(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str, str]],
           checksum: Optional[str] = None, header_padding: int = 0) -> WritePlan:
     specs = [spec_of_array(name, array) for name, array in _as_dict(tensors).items()]
+    if checksum is None:
+        return plan_write(specs, metadata, header_padding=header_padding)
+    from ._checksums import plan_with_checksums   # imported when checksums are written
+
     return plan_with_checksums(specs, metadata, checksum, header_padding=header_padding)
 
 
@@ -229,6 +235,8 @@ def safe_open(filename: Openable,
         convert = framework_converter(framework, device)
     source = as_source(filename, storage_options, backend=backend)
     if is_checkpoint(source):
+        from .checkpoint import open_checkpoint   # a capability: imported when used
+
         return open_checkpoint(source, convert, max_header_size=max_header_size,
                                verify=verify, opened_as=(framework, device))
     return open_handle(source, convert, max_header_size=max_header_size, verify=verify,

@@ -11,7 +11,6 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterator, List,
                     Optional, Protocol, Set, Tuple, Union, overload, runtime_checkable)
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
-from ._checksums import checksums_of, digest_of, mismatch, some_tensors, without_checksum
 from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
 from ._files import PathLike
 from ._slicing import Converter, SafeSlice, T
@@ -317,6 +316,8 @@ class VerifyingHandle(NumpyHandle):
         self._take_checksums()
 
     def _take_checksums(self) -> None:
+        from ._checksums import checksums_of, some_tensors, without_checksum   # on use
+
         names = self.offset_keys()
         found = checksums_of(self.metadata(), names, self.source)
         if found is None:
@@ -335,6 +336,8 @@ class VerifyingHandle(NumpyHandle):
         """Check tensor `name` (its bytes `array`, else read now) unless done before."""
         if name in self.verified:
             return
+        from ._checksums import digest_of, mismatch   # imported with the handle's first check
+
         if array is None:
             array = NumpyHandle.get_tensor(self, name)
         actual = digest_of(array, self.algorithm)

@@ -10,19 +10,17 @@ shards ``NAME-00001-of-0000N.safetensors`` files beside it, written as
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
-
-import orjson
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WritePlan
 from ._files import TEMP_SUFFIX, AtomicFile, PathLike, fsync_path, write_text_atomically
 from ._source import LocalFile, Source
 
 __all__ = ["BACKUP_INFIX", "CheckpointIndex", "DEFAULT_PATTERN", "INDEX_SUFFIX",
-           "SHARD_NAME_RULE", "commit_files", "find_checkpoint", "index_text", "is_index_name",
+           "SHARD_NAME_RULE", "commit_files", "find_checkpoint", "index_text", "is_checkpoint",
+           "is_index_name",
            "is_plain_shard_name", "parse_index", "read_index", "remove_leftovers", "save_place",
            "shard_names", "write_files"]
 
@@ -60,6 +58,11 @@ def is_index_name(name: str) -> bool:
     return name.endswith(INDEX_SUFFIX)
 
 
+def is_checkpoint(source: Source) -> bool:
+    """Whether `source` is a sharded checkpoint: a folder, or an ``*.index.json``."""
+    return source.is_directory() or is_index_name(source.name)
+
+
 def find_checkpoint(directory: str) -> str:
     """The file to open for the checkpoint in `directory`: its
     ``model.safetensors.index.json``, else its ``model.safetensors``, else its only
@@ -92,6 +95,10 @@ def parse_index(text: bytes, path: str) -> CheckpointIndex:
     """Check the JSON `text` of the index file `path`: an object whose
     ``weight_map`` maps each tensor name to a ``.safetensors`` file beside the
     index, with an optional ``metadata`` object, and no key twice anywhere."""
+    import json
+
+    import orjson
+
     try:
         document = orjson.loads(text)      # bounded nesting: never a RecursionError
     except orjson.JSONDecodeError as error:
@@ -191,6 +198,8 @@ def index_name(pattern: str) -> str:
 
 def index_text(weight_map: Mapping[str, str], metadata: Optional[Mapping[str, Any]]) -> str:
     """The text of an index, as ``huggingface_hub`` writes it."""
+    import json
+
     document: Dict[str, Any] = {} if metadata is None else {"metadata": dict(metadata)}
     document["weight_map"] = dict(weight_map)
     return json.dumps(document, indent=2)

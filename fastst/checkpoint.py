@@ -27,7 +27,7 @@ from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorInfo, Tensor
 from ._files import PathLike
 from ._handle import FrameworkHandle, NumpyHandle, open_handle
 from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
-                     find_checkpoint, index_name, index_text, is_index_name, read_index, remove_leftovers, save_place, shard_names, write_files)
+                     find_checkpoint, is_checkpoint, index_name, index_text, is_index_name, read_index, remove_leftovers, save_place, shard_names, write_files)
 from ._slicing import Converter, SafeSlice, T
 from ._source import Identity, LocalFile, Source, as_source, identity_of
 
@@ -40,11 +40,6 @@ SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 # Shards from this size up are copied one at a time: the core already shares the copy
 # of a file this large among threads, and nesting two pools of threads only slows it.
 PARALLEL_BELOW = 64 << 20
-
-
-def is_checkpoint(source: Source) -> bool:
-    """Whether `source` is a sharded checkpoint: a folder, or an ``*.index.json``."""
-    return source.is_directory() or is_index_name(source.name)
 
 
 def is_checkpoint_path(filename: Any) -> bool:

@@ -164,6 +164,7 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 # ---------------------------------------------------------------------------
 
 def _add_convert(commands: Any) -> None:
+    from .convert import DEFAULT_MAX_EXPANSION     # light: numpy and the writer, loaded already
     convert = commands.add_parser(
         "convert", help="convert PyTorch checkpoints and .npy/.npz files to safetensors",
         description="Convert a torch.save checkpoint (.bin, .pt, .pth: zip or legacy "
@@ -185,8 +186,25 @@ def _add_convert(commands: Any) -> None:
     convert.add_argument("--verify", action="store_true",
                          help="also compare every tensor with torch.load(weights_only=True) "
                               "(needs torch)")
+    convert.add_argument("--max-expansion", type=_expansion, default=DEFAULT_MAX_EXPANSION,
+                         metavar="RATIO",
+                         help="refuse to write more than RATIO times the bytes of the input, "
+                              "plus 16 MiB (default: %(default)g; 'none': no bound): a small "
+                              "checkpoint can describe a huge tensor")
     convert.add_argument("--no-progress", action="store_true",
                          help="no progress bar (it is shown when stderr is a terminal)")
+
+
+def _expansion(text: str) -> Optional[float]:
+    if text.lower() == "none":
+        return None
+    try:
+        ratio = float(text)
+    except ValueError:
+        ratio = float("nan")
+    if not 0 < ratio < float("inf"):
+        raise argparse.ArgumentTypeError(f"a positive number or 'none', not {text!r}")
+    return ratio
 
 
 def _shard_size(text: str) -> int:
@@ -202,7 +220,8 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import convert as converter   # imported on use
 
     options: Dict[str, Any] = {"key": args.key, "verify_torch": args.verify,
-                               "max_shard_size": args.max_shard_size}
+                               "max_shard_size": args.max_shard_size,
+                               "max_expansion": args.max_expansion}
     bar = None if args.no_progress else byte_bar(_source_bytes(args.src), "convert")
     if bar is not None:
         options["progress"] = bar.update

@@ -1,8 +1,12 @@
-"""Builders shared by the tests and by fuzz/make_corpus.py (import it as ``helpers``)."""
+"""Builders shared by the tests and by fuzz/make_corpus.py (import it as ``helpers``),
+and a runner of hostile inputs in a bounded child process."""
 from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
+import textwrap
 from typing import Any, Dict, Optional, Union
 
 Header = Union[Dict[str, Any], str, bytes]
@@ -35,3 +39,34 @@ def raw_file(header: Header, data: bytes = b"", length: Optional[int] = None, *,
 def entry(dtype: str = "F32", shape=(1,), offsets=(0, 4)) -> Dict[str, Any]:
     """One tensor's header entry."""
     return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
+
+
+BOUNDED_PRELUDE = """
+import resource, signal
+import numpy, fastst, fastst.convert
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past RLIMIT_FSIZE fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size}, {file_size}))
+try:
+    with open("/proc/self/status") as status:
+        held = int([line for line in status if line.startswith("VmSize:")][0].split()[1]) << 10
+    resource.setrlimit(resource.RLIMIT_AS, (held + {memory}, held + {memory}))
+except OSError:     # no /proc: the address space is left as it is
+    pass
+"""
+
+
+def run_bounded(code: str, *, timeout: float = 30, memory: int = 1 << 30,
+                file_size: int = 64 << 20) -> str:
+    """Run `code` in a fresh interpreter whose address space may grow by `memory`
+    bytes past what it holds once fastst is imported (where /proc tells), whose
+    files may not grow past `file_size` bytes (a larger write, or reservation,
+    fails with EFBIG), killed after `timeout` seconds; its stdout. An
+    AssertionError says when it ran out of time or did not exit cleanly."""
+    script = BOUNDED_PRELUDE.format(memory=memory, file_size=file_size) + textwrap.dedent(code)
+    try:
+        result = subprocess.run([sys.executable, "-"], input=script, capture_output=True,
+                                text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after {timeout} s") from None
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout

@@ -2,15 +2,18 @@
 byte for byte to what torch.load + fastst.torch.save_file writes."""
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import numpy as np
 import pytest
 
 import fastst
+from helpers import run_bounded
 from fastst.convert import convert, numpy_to_safetensors, torch_to_safetensors
 
 torch = pytest.importorskip("torch")
@@ -295,3 +298,184 @@ def test_tied_weights_in_a_nest_are_each_written(tmp_path):
     assert state["step"] == 5
     assert torch.equal(state["model"]["embed"], weight) and torch.equal(state["model"]["head"],
                                                                          weight)
+
+
+def zeros_npz(path, count, name="z"):
+    """An .npz of `count` float32 zeros, deflated, written a MiB at a time."""
+    header = {"descr": "<f4", "fortran_order": False, "shape": (count,)}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array_header_1_0(member, header)
+            block = bytes(1 << 20)
+            for start in range(0, 4 * count, len(block)):
+                member.write(block[:4 * count - start])
+    return path
+
+
+def test_an_npz_of_zeros_is_refused_past_the_expansion_bound(tmp_path):
+    """972 kB of .npz converted to 1 GB (at 1 GB of RSS), no question asked."""
+    src = zeros_npz(tmp_path / "zeros.npz", 1 << 28)
+    assert src.stat().st_size < 1_100_000
+    outcome = run_bounded(f"""
+        from fastst.convert import convert
+        try:
+            convert({str(src)!r}, {str(tmp_path / "out.safetensors")!r})
+        except fastst.SafetensorError as error:
+            print(error)
+    """)
+    assert outcome.startswith(f"{src}: converting it would write 1073741"), outcome
+    assert "'z' (shape [268435456], dtype <f4" in outcome
+    assert os.listdir(tmp_path) == ["zeros.npz"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_an_npz_converts_when_allowed_in_bounded_memory(tmp_path):
+    """Allowed past the bound, a compressed member is streamed: peak RSS stays far
+    below the 200 MB it holds (it was read whole, then copied)."""
+    src = zeros_npz(tmp_path / "zeros.npz", 50 << 20)
+    dst = tmp_path / "zeros.safetensors"
+    outcome = run_bounded(f"""
+        from fastst.convert import numpy_to_safetensors
+        numpy_to_safetensors({str(src)!r}, {str(dst)!r}, max_expansion=None)
+        with open("/proc/self/status") as status:
+            print([line for line in status if line.startswith("VmHWM:")][0].split()[1])
+    """, file_size=1 << 30)
+    assert int(outcome) >> 10 < 150, f"peak RSS {int(outcome) >> 10} MiB"
+    with fastst.safe_open(dst) as reader:
+        assert reader.info("z").shape == [50 << 20]
+        assert not reader.get_slice("z")[-1000:].any()
+
+
+def test_npy_and_npz_whose_headers_claim_more_than_they_hold_are_refused(tmp_path):
+    header = {"descr": "<f4", "fortran_order": False, "shape": (10 ** 12,)}
+    npy = io.BytesIO()
+    np.lib.format.write_array_header_1_0(npy, header)
+    npy.write(bytes(16))
+    (tmp_path / "short.npy").write_bytes(npy.getvalue())
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as archive:
+        archive.writestr("a.npy", npy.getvalue())
+    for name, message in [("short.npy", "its header declares 4000000000000 bytes of array"),
+                          ("short.npz", "member 'a.npy' holds 144 bytes, but its header "
+                                        "declares 128 and 4000000000000")]:
+        outcome = run_bounded(f"""
+            from fastst.convert import numpy_to_safetensors
+            try:
+                numpy_to_safetensors({str(tmp_path / name)!r}, {str(tmp_path / "o")!r})
+            except fastst.SafetensorError as error:
+                print(error)
+        """)
+        assert outcome.startswith(f"{tmp_path / name}: ") and message in outcome, outcome
+        assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind", ["npy", "npz"])
+def test_a_npy_header_length_is_checked_before_it_is_read(tmp_path, kind):
+    """A version 2 header may declare a length of up to 4 GiB, which NumPy reads
+    before it compares it with its bound: 64 bytes made a 4 GiB allocation
+    (found by fuzz/fuzz_unpickler.py)."""
+    data = b"\x93NUMPY\x02\x00" + (0xFFFFFFF0).to_bytes(4, "little") + bytes(50)
+    path = tmp_path / f"huge_header.{kind}"
+    if kind == "npy":
+        path.write_bytes(data)
+    else:
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("a.npy", data)
+    outcome = run_bounded(f"""
+        from fastst.convert import convert
+        try:
+            convert({str(path)!r}, {str(tmp_path / "o.safetensors")!r})
+        except fastst.SafetensorError as error:
+            print(error)
+    """, memory=1 << 30)
+    assert outcome.startswith(f"{path}: ") and \
+        "a .npy header of 4294967280 bytes (at most 10000 are read)" in outcome, outcome
+
+
+def test_npz_members_stored_and_compressed_big_endian_and_fortran_stream_alike(tmp_path, rng):
+    """Each way a member can be laid out, over more than one chunk of 16 MiB."""
+    from fastst.convert import _npz
+
+    arrays = {"c": np.arange(5 << 20, dtype=">i4").reshape(1 << 10, 5 << 10),
+              "f": np.asfortranarray(rng.standard_normal((1 << 9, 5 << 10))),
+              "b": np.array([True, False, True])}
+    expected = {name: np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<")))
+                for name, a in arrays.items()}
+    np.savez(tmp_path / "stored.npz", **arrays)
+    np.savez_compressed(tmp_path / "packed.npz", **arrays)
+    for name in ("stored", "packed"):
+        with _npz.declared_arrays(str(tmp_path / f"{name}.npz")) as declared:
+            for tensor in declared:
+                chunks = [bytes(chunk) for chunk in tensor.chunks()]
+                assert max(map(len, chunks)) <= 16 << 20
+                assert b"".join(chunks) == expected[tensor.name].tobytes(), (name, tensor.name)
+
+
+# ---------------------------------------------------------------------------
+# Symbolic links in a folder
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def model_folder(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    torch.save({"w": torch.ones(2)}, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text("{}")
+    secret = tmp_path / "private_key.txt"
+    secret.write_text("PRIVATE")
+    torch.save({"s": torch.zeros(3)}, tmp_path / "elsewhere.bin")
+    return folder
+
+
+@pytest.mark.parametrize("links", [
+    {"tokenizer.json": "../private_key.txt"},
+    {"tokenizer.json": "{tmp}/private_key.txt"},
+    {"extra.bin": "../elsewhere.bin"},
+    {"vocab.txt": "sub/../../private_key.txt"},
+    {"hop": "../private_key.txt", "chained.json": "hop"},
+], ids=["relative", "absolute", "checkpoint", "through-a-subfolder", "through-a-link"])
+def test_a_link_out_of_the_folder_is_refused_before_anything_is_written(
+        tmp_path, model_folder, links):
+    (model_folder / "sub").mkdir()
+    for name, target in links.items():
+        os.symlink(target.format(tmp=tmp_path), model_folder / name)
+    out = tmp_path / "out"
+    with pytest.raises(fastst.SafetensorError, match=r"a symbolic link to .*(private_key.txt|"
+                       r"elsewhere.bin), outside .*: refused") as info:
+        convert(model_folder, out)
+    assert str(model_folder) in str(info.value)
+    assert not out.exists()
+
+
+def test_links_inside_the_folder_count_as_the_files_they_point_to(tmp_path, model_folder):
+    (model_folder / "sub").mkdir()
+    (model_folder / "sub" / "tokenizer.json").write_text('{"v": 1}')
+    os.replace(model_folder / "pytorch_model.bin", model_folder / "sub" / "weights.bin")
+    os.symlink("sub/weights.bin", model_folder / "pytorch_model.bin")
+    os.symlink("sub/tokenizer.json", model_folder / "tokenizer.json")
+    os.symlink(model_folder / "sub", model_folder / "linked_dir")
+    out = tmp_path / "out"
+    reports = convert(model_folder, out)
+    assert [os.path.basename(r.destination) for r in reports] == ["model.safetensors"]
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert not (out / "tokenizer.json").is_symlink()
+    assert (out / "tokenizer.json").read_text() == '{"v": 1}'
+    assert fastst.load_file(out / "model.safetensors")["w"].tolist() == [1.0, 1.0]
+
+
+def test_a_snapshot_of_the_hub_cache_converts_through_its_blob_links(tmp_path):
+    """The hub's cache keeps files in models--org--name/blobs and links to them
+    from snapshots/<revision>: those links leave the snapshot, into its blobs."""
+    repo = tmp_path / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    torch.save({"w": torch.ones(2)}, repo / "blobs" / "aa11")
+    (repo / "blobs" / "bb22").write_text("{}")
+    os.symlink("../../blobs/aa11", snapshot / "pytorch_model.bin")
+    os.symlink("../../blobs/bb22", snapshot / "config.json")
+    convert(snapshot, tmp_path / "out")
+    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors"]
+    (tmp_path / "secret").write_text("PRIVATE")
+    os.symlink("../../../secret", snapshot / "tokenizer.json")
+    with pytest.raises(fastst.SafetensorError, match="outside"):
+        convert(snapshot, tmp_path / "out2")

@@ -94,3 +94,42 @@ def test_progress_bar_counts_bytes_on_a_terminal(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert main(["convert", str(tmp_path / "a.npy"), str(tmp_path / "b.safetensors")]) == 0
     assert "convert" in capsys.readouterr().err
+
+def test_max_expansion_option(tmp_path, capsys):
+    src = tmp_path / "expanded.pt"
+    torch.save({"w": torch.arange(3000.0).expand(3000, 3000)}, src)     # 36 MB from 1.5 kB
+    dst = tmp_path / "out.safetensors"
+    assert main(["convert", str(src), str(dst)]) == 1
+    error = capsys.readouterr().err
+    assert f"{src}: converting it would write 36000" in error and "stride [0, 1]" in error
+    assert "--max-expansion none" in error and not dst.exists()
+    assert main(["convert", str(src), str(dst), "--max-expansion", "none"]) == 0
+    assert torch.equal(fastst_torch.load_file(dst)["w"], torch.arange(3000.0).expand(3000, 3000))
+    assert main(["convert", str(src), str(dst), "--max-expansion", "30000"]) == 0
+    for bad in ("0", "-1", "nan", "inf", "lots"):
+        assert main(["convert", str(src), str(dst), "--max-expansion", bad]) == 2
+    assert "a positive number or 'none'" in capsys.readouterr().err
+
+
+def test_a_folder_has_one_output_bound_for_all_its_checkpoints(tmp_path, capsys):
+    """Each of these alone fits the 16 MiB a small input is allowed; together they
+    do not (the allowance is the folder's, not each file's)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for k in range(2):
+        torch.save({"w": torch.zeros(1).expand(1500, 1500)}, folder / f"part{k}.bin")  # 9 MB
+    assert main(["convert", str(folder / "part0.bin"), str(tmp_path / "alone.safetensors")]) == 0
+    assert main(["convert", str(folder), str(tmp_path / "out")]) == 1
+    assert f"{folder / 'part1.bin'}: converting it would write" in capsys.readouterr().err
+
+
+def test_a_link_out_of_the_folder_exits_1(tmp_path, capsys):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    torch.save({"w": torch.ones(1)}, folder / "pytorch_model.bin")
+    (tmp_path / "private_key.txt").write_text("PRIVATE")
+    os.symlink(tmp_path / "private_key.txt", folder / "tokenizer.json")
+    assert main(["convert", str(folder), str(tmp_path / "out"), "--no-progress"]) == 1
+    assert f"{folder / 'tokenizer.json'}: a symbolic link to {tmp_path / 'private_key.txt'}, " \
+           f"outside {folder}: refused" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -1,8 +1,9 @@
 """A short pass of fuzz/fuzz_unpickler.py, quick enough for CI: its seeds (torch's
-own pickles and hostile ones) and a few thousand seeded random mutations of them
-go through ``TestOneInput``, which lets only ``SafetensorError`` pass and fails
-when a marker file appears (an input ran code). With atheris, the target also runs
-under libFuzzer for 1,000 inputs."""
+own pickles, hostile ones, and inputs that once cost hours or gigabytes) and a few
+thousand seeded random mutations of them go through ``TestOneInput``, which lets
+only ``SafetensorError`` pass and fails when a marker file appears (an input ran
+code), or when an input costs more CPU time, memory or output than its size
+justifies. With atheris, the target also runs under libFuzzer for 1,000 inputs."""
 from __future__ import annotations
 
 import importlib.util
@@ -56,9 +57,22 @@ def mutate(data: bytes, rng: random.Random, others) -> bytes:
 
 def test_seeds(target):
     seeds = list(target.seeds())
-    assert {"os-system", "eval", "copyreg", "flat", "nested"} <= {name for name, _ in seeds}
+    assert {"os-system", "eval", "copyreg", "flat", "nested", "dos-hash-bomb", "dos-expanded",
+            "dos-lying-zip", "dos-npz-zeros"} <= {name for name, _ in seeds}
     for _, data in seeds:
         target.TestOneInput(data)
+
+
+def test_an_input_that_costs_too_much_is_a_finding(target, monkeypatch):
+    """The target's own bounds: CPU time, and the size of what it wrote."""
+    seeds = dict(target.seeds())
+    monkeypatch.setattr(target, "CPU_SECONDS", -1.0)
+    with pytest.raises(AssertionError, match="s of CPU"):
+        target.TestOneInput(seeds["tensor"])
+    monkeypatch.undo()
+    monkeypatch.setattr(target, "EXPANSION_ALLOWANCE", 0)
+    with pytest.raises(AssertionError, match="bytes written, over"):
+        target.TestOneInput(seeds["dos-npz-zeros"])
 
 
 def test_random_mutations(target):
@@ -74,7 +88,8 @@ def test_under_libfuzzer(tmp_path):
     script = os.path.join(ROOT, "fuzz", "fuzz_unpickler.py")
     subprocess.run([sys.executable, script, "--write-seeds", str(corpus)], check=True, cwd=ROOT)
     result = subprocess.run([sys.executable, script, str(corpus), "-runs=1000",
-                             "-max_len=4096", "-timeout=20", "-rss_limit_mb=2048"],
+                             "-max_len=4096", "-timeout=20", "-rss_limit_mb=2048",
+                             f"-artifact_prefix={tmp_path}{os.sep}"],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Done 1000 runs" in result.stderr

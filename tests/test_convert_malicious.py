@@ -7,11 +7,15 @@ import io
 import os
 import pickle
 import re
+import struct
+import sys
 import zipfile
 
+import numpy as np
 import pytest
 
 import fastst
+from helpers import run_bounded
 from fastst.convert import torch_to_safetensors
 from fastst.convert._torch_files import MAX_COMPRESSION_RATIO
 from fastst.convert._torch_pickle import loads
@@ -254,7 +258,8 @@ def test_pickle_bombs_are_bounded(payload, match):
 
 def test_a_container_referred_to_from_everywhere_is_refused_not_expanded(tmp_path):
     """A pickle's memo lets 40 small lists stand for 2**40 paths: written out as a
-    tree they would never end."""
+    tree they would never end. The entries a tree may repeat follow the size of
+    its pickle, so that its walk does too."""
     node = [1.5]
     for _ in range(40):
         node = [node, node]
@@ -262,7 +267,10 @@ def test_a_container_referred_to_from_everywhere_is_refused_not_expanded(tmp_pat
     data = pickled({"w": FakeTensor(storage, 0, (4,), (1,)), "log": node})
     assert len(data) < 1000
     src = write_archive(tmp_path / "shared.pt", data, [("0", bytes(16))])
-    refused(tmp_path, src, "would repeat over 1000000 entries")
+    # 100,000 entries, and 16 more per byte of the pickle (1,000,000 at most)
+    from fastst.convert._torch import max_repeated_entries
+    assert max_repeated_entries(len(data)) == 100_000 + 16 * len(data)
+    refused(tmp_path, src, f"would repeat over {100_000 + 16 * len(data)} entries")
 
 
 def test_a_container_referred_to_from_a_few_places_is_repeated(tmp_path):
@@ -291,3 +299,271 @@ def test_not_a_checkpoint(tmp_path):
     plain = tmp_path / "plain.pkl"
     plain.write_bytes(pickle.dumps({"a": 1}, protocol=2))
     refused(tmp_path, plain, "magic number")
+
+
+# ---------------------------------------------------------------------------
+# Denial of service: a few hundred bytes (or a few MB) that cost hours, or gigabytes
+# of memory or of disk. Each runs in a child process with its address space, the
+# size of its files and its time bounded (see helpers.run_bounded).
+# ---------------------------------------------------------------------------
+
+def convert_bounded(src, dst, **options) -> str:
+    """The outcome of converting `src` in a bounded child: "converted", or
+    "refused: <message>"."""
+    return run_bounded(f"""
+        from fastst.convert import convert
+        try:
+            convert({str(src)!r}, {str(dst)!r}, **{options!r})
+            print("converted")
+        except fastst.SafetensorError as error:
+            print("refused:", error)
+    """)
+
+
+def loads_bounded(payload: bytes) -> str:
+    """The outcome of unpickling `payload` in a bounded child."""
+    return run_bounded(f"""
+        from fastst.convert._torch_pickle import loads
+        try:
+            loads({payload!r})
+            print("loaded")
+        except fastst.SafetensorError as error:
+            print("refused:", error)
+    """)
+
+
+def dag(levels: int) -> bytes:
+    """The pickle of a tuple of two tuples of two ... of 1, `levels` deep, each
+    level shared by the memo (DUP): 2 bytes a level, 2**levels leaves."""
+    return b"K\x01" + b"2\x86" * levels
+
+
+def test_a_tuple_dag_as_a_dict_key_is_refused_before_it_is_hashed(tmp_path):
+    """489 bytes that never finished: hashing the key walks 2**64 tuples."""
+    src = write_archive(tmp_path / "hash_bomb.pt", b"\x80\x02}" + dag(64) + b"K\x00s.")
+    outcome = convert_bounded(src, tmp_path / "out.safetensors")
+    assert outcome.startswith(f"refused: {src}: a dict key or set item of type tuple"), outcome
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.mark.parametrize("payload,message", [
+    (b"\x80\x02c__builtin__\nset\n" + dag(64) + b"\x85R.", "set item of type tuple"),
+    (b"\x80\x04(" + dag(64) + b"\x91.", "set item of type tuple"),                 # FROZENSET
+    (b"\x80\x02(" + dag(64) + b"Nd.", "dict key or set item of type tuple"),       # DICT
+    (b"\x80\x02ccollections\nOrderedDict\n(" + dag(64) + b"N\x86l\x85R.",
+     "dict key or set item of type tuple"),
+    (b"\x80\x02ctorch\ndevice\nX\x03\x00\x00\x00cpu" + dag(64) + b"\x86R.",
+     r"torch.device\('cpu', \(\(\(\("),                                   # str() of the DAG
+    (b"\x80\x02ctorch\nSize\n" + dag(64) + b"\x85R.",
+     r"torch.Size must be an integer .*, got \(\(\(\(.*\.\.\.$"),       # repr() in a message
+], ids=["set", "frozenset", "dict", "OrderedDict", "device", "message"])
+def test_a_tuple_dag_is_neither_hashed_nor_printed(payload, message):
+    outcome = loads_bounded(payload)
+    assert re.search(message, outcome.strip()), outcome
+
+
+def collisions(count: int):
+    """`count` ints past 2**61 with the same hash (an int hashes modulo 2**61 - 1)."""
+    modulus = sys.hash_info.modulus
+    return [modulus * k + 7 for k in range(1, count + 1)]
+
+
+@pytest.mark.parametrize("kind", ["dict keys", "memo indices"])
+def test_keys_that_share_a_hash_are_refused(kind):
+    """100,000 such keys made each insertion probe all the others: 1.4 MB that took
+    minutes."""
+    if kind == "dict keys":
+        payload = b"\x80\x02}(" + b"".join(b"\x8a\x0b" + k.to_bytes(11, "little") + b"N"
+                                           for k in collisions(100_000)) + b"u."
+        message = "an int dict key or set item of 62 bits"
+    else:        # PUT with a text index (protocol 0)
+        payload = b"(l" + b"".join(b"p%d\n" % k for k in collisions(50_000)) + b"."
+        message = "memo index b'2305843009213693958'"
+    outcome = loads_bounded(payload)
+    assert outcome.startswith("refused: <pickle>: " + message), outcome
+
+
+@pytest.mark.parametrize("kind", ["OrderedDict", "bytearray"])
+def test_a_value_handed_to_calls_over_and_over_is_refused(kind):
+    """The memo lets 5 bytes hand the same large value to an allowed call again:
+    10,000 OrderedDicts of 100,000 pairs, each dropped once made (hours), or 4,000
+    copies of 1 MB, kept on the stack (4 GB)."""
+    if kind == "OrderedDict":
+        value = b"(" + b"".join(b"X\x06\x00\x00\x00%06dN\x86" % k for k in range(100_000)) + b"l"
+        call, repeat = b"ccollections\nOrderedDict\n", b"h\x00h\x01R0" * 10_000
+    else:
+        value = b"B" + struct.pack("<I", 1 << 20) + bytes(1 << 20)
+        call, repeat = b"c__builtin__\nbytearray\n", b"h\x00h\x01R" * 4000
+    payload = b"\x80\x02" + call + b"q\x00" + value + b"\x85q\x01" + repeat + b"N."
+    outcome = loads_bounded(payload)
+    assert re.match(r"refused: <pickle>: the pickle asks for more than \d+ units of work",
+                    outcome), outcome
+
+
+def test_tied_weights_are_found_without_hashing_layouts_a_pickle_chose(monkeypatch):
+    """Offsets and strides can be chosen so that every tensor's layout tuple has
+    one hash: finding tied weights in a dict of layouts then compared each with
+    all the others (quadratic). Counted here: the layouts' comparisons."""
+    from fastst.convert._torch import tied_names
+    from fastst.convert._torch_pickle import StorageRef, TensorRef
+
+    compared = []
+
+    class Layout(tuple):
+        __hash__ = tuple.__hash__
+
+        def __eq__(self, other):
+            compared.append(1)
+            return tuple.__eq__(self, other)
+
+    storage = StorageRef("0", "F32", 10_000)
+    refs = colliding_refs(storage, 500)
+    assert len({hash(ref.layout()) for ref in refs}) == 1 and len(refs) == 500
+    monkeypatch.setattr(TensorRef, "layout", lambda self: Layout(
+        (self.storage.key, self.code, self.offset, self.shape, self.stride)))
+    assert tied_names([(f"t{k}", ref) for k, ref in enumerate(refs)]) == {}
+    assert len(compared) < len(refs)
+
+
+MASK = (1 << 64) - 1
+PRIME_1, PRIME_2, PRIME_5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
+
+
+def colliding_refs(storage, count):
+    """1-element tensors of `storage` at offsets 0, 1, 2... whose strides are
+    chosen so that their layouts (key, dtype, offset, shape, stride) share one
+    hash, by inverting CPython's tuple hash (xxHash's round, 64-bit)."""
+    from fastst.convert._torch_pickle import TensorRef
+
+    def step(acc, lane):
+        acc = (acc + lane * PRIME_2) & MASK
+        return (((acc << 31) | (acc >> 33)) & MASK) * PRIME_1 & MASK
+
+    def unstep(acc):        # the value before the rotation and the multiplication
+        acc = acc * pow(PRIME_1, -1, 1 << 64) & MASK
+        return ((acc >> 31) | (acc << 33)) & MASK
+
+    def unsigned(value):
+        return value & MASK
+
+    head = step(step(PRIME_5, unsigned(hash(storage.key))), unsigned(hash("F32")))
+    shape_hash = unsigned(hash((1,)))
+    target = unstep(step(step(step(head, 0), shape_hash), unsigned(hash((1,)))))
+    refs = []
+    for offset in range(storage.numel):
+        before = step(step(head, offset), shape_hash)
+        stride_hash = (target - before) * pow(PRIME_2, -1, 1 << 64) & MASK
+        accumulated = (stride_hash - (1 ^ (PRIME_5 ^ 3527539))) & MASK
+        stride = (unstep(accumulated) - PRIME_5) * pow(PRIME_2, -1, 1 << 64) & MASK
+        if stride < sys.hash_info.modulus and unsigned(hash((stride,))) == stride_hash:
+            refs.append(TensorRef(storage, "F32", offset, (1,), (stride,)))
+            if len(refs) == count:
+                break
+    return refs
+
+
+def test_an_expanded_tensor_is_refused_before_anything_is_reserved(tmp_path):
+    """1,570 bytes for a 40 GB tensor: the conversion reserved 40 GB of disk."""
+    src = tmp_path / "expanded.pt"
+    torch.save({"w": torch.zeros(1).expand(100_000, 100_000)}, src)
+    outcome = convert_bounded(src, tmp_path / "out.safetensors")
+    assert outcome.startswith(f"refused: {src}: converting it would write 40000000"), outcome
+    assert "'w' (shape [100000, 100000], stride [0, 0]" in outcome
+    assert "max_expansion=None" in outcome
+    assert os.listdir(tmp_path) == ["expanded.pt"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_an_expanded_tensor_converts_when_allowed_in_bounded_memory(tmp_path):
+    """With max_expansion=None the 100 MB view is written a block of rows at a
+    time: it was made whole in memory first (and copied again)."""
+    src = tmp_path / "expanded.pt"
+    torch.save({"w": torch.arange(5000.0).expand(5000, 5000)}, src)
+    dst = tmp_path / "out.safetensors"
+    assert convert_bounded(src, dst).startswith("refused:")
+    outcome = run_bounded(f"""
+        from fastst.convert import torch_to_safetensors
+        torch_to_safetensors({str(src)!r}, {str(dst)!r}, max_expansion=None)
+        with open("/proc/self/status") as status:
+            print([line for line in status if line.startswith("VmHWM:")][0].split()[1])
+    """, file_size=1 << 30)
+    assert int(outcome) >> 10 < 150, f"peak RSS {int(outcome) >> 10} MiB"
+    with fastst.safe_open(dst) as reader:
+        assert reader.info("w").shape == [5000, 5000]
+        assert reader.get_slice("w")[4999].tolist() == list(range(5000))
+
+
+def lying_zip(path, claimed: int, data: bytes, numel: int):
+    """A checkpoint whose storage member (deflated) holds `data`, and whose central
+    directory says it holds `claimed` bytes, `claimed` // 50 compressed (within
+    the ratio a checkpoint may have); its tensor reads `numel` floats."""
+    tree = {"w": FakeTensor(FakeStorage("0", torch.FloatStorage, numel), 0, (numel,), (1,))}
+    write_archive(path, pickled(tree), [("0", data)], compress={"0"})
+    archive = bytearray(path.read_bytes())
+    entry = archive.rindex(b"PK\x01\x02")       # the storage's entry, written last
+    struct.pack_into("<II", archive, entry + 20, claimed // 50, claimed)
+    path.write_bytes(bytes(archive))
+    return path
+
+
+def test_a_central_directory_that_lies_about_sizes_is_refused_before_planning(tmp_path):
+    """A few hundred bytes whose directory claims 3.6 GB for a 4 KB member: 3.6 GB
+    were reserved before the read failed."""
+    src = lying_zip(tmp_path / "lying.pt", 3_600_000_000, bytes(4096), 900_000_000)
+    assert src.stat().st_size < 1000
+    outcome = convert_bounded(src, tmp_path / "out.safetensors")
+    assert re.match(rf"refused: {re.escape(str(src))}: member 'archive/data/0' declares "
+                    rf"72000000 stored bytes from byte \d+, past the end of the \d+-byte "
+                    rf"archive", outcome), outcome
+    assert os.listdir(tmp_path) == ["lying.pt"]
+
+
+def test_a_member_that_ends_early_is_named_with_its_file(tmp_path):
+    """A deflated member of 4 KiB whose entry says 8 KiB (sizes that fit the file):
+    the read ends early, and the message names the checkpoint and the member."""
+    data = np.random.default_rng(0).integers(0, 256, 4096, np.uint8).tobytes()
+    tree = {"w": FakeTensor(FakeStorage("0", torch.FloatStorage, 2048), 0, (2048,), (1,))}
+    src = write_archive(tmp_path / "short.pt", pickled(tree), [("0", data)], compress={"0"})
+    archive = bytearray(src.read_bytes())
+    entry = archive.rindex(b"PK\x01\x02")       # the storage's entry, written last
+    struct.pack_into("<I", archive, entry + 24, 8192)       # its uncompressed size
+    src.write_bytes(bytes(archive))
+    refused(tmp_path, src, "member 'archive/data/0' ends at byte 4096, before the 8192")
+
+
+def test_a_corrupt_compressed_member_is_refused_naming_it(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, 4096, np.uint8).tobytes()
+    tree = {"w": FakeTensor(FakeStorage("0", torch.FloatStorage, 1024), 0, (1024,), (1,))}
+    src = write_archive(tmp_path / "corrupt.pt", pickled(tree), [("0", data)], compress={"0"})
+    archive = bytearray(src.read_bytes())
+    start = archive.index(b"archive/data/0") + len("archive/data/0")
+    archive[start + 100:start + 200] = bytes(100)       # into the deflate stream
+    src.write_bytes(bytes(archive))
+    refused(tmp_path, src, r"member 'archive/data/0' cannot be read \((error|BadZipFile)")
+
+
+def test_a_storage_cut_short_while_it_is_read_is_named_with_its_file(tmp_path):
+    from fastst.convert._torch_files import ByteRange
+
+    path = tmp_path / "cut.pt"
+    path.write_bytes(bytes(100))
+    with open(path, "rb") as fh:
+        byte_range = ByteRange(fh.fileno(), 50, 100, str(path), "storage '3'")
+        with pytest.raises(fastst.SafetensorError, match=rf"^{re.escape(str(path))}: the file "
+                           rf"ends at byte 100, inside storage '3'"):
+            byte_range.read_into(0, memoryview(bytearray(100)))
+
+
+def test_names_and_values_repeated_past_the_output_bound_are_refused(tmp_path):
+    """A 100 kB str referred to 2,000 times by the memo (4 bytes each) is 200 MB of
+    metadata once written out: it was built, then written."""
+    text = "x" * 100_000
+    data = pickled({"w": FakeTensor(FakeStorage("0", torch.FloatStorage, 4), 0, (4,), (1,)),
+                    "log": [text] * 2000})
+    assert len(data) < 110_000
+    src = write_archive(tmp_path / "log.pt", data, [("0", bytes(16))])
+    outcome = convert_bounded(src, tmp_path / "out.safetensors")
+    assert re.match(rf"refused: {re.escape(str(src))}: the checkpoint's names and values "
+                    rf"other than tensors, written out as a tree, would take over \d+ bytes",
+                    outcome), outcome
+    assert not (tmp_path / "out.safetensors").exists()

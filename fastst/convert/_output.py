@@ -1,7 +1,8 @@
 """Writing a converted file through ``fastst.writer.StreamWriter``: every tensor
 declared up front, then its bytes produced one tensor at a time, in chunks, in
-file order, each chunk written as it comes: memory holds one chunk (or, for a
-strided view, one tensor), never the file."""
+file order, each chunk written as it comes: memory holds one chunk (and, for a
+strided view, the bytes of the storage it spans), never the file. What may be
+written at all is bounded first, by an OutputBudget."""
 from __future__ import annotations
 
 import os
@@ -13,19 +14,80 @@ from .. import SafetensorError, safe_open
 from ..writer import StreamWriter
 from ._torch_files import ByteRange
 
-__all__ = ["Declared", "write_declared", "verify_written"]
+__all__ = ["Declared", "OutputBudget", "write_declared", "verify_written",
+           "DEFAULT_MAX_EXPANSION", "EXPANSION_ALLOWANCE"]
 
 Progress = Optional[Callable[[int], None]]
+# A conversion writes at most DEFAULT_MAX_EXPANSION times the bytes of its input,
+# plus EXPANSION_ALLOWANCE: a torch checkpoint converts to about its own size
+# (more only where views of one storage, or tied weights in a nest, are each
+# written out), and an .npz of real weights is compressed far less than 8 times.
+DEFAULT_MAX_EXPANSION = 8.0
+EXPANSION_ALLOWANCE = 16 << 20      # for tiny checkpoints, whose header alone can be larger
+HEADER_ENTRY_BYTES = 64             # about what a tensor adds to the header, past its name
 
 
 class Declared(NamedTuple):
     """A tensor to write: its header entry, and a function that yields its bytes
-    (C order, little-endian) as buffers, chunk after chunk."""
+    (C order, little-endian) as buffers, chunk after chunk; `origin` says where
+    they come from (shape, strides, storage), for messages."""
     name: str
     code: str
     shape: Tuple[int, ...]
     nbytes: int
     chunks: Callable[[], Iterator[memoryview]]
+    origin: str = ""
+
+
+class OutputBudget:
+    """The bytes a conversion may write: `max_expansion` times the bytes its input
+    files hold, plus EXPANSION_ALLOWANCE (None: no bound). A checkpoint holds every
+    byte its tensors are made of, so a real one converts to about its own size; a
+    tensor viewed with zero strides (``expand``) or a compressed member can stand
+    for far more bytes than the file holds, and is refused past the budget before
+    anything is reserved on disk."""
+
+    def __init__(self, input_bytes: int, max_expansion: Optional[float]) -> None:
+        if max_expansion is not None and not (isinstance(max_expansion, (int, float))
+                                              and 0 < max_expansion < float("inf")):
+            raise SafetensorError(f"max_expansion must be a positive number or None, got "
+                                  f"{max_expansion!r}")
+        self.input_bytes, self.max_expansion = input_bytes, max_expansion
+        self.limit = None if max_expansion is None else \
+            int(max_expansion * input_bytes) + EXPANSION_ALLOWANCE
+        self.spent = 0
+
+    @classmethod
+    def of_files(cls, paths: Sequence[str], max_expansion: Optional[float]) -> OutputBudget:
+        return cls(sum(os.stat(path).st_size for path in paths), max_expansion)
+
+    def left(self) -> Optional[int]:
+        return None if self.limit is None else self.limit - self.spent
+
+    def spend(self, source: str, tensors: Sequence[Declared],
+              metadata: Optional[Mapping[str, str]], files: int = 1) -> None:
+        """Count the bytes of writing `tensors` (and `metadata` in each of `files`)
+        from `source`, or refuse them, naming the largest tensor."""
+        total = sum(tensor.nbytes + HEADER_ENTRY_BYTES + len(tensor.name) for tensor in tensors)
+        total += files * sum(len(key) + len(value) + 8 for key, value in (metadata or {}).items())
+        if self.limit is not None and self.spent + total > self.limit:
+            largest = max(tensors, key=lambda tensor: tensor.nbytes, default=None)
+            named = "" if largest is None else (
+                f"; the largest tensor, {largest.name!r} ({_origin(largest)}), is "
+                f"{largest.nbytes} bytes")
+            allowed = f"the {self.limit}" if not self.spent else \
+                f"the {self.limit - self.spent} left of the {self.limit}"
+            raise SafetensorError(
+                f"{source}: converting it would write {total} bytes, more than {allowed} "
+                f"allowed for {self.input_bytes} bytes of input ({self.max_expansion:g} x "
+                f"the input + {EXPANSION_ALLOWANCE >> 20} MiB){named}. Pass "
+                f"max_expansion=None (fastst convert --max-expansion none), or a larger "
+                f"ratio, to convert it anyway")
+        self.spent += total
+
+
+def _origin(tensor: Declared) -> str:
+    return tensor.origin or f"shape {list(tensor.shape)}"
 
 
 def write_declared(filename: str, tensors: Sequence[Declared],
@@ -47,7 +109,8 @@ def _fill(writer: StreamWriter, tensor: Declared, progress: Progress) -> None:
         if progress is not None:
             progress(len(chunk))
     if position != tensor.nbytes:
-        raise AssertionError(f"tensor {tensor.name!r}: {position} bytes for {tensor.nbytes}")
+        raise SafetensorError(f"tensor {tensor.name!r}: its source gave {position} bytes of "
+                              f"the {tensor.nbytes} it declares")
 
 
 def verify_written(filename: str, tensors: Sequence[Declared]) -> None:
@@ -61,7 +124,8 @@ def verify_written(filename: str, tensors: Sequence[Declared]) -> None:
                   for tensor in tensors}
     buffer = np.empty(0, np.uint8)
     with open(filename, "rb", buffering=0) as written:
-        whole_file = ByteRange(written.fileno(), 0, os.fstat(written.fileno()).st_size)
+        whole_file = ByteRange(written.fileno(), 0, os.fstat(written.fileno()).st_size,
+                               filename, "the converted file")
         for tensor in tensors:
             position = starts[tensor.name]
             for chunk in tensor.chunks():

@@ -3,6 +3,7 @@ the tensors of the (possibly nested) object, tied weights kept once, each tensor
 read by byte range and written in C order, little-endian."""
 from __future__ import annotations
 
+import itertools
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
@@ -11,9 +12,9 @@ from collections import OrderedDict
 from .. import SafetensorError
 from ._output import Declared
 from ._torch_files import CHUNK, Checkpoint
-from ._torch_pickle import TensorRef
+from ._torch_pickle import TensorRef, _short
 
-__all__ = ["flatten", "tied_names", "declare", "MAX_DEPTH"]
+__all__ = ["flatten", "tied_names", "declare", "max_repeated_entries", "MAX_DEPTH"]
 
 MAX_DEPTH = 256
 # Entries a tree may repeat by referring to one container from several places (a
@@ -21,10 +22,24 @@ MAX_DEPTH = 256
 # is repeated in full wherever it is referred to, so a tiny pickle could otherwise
 # stand for exponentially many entries.
 MAX_REPEATED_ENTRIES = 1_000_000
+# Below that bound, a tree may repeat REPEATED_ENTRIES_BASE entries and this many
+# per byte of its pickle, so that the walk's work follows the size of the input: a
+# config or a parameter list shared by a real checkpoint repeats a few entries per
+# byte, a DAG of tuples 2**n for 2n bytes.
+REPEATED_ENTRIES_PER_BYTE = 16
+REPEATED_ENTRIES_BASE = 100_000
+
+
+def max_repeated_entries(pickle_bytes: int) -> int:
+    """The entries a tree unpickled from `pickle_bytes` bytes may repeat."""
+    return min(MAX_REPEATED_ENTRIES,
+               REPEATED_ENTRIES_BASE + REPEATED_ENTRIES_PER_BYTE * pickle_bytes)
 
 
 def flatten(tree: Any, source: str, key: Optional[str] = None,
-            tensor_type: Any = TensorRef) -> Tuple[List[Tuple[str, Any]], Dict[str, str]]:
+            tensor_type: Any = TensorRef, max_text: Optional[int] = None,
+            max_repeated: int = MAX_REPEATED_ENTRIES
+            ) -> Tuple[List[Tuple[str, Any]], Dict[str, str]]:
     """The tensors of `tree` by name, and the metadata that describes the rest.
 
     A state dict (a dict of tensors) keeps its names and needs no metadata; any
@@ -34,7 +49,10 @@ def flatten(tree: Any, source: str, key: Optional[str] = None,
     leaves in the metadata, so that ``fastst.load_state`` gives it back. With
     `key`, only ``tree[key]`` is converted (a ``/``-separated path for deeper
     nests). `tensor_type` is what counts as a tensor (torch.Tensor to name the
-    tensors of ``torch.load`` the same way)."""
+    tensors of ``torch.load`` the same way). A container the pickle refers to from
+    many places is repeated in full wherever it is referred to: a nest that would
+    repeat more than `max_repeated` entries, or whose names and other leaves would
+    take more than `max_text` bytes, is refused before it is written out."""
     if key is not None:
         for part in key.split("/"):
             if not isinstance(tree, dict) or part not in tree:
@@ -52,59 +70,85 @@ def flatten(tree: Any, source: str, key: Optional[str] = None,
     from ..state import state_to_tensors
 
     try:
-        tensors, metadata = state_to_tensors(_plain(tree, tensor_type, 0, _Walk()))
+        tensors, metadata = state_to_tensors(_plain(tree, tensor_type, 0, 0,
+                                                    _Walk(max_text, max_repeated)))
     except SafetensorError as error:
         raise type(error)(f"{source}: {error}") from None
     return list(tensors.items()), metadata
 
 
 class _Walk:
-    """The containers a walk of a tree has met, and the entries it has repeated by
-    meeting some of them again."""
+    """The containers a walk of a tree has met, the entries it has repeated by
+    meeting some of them again, and the bytes of text (names, keys, str and
+    bytes leaves) the tree written out would hold."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_text: Optional[int], max_repeated: int) -> None:
         self.seen: Set[int] = set()   # ids: the tree keeps every container alive meanwhile
         self.repeated = 0
+        self.text = 0
+        self.max_text, self.max_repeated = max_text, max_repeated
 
     def meet(self, container: Any) -> None:
         if id(container) not in self.seen:
             self.seen.add(id(container))
             return
         self.repeated += len(container) + 1
-        if self.repeated > MAX_REPEATED_ENTRIES:
+        if self.repeated > self.max_repeated:
             raise SafetensorError(
                 f"the checkpoint refers to the same containers from so many places that, "
-                f"written out as a tree, it would repeat over {MAX_REPEATED_ENTRIES} entries")
+                f"written out as a tree, it would repeat over {self.max_repeated} entries")
+
+    def write(self, size: int) -> None:
+        self.text += size
+        if self.max_text is not None and self.text > self.max_text:
+            raise SafetensorError(
+                f"the checkpoint's names and values other than tensors, written out as a "
+                f"tree, would take over {self.max_text} bytes")
 
 
-def _plain(node: Any, tensor_type: Any, depth: int, walk: _Walk) -> Any:
+def _plain(node: Any, tensor_type: Any, depth: int, path: int, walk: _Walk) -> Any:
     """`node` in the types a state tree holds: dict and tuple subclasses (a state
     dict's OrderedDict, torch.Size) as the plain type, sets as lists, dtypes,
-    devices and complex numbers as their text."""
+    devices and complex numbers as their text. `path` is the length of the name
+    a tensor found here gets."""
     if depth > MAX_DEPTH:
         raise SafetensorError(f"the checkpoint nests deeper than {MAX_DEPTH}")
-    if isinstance(node, tensor_type) or node is None or type(node) in (bool, int, float, str,
-                                                                       bytes):
+    if isinstance(node, tensor_type):
+        walk.write(path)
         return node
+    if node is None or type(node) in (bool, int, float):
+        walk.write(1)
+        return node
+    if type(node) in (str, bytes, bytearray):
+        walk.write(len(node) + 1)
+        return bytes(node) if type(node) is bytearray else node
     if isinstance(node, (dict, list, set, frozenset, tuple)):
         walk.meet(node)
-    if isinstance(node, OrderedDict):
-        return OrderedDict((k, _plain(v, tensor_type, depth + 1, walk)) for k, v in node.items())
+        walk.write(1)
     if isinstance(node, dict):
-        return {k: _plain(v, tensor_type, depth + 1, walk) for k, v in node.items()}
-    if isinstance(node, (list, set, frozenset)):
-        return [_plain(v, tensor_type, depth + 1, walk) for v in node]
-    if isinstance(node, tuple):
-        return tuple(_plain(v, tensor_type, depth + 1, walk) for v in node)
-    if isinstance(node, bytearray):
-        return bytes(node)
-    return str(node)
+        items = ((k, _plain(v, tensor_type, depth + 1, path + _key_size(k, walk), walk))
+                 for k, v in node.items())
+        return OrderedDict(items) if isinstance(node, OrderedDict) else dict(items)
+    if isinstance(node, (list, set, frozenset, tuple)):
+        kind = tuple if isinstance(node, tuple) else list
+        return kind(_plain(v, tensor_type, depth + 1, path + len(str(k)) + 1, walk)
+                    for k, v in enumerate(node))
+    text = str(node)
+    walk.write(len(text))
+    return text
+
+
+def _key_size(key: Any, walk: _Walk) -> int:
+    """The bytes dict key `key` adds to the names below it (and writes once)."""
+    size = (len(key) if type(key) in (str, bytes) else 20) + 1
+    walk.write(size)
+    return size
 
 
 def _keys(tree: Any) -> str:
     if not isinstance(tree, dict):
         return f"none: it is a {type(tree).__name__}"
-    shown = [repr(k) for k in list(tree)[:10]]
+    shown = [_short(k) for k in itertools.islice(tree, 10)]
     return ", ".join(shown) + (", ..." if len(tree) > 10 else "")
 
 
@@ -112,10 +156,11 @@ def tied_names(tensors: List[Tuple[str, TensorRef]]) -> Dict[str, str]:
     """Names whose tensor is another's exactly (same storage, dtype, offset, shape
     and stride: tied weights) -> the name kept, the first in sorted order, as
     ``save_model`` keeps it."""
-    by_layout: Dict[Tuple[Any, ...], List[str]] = {}
+    # keyed by text: the hash of a tuple of ints a pickle chose can be made to collide
+    by_layout: Dict[str, List[str]] = {}
     for name, ref in tensors:
         if ref.numel:
-            by_layout.setdefault(ref.layout(), []).append(name)
+            by_layout.setdefault(repr(ref.layout()), []).append(name)
     dropped: Dict[str, str] = {}
     for names in by_layout.values():
         kept, *others = sorted(names)
@@ -135,11 +180,12 @@ def declare(checkpoint: Checkpoint, name: str, ref: TensorRef) -> Declared:
     """The Declared tensor `name` of `checkpoint`: header entry, and its bytes."""
     begin, end = ref.byte_span()
     byte_range = checkpoint.ranges[ref.storage.key]
+    layout = f"shape {list(ref.shape)}, stride {list(ref.stride)}, offset {ref.offset}"
     if end > ref.storage.nbytes or end > byte_range.size:
         raise SafetensorError(
-            f"{checkpoint.source}: tensor {name!r} (shape {list(ref.shape)}, stride "
-            f"{list(ref.stride)}, offset {ref.offset}) reaches byte {end} of storage "
+            f"{checkpoint.source}: tensor {name!r} ({layout}) reaches byte {end} of storage "
             f"{ref.storage.key!r}, which holds {byte_range.size}")
+    origin = f"{layout}, over {end - begin} bytes of storage {ref.storage.key!r}"
     swap = checkpoint.big_endian and ref.itemsize > 1
     if ref.is_contiguous() and not swap:
         def chunks() -> Iterator[memoryview]:
@@ -157,7 +203,25 @@ def declare(checkpoint: Checkpoint, name: str, ref: TensorRef) -> Declared:
             array = np.lib.stride_tricks.as_strided(
                 typed, ref.shape, tuple(step * ref.itemsize for step in ref.stride),
                 writeable=False)
-            compact = np.ascontiguousarray(array.astype(little, copy=False))
-            yield compact.reshape(-1).view(np.uint8).data
-    return Declared(name, ref.code, ref.header_shape(), ref.nbytes, chunks)
+            for block in c_order_blocks(array, CHUNK):
+                compact = np.ascontiguousarray(block.astype(little, copy=False))
+                yield compact.reshape(-1).view(np.uint8).data
+    return Declared(name, ref.code, ref.header_shape(), ref.nbytes, chunks, origin)
 
+
+def c_order_blocks(array: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    """`array` cut, in C order, into blocks of whole rows (or, for rows over `size`
+    bytes, into blocks of each row), each of at most `size` bytes but for a
+    single element: a view with zero strides is copied a block at a time, never
+    whole."""
+    if array.ndim == 0 or array.nbytes <= size:
+        yield array
+        return
+    row_bytes = array.nbytes // array.shape[0]
+    if row_bytes <= size or array.ndim == 1:
+        rows = max(size // max(row_bytes, 1), 1)
+        for start in range(0, array.shape[0], rows):
+            yield array[start:start + rows]
+        return
+    for row in array:
+        yield from c_order_blocks(row, size)

@@ -9,12 +9,14 @@ import io
 import os
 import struct
 import zipfile
+import zlib
 from typing import Any, Dict, List, Optional, Set
 
 from .. import SafetensorError
 from ._torch_pickle import UNTYPED, StorageRef, load_pickle
 
-__all__ = ["Checkpoint", "open_checkpoint", "MAX_PICKLE_BYTES", "MAX_COMPRESSION_RATIO"]
+__all__ = ["Checkpoint", "open_checkpoint", "check_members", "MAX_PICKLE_BYTES",
+           "MAX_COMPRESSION_RATIO"]
 
 MAX_PICKLE_BYTES = 1 << 30          # a data.pkl larger than this is not a state dict
 MAX_COMPRESSION_RATIO = 100         # past it a compressed member is taken for a zip bomb
@@ -24,18 +26,26 @@ LOCAL_HEADER = struct.Struct("<4s22xHH")
 CHUNK = 16 << 20
 
 
-class ByteRange:
-    """`size` bytes of file `path` from byte `start`, read with pread."""
+# What zipfile and its decompressors raise on a corrupt or unsupported member.
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError,
+              NotImplementedError, ValueError)
 
-    def __init__(self, fd: int, start: int, size: int) -> None:
+
+class ByteRange:
+    """`size` bytes of the file open as `fd` from byte `start`, read with pread;
+    `source` and `what` name them in errors."""
+
+    def __init__(self, fd: int, start: int, size: int, source: str, what: str) -> None:
         self.fd, self.start, self.size = fd, start, size
+        self.source, self.what = source, what
 
     def read_into(self, begin: int, out: memoryview) -> None:
         position, view = self.start + begin, out
         while len(view):
             got = os.preadv(self.fd, [view], position)
             if got <= 0:
-                raise OSError(f"the file ended inside a storage, at byte {position}")
+                raise SafetensorError(f"{self.source}: the file ends at byte {position}, "
+                                      f"inside {self.what} (was it truncated?)")
             view, position = view[got:], position + got
 
 
@@ -44,11 +54,19 @@ class CompressedMember:
     between reads, so that reading a tensor chunk after chunk decompresses each
     byte once; only a read that goes back starts again from the member's start."""
 
-    def __init__(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+    def __init__(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> None:
         self.archive, self.info, self.size = archive, info, info.file_size
+        self.source = source
         self._member: Any = None
 
     def read_into(self, begin: int, out: memoryview) -> None:
+        try:
+            self._read_into(begin, out)
+        except ZIP_ERRORS as error:
+            raise SafetensorError(f"{self.source}: member {self.info.filename!r} cannot be "
+                                  f"read ({type(error).__name__}: {error})") from None
+
+    def _read_into(self, begin: int, out: memoryview) -> None:
         if self._member is None or self._member.tell() > begin:
             if self._member is not None:
                 self._member.close()
@@ -58,7 +76,9 @@ class CompressedMember:
         while len(view):
             data = self._member.read(min(len(view), CHUNK))
             if not data:
-                raise SafetensorError(f"zip member {self.info.filename!r} ends early")
+                raise SafetensorError(f"{self.source}: member {self.info.filename!r} ends "
+                                      f"at byte {self._member.tell()}, before the "
+                                      f"{self.info.file_size} its entry declares")
             view[:len(data)] = data
             view = view[len(data):]
 
@@ -75,6 +95,7 @@ class Checkpoint:
     def __init__(self, source: str) -> None:
         self.source = source
         self.tree: Any = None
+        self.pickle_bytes = 0                # the size of the pickle that made `tree`
         self.big_endian = False
         self.storages: Dict[str, StorageRef] = {}
         self.ranges: Dict[str, Any] = {}
@@ -145,7 +166,7 @@ def _read_zip(checkpoint: Checkpoint, path: str) -> None:
     source = checkpoint.source
     try:
         archive = checkpoint._archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, ValueError, OSError) as error:
+    except ZIP_ERRORS as error:
         raise SafetensorError(f"{source}: not a readable zip archive ({error})") from None
     infos = archive.infolist()
     names = [info.filename for info in infos]
@@ -162,7 +183,9 @@ def _read_zip(checkpoint: Checkpoint, path: str) -> None:
                               f"<name>/data.pkl, found {len(pickles)}")
     prefix = pickles[0][:-len("data.pkl")]
     by_name = {info.filename: info for info in infos}
-    file_size = os.fstat(checkpoint._fd).st_size  # type: ignore[arg-type]
+    starts = check_members(checkpoint._fd, infos, source)  # type: ignore[arg-type]
+    for info in infos:
+        _check_ratio(info, source)
     order = by_name.get(prefix + "byteorder")
     if order is not None:
         text = _small_member(archive, order, source)
@@ -172,9 +195,11 @@ def _read_zip(checkpoint: Checkpoint, path: str) -> None:
     for info in infos:
         if info.filename.startswith(prefix + "data/"):
             key = info.filename[len(prefix + "data/"):]
-            checkpoint.ranges[key] = _member_range(checkpoint, archive, info, file_size)
+            checkpoint.ranges[key] = _member_range(checkpoint, archive, info,
+                                                   starts[info.filename])
     data = _pickle_bytes(archive, by_name[pickles[0]], source)
     checkpoint.tree = load_pickle(io.BytesIO(data), len(data), source, checkpoint.storage)
+    checkpoint.pickle_bytes = len(data)
 
 
 def _check_ratio(info: zipfile.ZipInfo, source: str) -> None:
@@ -186,48 +211,67 @@ def _check_ratio(info: zipfile.ZipInfo, source: str) -> None:
             f"(a zip bomb?)")
 
 
+def check_members(fd: int, infos: List[zipfile.ZipInfo], source: str) -> Dict[str, int]:
+    """Where the data of each member of the zip archive open as `fd` starts, once
+    the sizes its entry declares are checked against the archive's real size: a
+    central directory may claim any sizes, and nothing may be planned from them
+    before they are known to fit in the file."""
+    file_size = os.fstat(fd).st_size
+    starts = {}
+    for info in infos:
+        local = os.pread(fd, LOCAL_HEADER.size, info.header_offset) \
+            if 0 <= info.header_offset < file_size else b""
+        if len(local) != LOCAL_HEADER.size or local[:4] != b"PK\x03\x04":
+            raise SafetensorError(f"{source}: member {info.filename!r} has no local header at "
+                                  f"byte {info.header_offset}")
+        _, name_length, extra_length = LOCAL_HEADER.unpack(local)
+        start = info.header_offset + LOCAL_HEADER.size + name_length + extra_length
+        if start + info.compress_size > file_size:
+            raise SafetensorError(
+                f"{source}: member {info.filename!r} declares {info.compress_size} stored "
+                f"bytes from byte {start}, past the end of the {file_size}-byte archive")
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            raise SafetensorError(
+                f"{source}: member {info.filename!r} is stored uncompressed but declares "
+                f"{info.compress_size} bytes stored and {info.file_size} uncompressed")
+        starts[info.filename] = start
+    return starts
+
+
 def _small_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> bytes:
     if info.file_size > 64:
         raise SafetensorError(f"{source}: member {info.filename!r} is too large")
-    _check_ratio(info, source)
-    return archive.read(info).strip()
+    return _read_member(archive, info, source).strip()
 
 
 def _pickle_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> bytes:
     if info.file_size > MAX_PICKLE_BYTES:
         raise SafetensorError(f"{source}: data.pkl holds {info.file_size} bytes, more than "
                               f"the {MAX_PICKLE_BYTES} a state dict's pickle needs")
-    _check_ratio(info, source)
+    return _read_member(archive, info, source)
+
+
+def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> bytes:
+    """The whole of a small member, which must hold the bytes its entry declares."""
     try:
         with archive.open(info) as member:
-            data = member.read(info.file_size + 1)
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise SafetensorError(f"{source}: data.pkl cannot be read ({error})") from None
+            data: bytes = member.read(info.file_size + 1)
+    except ZIP_ERRORS as error:
+        raise SafetensorError(f"{source}: member {info.filename!r} cannot be read "
+                              f"({type(error).__name__}: {error})") from None
     if len(data) != info.file_size:
-        raise SafetensorError(f"{source}: data.pkl holds {len(data)} bytes, its entry says "
-                              f"{info.file_size}")
+        raise SafetensorError(f"{source}: member {info.filename!r} holds {len(data)} bytes, "
+                              f"its entry says {info.file_size}")
     return data
 
 
 def _member_range(checkpoint: Checkpoint, archive: zipfile.ZipFile, info: zipfile.ZipInfo,
-                  file_size: int) -> Any:
-    source = checkpoint.source
-    _check_ratio(info, source)
+                  start: int) -> Any:
     if info.compress_type != zipfile.ZIP_STORED:
-        return CompressedMember(archive, info)
-    fd = checkpoint._fd
-    assert fd is not None
-    local = os.pread(fd, LOCAL_HEADER.size, info.header_offset)
-    if len(local) != LOCAL_HEADER.size or local[:4] != b"PK\x03\x04":
-        raise SafetensorError(f"{source}: member {info.filename!r} has no local header at "
-                              f"byte {info.header_offset}")
-    _, name_length, extra_length = LOCAL_HEADER.unpack(local)
-    start = info.header_offset + LOCAL_HEADER.size + name_length + extra_length
-    if info.file_size != info.compress_size or start + info.file_size > file_size:
-        raise SafetensorError(f"{source}: member {info.filename!r} (bytes {start} to "
-                              f"{start + info.file_size}) lies outside the {file_size}-byte "
-                              f"archive")
-    return ByteRange(fd, start, info.file_size)
+        return CompressedMember(archive, info, checkpoint.source)
+    assert checkpoint._fd is not None
+    return ByteRange(checkpoint._fd, start, info.file_size, checkpoint.source,
+                     f"member {info.filename!r}")
 
 
 def _read_legacy(checkpoint: Checkpoint, path: str) -> None:
@@ -254,7 +298,9 @@ def _read_legacy(checkpoint: Checkpoint, path: str) -> None:
         info = load_pickle(raw, size, source, no_storage)
         if isinstance(info, dict) and info.get("little_endian") is False:
             raise SafetensorError(f"{source}: big-endian legacy checkpoints are not supported")
+        start = raw.tell()
         checkpoint.tree = load_pickle(raw, size, source, checkpoint.storage, legacy=True)
+        checkpoint.pickle_bytes = raw.tell() - start
         keys = load_pickle(raw, size, source, no_storage)
         if not (isinstance(keys, list) and all(type(key) is str for key in keys)):
             raise SafetensorError(f"{source}: the list of storage keys is malformed")
@@ -280,5 +326,6 @@ def _legacy_ranges(checkpoint: Checkpoint, keys: List[str], position: int, size:
         if position + 8 + nbytes > size:
             raise SafetensorError(f"{checkpoint.source}: storage {key!r} ({nbytes} bytes at "
                                   f"{position + 8}) lies past the end of the file")
-        checkpoint.ranges[key] = ByteRange(fd, position + 8, nbytes)
+        checkpoint.ranges[key] = ByteRange(fd, position + 8, nbytes, checkpoint.source,
+                                           f"storage {key!r}")
         position += 8 + nbytes

@@ -16,23 +16,48 @@ The pickle is run by a subclass of Python's pure-Python unpickler in which
 The pure-Python unpickler keeps its memo in a dict, so a pickle cannot make it
 allocate by naming a huge memo index; the file object it reads refuses reads past
 the end of the data.
+
+The memo lets a few bytes refer to a large value again and again (or to a tuple
+of tuples that, unfolded, is exponentially large), so no opcode may do work in
+proportion to the values it is handed:
+
+* a dict key or set item is hashed only when it is a str, bytes, bool, None, a
+  float, an int below 2**61 in size (whose hashes do not collide on purpose) or
+  an object hashed by identity: a tuple's hash walks all of it, and ints, tuples
+  and complex numbers can be chosen to share one hash;
+* every call of an allowed global is charged the length of its arguments
+  against a budget of WORK_PER_BYTE units per byte of the pickle, so that no
+  value can be copied or walked over and over;
+* memo indices and the reprs in messages are bounded.
 """
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
 import struct
+import sys
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import DTYPES, SafetensorError, SafetensorTypeError
 
 __all__ = ["StorageRef", "TensorRef", "RestrictedUnpickler", "load_pickle", "UNTYPED",
-           "MAX_DIMS"]
+           "MAX_DIMS", "WORK_PER_BYTE"]
 
 UNTYPED = "untyped"     # the dtype of a torch.UntypedStorage: bytes, typed by the tensor
 MAX_DIMS = 64
 MAX_INDEX = 2**62       # larger offsets, dims and strides cannot address a real file
+MAX_ARGS = 8            # _rebuild_tensor_v3 takes the most
+MAX_MEMO_INDEX = 2**32  # BINPUT and LONG_BINPUT cannot name more
+# An int key of this size or more shares its hash with a smaller one (the hash of
+# an int is the int modulo 2**61 - 1), so a pickle could pile keys onto one slot.
+MAX_KEY_INT = sys.hash_info.modulus
+# Units of work (elements handed to a call) a pickle may spend per byte, on top of
+# WORK_BASE: each value a pickle builds is handed to a call about once; a pickle
+# that hands the same large value to calls over and over is refused.
+WORK_PER_BYTE = 2
+WORK_BASE = 1 << 20
 
 # The torch dtype name -> header code, from THE dtype table.
 CODE_OF_TORCH_NAME: Dict[str, str] = {row.torch: row.code for row in DTYPES if row.torch}
@@ -187,10 +212,45 @@ def _dims(value: Any, what: str) -> Tuple[int, ...]:
     return tuple(_index(dim, what) for dim in value)
 
 
-def _short(value: Any) -> str:
-    text = repr(value) if isinstance(value, (int, str, tuple, type(None))) else \
-        f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
+def _short(value: Any, limit: int = 60) -> str:
+    """A repr of `value` for a message, cut at `limit` characters: the work is
+    bounded by the limit, whatever the size of the value (a tuple of tuples that
+    shares its items, a huge int or str)."""
+    text = _bounded_repr(value, limit + 1)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class _Piece(str):
+    """Text of a repr being written, told apart from a str value to write."""
+
+
+def _bounded_repr(value: Any, limit: int) -> str:
+    out: List[str] = []
+    length = 0
+    todo: List[Any] = [value]
+    while todo and length < limit:
+        item = todo.pop()
+        if type(item) is _Piece:
+            piece = str(item)
+        elif type(item) is tuple and item:
+            todo.append(_Piece(",)" if len(item) == 1 else ")"))
+            items = list(itertools.islice(item, limit))     # each adds a character or more
+            for position in range(len(items) - 1, -1, -1):
+                todo.append(items[position])
+                if position:
+                    todo.append(_Piece(", "))
+            piece = "("
+        elif type(item) in (str, bytes):
+            piece = repr(item[:limit])
+        elif type(item) is int and item.bit_length() > 64:
+            piece = f"<int of {item.bit_length()} bits>"
+        elif type(item) in (int, bool, tuple, type(None)):     # a tuple here is empty
+            piece = repr(item)
+        else:
+            piece = f"<{type(item).__name__}>"
+        out.append(piece)
+        length += len(piece)
+    return "".join(out)
 
 
 def _size(*args: Any) -> Tuple[int, ...]:
@@ -245,8 +305,10 @@ def _rebuild_parameter(data: Any, requires_grad: Any, hooks: Any, state: Any = N
 def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:
     if not (isinstance(new_type, _StandIn) and new_type.value == "tensor-type"):
         raise _Refused(f"tensor subclass {_short(new_type)}")
-    if not isinstance(func, _StandIn) or not isinstance(args, tuple):
-        raise _Refused("_rebuild_from_type_v2 needs a rebuild function and its arguments")
+    if not (isinstance(func, _StandIn) and func.name.startswith("torch._utils._rebuild_")
+            and isinstance(args, tuple) and len(args) <= MAX_ARGS):
+        raise _Refused("_rebuild_from_type_v2 needs a tensor rebuild function and its "
+                       "arguments")
     return func(*args)
 
 
@@ -257,7 +319,7 @@ def _ordered_dict(*args: Any) -> StateDict:
     for pair in args[0] if args else ():
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise _Refused("OrderedDict takes a list of pairs")
-        result[pair[0]] = pair[1]
+        result[_key(pair[0])] = pair[1]
     return result
 
 
@@ -267,6 +329,9 @@ def _plain(kind: type, *takes: type) -> Callable[..., Any]:
     def build(*args: Any) -> Any:
         if len(args) > 1 or (args and not isinstance(args[0], takes)):
             raise _Refused(f"{kind.__name__}() of {_short(args)}")
+        if kind in (set, frozenset) and args:
+            for item in args[0]:
+                _key(item)
         return kind(*args)
     return build
 
@@ -278,9 +343,26 @@ def _encode(text: Any, encoding: Any = "latin1") -> bytes:
 
 
 def _device(*args: Any) -> str:
-    if not args or len(args) > 2 or type(args[0]) is not str:
+    if not args or len(args) > 2 or type(args[0]) is not str or len(args[0]) > 64 or (
+            len(args) == 2 and not (type(args[1]) is int and 0 <= args[1] < 2**31)):
         raise _Refused(f"torch.device{_short(args)}")
     return args[0] if len(args) == 1 else f"{args[0]}:{args[1]}"
+
+
+def _key(key: Any) -> Any:
+    """`key`, when it may be hashed as a dict key or set item in time bounded by
+    its own bytes, with no collision a pickle could arrange."""
+    kind = type(key)
+    if kind in (str, bytes, bool, float, type(None), _StandIn, StorageRef, TensorRef):
+        return key      # str and bytes hashes are keyed per process; the others by identity
+    if kind is int and -MAX_KEY_INT < key < MAX_KEY_INT:
+        return key
+    if kind is int:
+        raise _Refused(f"an int dict key or set item of {key.bit_length()} bits (past 2**61, "
+                       f"ints share hashes)")
+    raise _Refused(f"a dict key or set item of type {kind.__name__}: only str, bytes, int, "
+                   f"float, bool and None are hashed (a {kind.__name__}'s hash could take "
+                   f"time far beyond its size)")
 
 
 def _allowed_globals() -> Dict[str, _StandIn]:
@@ -326,13 +408,68 @@ def _refuse_opcode(name: str) -> Callable[[Any], None]:
     return refuse
 
 
+SIZED = (str, bytes, bytearray, list, tuple, dict, set, frozenset, StateDict)
+
+
 def _load_reduce(self: Any) -> None:
     stack = self.stack
     args = stack.pop()
     func = stack[-1]
     if not isinstance(func, _StandIn) or not isinstance(args, tuple):
         raise _Refused(f"REDUCE of {_short(func)}: only the allowed globals may be called")
+    if len(args) > MAX_ARGS:
+        raise _Refused(f"REDUCE of {func.name} with {len(args)} arguments")
+    self.charge(1 + sum(len(arg) for arg in args if type(arg) in SIZED))
     stack[-1] = func(*args)
+
+
+def _load_setitem(self: Any) -> None:
+    stack = self.stack
+    value = stack.pop()
+    key = _key(stack.pop())
+    stack[-1][key] = value
+
+
+def _load_setitems(self: Any) -> None:
+    items = self.pop_mark()
+    target = self.stack[-1]
+    for position in range(0, len(items), 2):
+        target[_key(items[position])] = items[position + 1]
+
+
+def _load_dict(self: Any) -> None:
+    items = self.pop_mark()
+    self.append({_key(items[position]): items[position + 1]
+                 for position in range(0, len(items), 2)})
+
+
+def _load_additems(self: Any) -> None:
+    items = self.pop_mark()
+    target = self.stack[-1]
+    for item in items:
+        target.add(_key(item))
+
+
+def _load_frozenset(self: Any) -> None:
+    items = self.pop_mark()
+    self.append(frozenset(_key(item) for item in items))
+
+
+def _memo_index(self: Any) -> int:
+    """The index of a PUT or GET (text, protocol 0): big ints would collide in
+    the memo's dict."""
+    text = self.readline()[:-1]
+    if not (text.isdigit() and len(text) <= 10 and int(text) < MAX_MEMO_INDEX):
+        raise _Refused(f"memo index {_short(text)}")
+    return int(text)
+
+
+def _load_put(self: Any) -> None:
+    self.memo[_memo_index(self)] = self.stack[-1]
+
+
+def _load_get(self: Any) -> None:
+    self.append(self.memo[_memo_index(self)])
 
 
 def _load_build(self: Any) -> None:
@@ -360,6 +497,13 @@ _DISPATCH: Dict[int, Any] = dict(_BASE.dispatch)
 _DISPATCH[pickle.REDUCE[0]] = _load_reduce
 _DISPATCH[pickle.BUILD[0]] = _load_build
 _DISPATCH[pickle.BYTEARRAY8[0]] = _load_bytearray8
+_DISPATCH[pickle.SETITEM[0]] = _load_setitem
+_DISPATCH[pickle.SETITEMS[0]] = _load_setitems
+_DISPATCH[pickle.DICT[0]] = _load_dict
+_DISPATCH[pickle.ADDITEMS[0]] = _load_additems
+_DISPATCH[pickle.FROZENSET[0]] = _load_frozenset
+_DISPATCH[pickle.PUT[0]] = _load_put
+_DISPATCH[pickle.GET[0]] = _load_get
 for _name in ("INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4", "NEXT_BUFFER",
               "READONLY_BUFFER"):
     _DISPATCH[getattr(pickle, _name)[0]] = _refuse_opcode(_name)
@@ -370,14 +514,26 @@ class RestrictedUnpickler(_BASE):
 
     `storage` is called as ``storage(key, code, numel)`` for every storage
     reference; `legacy` accepts the 6-field references of the pre-zip format.
+    The calls of allowed globals may spend `WORK_PER_BYTE` units of work per
+    byte of the pickle's `size` (plus WORK_BASE); `work` counts those spent.
     """
     dispatch = _DISPATCH
 
     def __init__(self, file: Any, storage: Callable[[str, str, int], StorageRef],
-                 legacy: bool = False) -> None:
+                 legacy: bool = False, size: int = 0) -> None:
         super().__init__(file, encoding="utf-8")
         self._storage = storage
         self._legacy = legacy
+        self.work = 0
+        self.max_work = WORK_BASE + WORK_PER_BYTE * size
+
+    def charge(self, units: int) -> None:
+        """Count `units` of work; past the pickle's budget, refuse it."""
+        self.work += units
+        if self.work > self.max_work:
+            raise _Refused(f"the pickle asks for more than {self.max_work} units of work, "
+                           f"the most its size allows (it hands the same large values to "
+                           f"calls over and over)")
 
     def find_class(self, module: str, name: str) -> Any:
         stand_in = ALLOWED_GLOBALS.get(f"{module}.{name}")
@@ -440,7 +596,7 @@ def load_pickle(raw: Any, end: int, source: str,
     restricted unpickler; every failure is a SafetensorError naming `source`."""
     # An in-memory pickle needs no bound: BytesIO hands back what it holds.
     file = raw if isinstance(raw, io.BytesIO) else BoundedFile(raw, end)
-    unpickler = RestrictedUnpickler(file, storage, legacy)
+    unpickler = RestrictedUnpickler(file, storage, legacy, size=end - raw.tell())
     try:
         return unpickler.load()
     except SafetensorError as error:

@@ -83,18 +83,23 @@ def find_checkpoint(directory: str) -> str:
                           f".safetensors file in this directory")
 
 
-def read_index(index: Any, *, max_size: int = DEFAULT_MAX_HEADER_SIZE) -> CheckpointIndex:
+def read_index(index: Any, *, max_size: int = DEFAULT_MAX_HEADER_SIZE,
+               shard_suffix: str = ".safetensors") -> CheckpointIndex:
     """Read and check the index at `index` (a path, or a Source: a URL's), at most
-    `max_size` bytes."""
+    `max_size` bytes (see ``parse_index``)."""
     source = index if isinstance(index, Source) else LocalFile(os.path.abspath(
         os.fsdecode(index)))
-    return parse_index(source.read_all(max_size, "index"), source.label)
+    return parse_index(source.read_all(max_size, "index"), source.label,
+                       shard_suffix=shard_suffix)
 
 
-def parse_index(text: bytes, path: str) -> CheckpointIndex:
+def parse_index(text: bytes, path: str, *, shard_suffix: str = ".safetensors"
+                ) -> CheckpointIndex:
     """Check the JSON `text` of the index file `path`: an object whose
     ``weight_map`` maps each tensor name to a ``.safetensors`` file beside the
-    index, with an optional ``metadata`` object, and no key twice anywhere."""
+    index, with an optional ``metadata`` object, and no key twice anywhere. (A
+    PyTorch checkpoint's index, whose shards end in `shard_suffix` ``".bin"``,
+    is read by the same rules.)"""
     import json
 
     import orjson
@@ -123,17 +128,17 @@ def parse_index(text: bytes, path: str) -> CheckpointIndex:
                                   f"string, got {type(shard).__name__}")
         shards.setdefault(shard, []).append(name)
     for shard, names in shards.items():
-        if not is_plain_shard_name(shard):
+        if not is_plain_shard_name(shard, shard_suffix):
             raise SafetensorError(f"{path}: tensor {names[0]!r}: shard {shard!r} is not "
-                                  f"{SHARD_NAME_RULE}")
+                                  f"{SHARD_NAME_RULE.replace('.safetensors', shard_suffix)}")
     return CheckpointIndex(path, weight_map, shards, metadata)
 
 
-def is_plain_shard_name(name: str) -> bool:
+def is_plain_shard_name(name: str, suffix: str = ".safetensors") -> bool:
     """Whether `name`, as an ``*.index.json`` gives a shard, names a ``.safetensors``
-    file in the index's own folder, on disk and behind any URL alike (see
-    ``SHARD_NAME_RULE``)."""
-    return (name.endswith(".safetensors") and not name.startswith(".")
+    (`suffix`) file in the index's own folder, on disk and behind any URL alike
+    (see ``SHARD_NAME_RULE``)."""
+    return (name.endswith(suffix) and not name.startswith(".")
             and NOT_IN_SHARD_NAMES.search(name) is None)
 
 

@@ -479,3 +479,96 @@ def test_a_snapshot_of_the_hub_cache_converts_through_its_blob_links(tmp_path):
     os.symlink("../../../secret", snapshot / "tokenizer.json")
     with pytest.raises(fastst.SafetensorError, match="outside"):
         convert(snapshot, tmp_path / "out2")
+
+
+# --- a conversion killed between its shards -------------------------------------------
+
+KILLED_CONVERSION = """
+import os, signal, sys
+from fastst.convert import convert, torch_to_safetensors
+
+src, dst, kill_at, folder = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+steps = [0]
+
+def counted(call):
+    def step(*args, **kwargs):
+        steps[0] += 1
+        if steps[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return call(*args, **kwargs)
+    return step
+
+for name in ("replace", "rename", "link", "unlink"):
+    setattr(os, name, counted(getattr(os, name)))
+if folder:
+    convert(src, dst)
+else:
+    torch_to_safetensors(src, dst, max_shard_size=1000)
+"""
+
+
+def layer_state(base):
+    return {f"layer.{k}": torch.full((100,), float(base + k)) for k in range(6)}
+
+
+def loaded_as(target):
+    """'old' or 'new' as the converted checkpoint at `target` loads, or what it gives."""
+    loaded = fastst.load_file(target)
+    for name, base in (("old", 0), ("new", 100)):
+        expected = {key: tensor.numpy() for key, tensor in layer_state(base).items()}
+        if sorted(loaded) == sorted(expected) and all(
+                np.array_equal(loaded[key], expected[key]) for key in expected):
+            return name
+    return {key: float(value[0]) for key, value in loaded.items()}    # a mix
+
+
+def write_bin_checkpoint(folder, state):
+    """`state` as a sharded PyTorch checkpoint: three .bin shards and their index."""
+    import json
+    folder.mkdir(exist_ok=True)
+    names = sorted(state)
+    weight_map = {}
+    for k in range(3):
+        shard = f"pytorch_model-0000{k + 1}-of-00003.bin"
+        part = {name: state[name] for name in names[2 * k:2 * k + 2]}
+        torch.save(part, folder / shard)
+        weight_map.update({name: shard for name in part})
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])
+def test_a_killed_conversion_leaves_the_old_checkpoint_or_the_new(tmp_path, folder):
+    """Converting over an earlier conversion, killed at any step, leaves the earlier
+    checkpoint (its index intact) or the new one, never a mix."""
+    outcomes = []
+    for kill_at in range(1, 60):
+        src, out = tmp_path / f"src-{kill_at}", tmp_path / f"out-{kill_at}"
+        if folder:
+            write_bin_checkpoint(src, layer_state(0))
+            convert(src, out)
+            write_bin_checkpoint(src, layer_state(100))
+            target, index = out, out / "model.safetensors.index.json"
+        else:
+            src.mkdir()
+            torch.save(layer_state(0), src / "model.pt")
+            torch_to_safetensors(src / "model.pt", out / "model.safetensors", max_shard_size=1000)
+            torch.save(layer_state(100), src / "model.pt")
+            target, index = out / "model.safetensors.index.json", None
+            src = src / "model.pt"
+        old_index = (index or target).read_bytes()
+        child = subprocess.run([sys.executable, "-c", KILLED_CONVERSION, str(src),
+                                str(out if folder else out / "model.safetensors"),
+                                str(kill_at), "1" if folder else "0"],
+                               capture_output=True, text=True, timeout=300)
+        assert child.returncode in (0, -9), child.stderr
+        outcome = loaded_as(target)
+        assert outcome in ("old", "new"), f"killed at step {kill_at}: loads {outcome}"
+        outcomes.append(outcome)
+        if outcome == "old" and child.returncode != 0 and kill_at == 1:
+            assert (index or target).read_bytes() == old_index   # nothing touched yet
+        if child.returncode == 0:
+            break
+    else:
+        pytest.fail("the conversion never finished")
+    assert outcomes[0] == "old" and outcomes[-1] == "new"
+    assert len(outcomes) > 6    # the shards set aside and renamed, one step at a time

@@ -21,23 +21,25 @@ bytes of checkpoint can describe a tensor of any size.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
-import orjson
 
-from .. import SafetensorError, safe_open
+from .._api import safe_open
+from .._core import SafetensorError, WriteSpec
+from .._files import AtomicFile
+from .._index import (CheckpointIndex, commit_files, index_name, index_text, is_index_name,
+                      read_index, remove_leftovers, save_place, shard_names, write_files)
+from .._source import LocalFile
 from ..checkpoint import ShardEntry, parse_size, split_into_shards
-from ..writer import WriteSpec
-from ._output import (DEFAULT_MAX_EXPANSION, Declared, OutputBudget, verify_written,
-                      write_declared)
+from ._output import (DEFAULT_MAX_EXPANSION, OutputBudget, StreamedFile, TensorToWrite,
+                      verify_written, write_declared)
 from ._torch import declare, flatten, max_repeated_entries, tied_names
-from ._torch_files import ZIP_ERRORS, open_checkpoint
+from ._torch_files import ZIP_ERRORS, open_torch_checkpoint
 
 __all__ = ["ConversionReport", "torch_to_safetensors", "numpy_to_safetensors", "convert",
            "convert_directory", "is_torch_checkpoint", "safetensors_name",
@@ -97,9 +99,12 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
 def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[str] = None,
                 verify: bool = True, verify_torch: bool = False,
                 max_shard_size: Union[int, str, None] = None, fsync: bool = False,
-                progress: Progress = None) -> ConversionReport:
+                progress: Progress = None, shard_of: Optional[_ShardedOutput] = None
+                ) -> ConversionReport:
+    """`torch_to_safetensors`; with `shard_of`, the file is one shard of that
+    output, written and checked beside `dst` but not put in place yet."""
     start = time.perf_counter()
-    with open_checkpoint(source) as checkpoint:
+    with open_torch_checkpoint(source) as checkpoint:
         tensors, state_metadata = flatten(
             checkpoint.tree, source, key, max_text=budget.left(),
             max_repeated=max_repeated_entries(checkpoint.pickle_bytes))
@@ -112,49 +117,91 @@ def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[st
         metadata = {"format": "pt", **state_metadata}
         for name, kept in dropped.items():
             metadata.setdefault(name, kept)
-        shards = shard_files(dst, declared, max_shard_size)
-        budget.spend(source, declared, metadata, files=len(shards))
-        for filename, part in shards:
-            write_declared(filename, part, metadata, fsync=fsync, progress=progress)
+        if shard_of is not None:
+            budget.spend(source, declared, metadata)
+            files = [shard_of.add(os.path.basename(dst), declared, metadata, fsync=fsync,
+                                  progress=progress, verify=verify)]
+        elif max_shard_size is None:
+            budget.spend(source, declared, metadata)
+            write_declared(dst, declared, metadata, fsync=fsync, progress=progress)
             if verify:
-                verify_written(filename, part)
-    files = [name for name, _ in shards]
-    if len(shards) > 1:
-        files.append(write_index(dst, shards))
+                verify_written(dst, declared)
+            files = [dst]
+        else:
+            parts = _shards(declared, max_shard_size)
+            budget.spend(source, declared, metadata, files=len(parts))
+            files = _write_sharded(dst, parts, metadata, fsync=fsync, progress=progress,
+                                   verify=verify)
     if verify_torch:
-        verify_against_torch(source, [name for name, _ in shards], key)
+        verify_against_torch(source, [file for file in files if not is_index_name(file)], key)
     return ConversionReport(source, dst, len(declared), sum(t.nbytes for t in declared),
                             dropped, time.perf_counter() - start, verify or verify_torch, files)
 
 
-def shard_files(dst: str, declared: List[Declared], max_shard_size: Union[int, str, None]
-                ) -> List[Tuple[str, List[Declared]]]:
-    """The files to write and the tensors of each: `dst` alone, or shards cut as
-    ``fastst.checkpoint`` cuts them (the Hugging Face rule), named
-    ``<stem>-00001-of-0000N.safetensors``."""
-    if max_shard_size is None:
-        return [(dst, declared)]
+def _shards(declared: List[TensorToWrite], max_shard_size: Union[int, str]
+            ) -> List[List[TensorToWrite]]:
+    """The tensors of each shard, cut as ``fastst.checkpoint`` cuts them (the
+    Hugging Face rule)."""
     entries = [ShardEntry(WriteSpec(t.name, t.code, t.shape, None), t.nbytes) for t in declared]
     groups, _ = split_into_shards(entries, parse_size(max_shard_size))
-    if len(groups) <= 1:
-        return [(dst, declared)]
     by_name = {tensor.name: tensor for tensor in declared}
-    stem = dst[:-len(".safetensors")] if dst.endswith(".safetensors") else dst
-    return [(f"{stem}-{k:05d}-of-{len(groups):05d}.safetensors", [by_name[n] for n in group])
-            for k, group in enumerate(groups, 1)]
+    return [[by_name[name] for name in group] for group in groups] or [[]]
 
 
-def write_index(dst: str, shards: List[Tuple[str, List[Declared]]]) -> str:
-    """Write the ``index.json`` of a sharded checkpoint, as the hub lays it out;
-    returns its path."""
-    stem = dst[:-len(".safetensors")] if dst.endswith(".safetensors") else dst
-    index = {"metadata": {"total_size": sum(t.nbytes for _, part in shards for t in part)},
-             "weight_map": {t.name: os.path.basename(filename)
-                            for filename, part in shards for t in part}}
-    path = stem + ".safetensors.index.json"
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(index, indent=2))
-    return path
+def _write_sharded(dst: str, parts: List[List[TensorToWrite]], metadata: Dict[str, str], *,
+                   fsync: bool, progress: Progress, verify: bool) -> List[str]:
+    """Write `parts` as the shards of a checkpoint saved as `dst` (one file when
+    there is one part), with its index, as ``save_file(..., max_shard_size=...)``
+    puts a checkpoint in place: each file checked before any is renamed, the index
+    last, a checkpoint there before opening as itself until then, and its
+    leftovers removed after. Returns the paths written, the index last."""
+    output = _ShardedOutput(*save_place(dst))
+    names = shard_names(output.pattern, len(parts))
+    try:
+        for name, part in zip(names, parts):
+            output.add(name, part, metadata, fsync=fsync, progress=progress, verify=verify)
+    except BaseException:
+        output.abort()
+        raise
+    index = None if len(parts) <= 1 else index_text(
+        {tensor.name: name for name, part in zip(names, parts) for tensor in part},
+        {"total_size": sum(t.nbytes for part in parts for t in part)})
+    return output.commit(index, fsync)
+
+
+class _ShardedOutput:
+    """The files of a sharded checkpoint being converted, saved as `pattern` in
+    `directory`: each written under a temporary name and checked, then all put in
+    place together with their index (``fastst._index.commit_files``), so that a
+    checkpoint there before opens as itself until the new index is in place."""
+
+    def __init__(self, directory: str, pattern: str) -> None:
+        self.directory, self.pattern = directory, pattern
+        self.written: List[AtomicFile] = []
+
+    def add(self, name: str, tensors: List[TensorToWrite], metadata: Optional[Dict[str, str]],
+            *, fsync: bool, progress: Progress, verify: bool) -> str:
+        """Write file `name` (read back and compared with its source, with `verify`)."""
+        (file,) = write_files(self.directory, self.pattern,
+                              {name: StreamedFile(tensors, metadata, progress)}, fsync)
+        self.written.append(file)
+        if verify:
+            verify_written(file.temp, tensors, label=file.target)
+        return file.target
+
+    def commit(self, index: Optional[str], fsync: bool) -> List[str]:
+        """Put the files in place, the index (its text) last; remove what an
+        earlier save left. The paths written, the index last."""
+        commit_files(self.directory, self.pattern, self.written, index, fsync)
+        names = [os.path.basename(file.target) for file in self.written]
+        if index is not None:
+            names.append(index_name(self.pattern))
+        remove_leftovers(self.directory, self.pattern, set(names))
+        return [os.path.join(self.directory, name) for name in names]
+
+    def abort(self) -> None:
+        for file in self.written:
+            file.abort()
 
 
 def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None:
@@ -273,6 +320,8 @@ def safetensors_name(name: str) -> str:
 
 CHECKPOINT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".npz", ".npy")
 INDEX_SUFFIX = ".bin.index.json"
+SAFETENSORS_INDEX = ".safetensors.index.json"
+MAX_INDEX_BYTES = 100_000_000    # the largest index read, as safe_open reads one
 
 
 def convert_directory(src: str, dst: Optional[str] = None, **options: Any
@@ -294,26 +343,59 @@ def convert_directory(src: str, dst: Optional[str] = None, **options: Any
     source = os.fsdecode(src)
     target = source if dst is None else os.fsdecode(dst)
     files = folder_files(source)
-    indexes = [(path, name) for name, path in files if name.endswith(INDEX_SUFFIX)]
+    paths = dict(files)
+    indexes = [(path, name, read_index(LocalFile(path), max_size=MAX_INDEX_BYTES,
+                                       shard_suffix=".bin"))
+               for name, path in files if name.endswith(INDEX_SUFFIX)]
+    in_shards = {shard for _, _, index in indexes for shard in index.shards}
     checkpoints = [(path, name) for name, path in files if not name.endswith(INDEX_SUFFIX)
-                   and name.endswith(CHECKPOINT_SUFFIXES)
+                   and name.endswith(CHECKPOINT_SUFFIXES) and name not in in_shards
                    and (is_torch_checkpoint(path) or is_numpy_file(path))]
-    converted = {name for _, name in indexes + checkpoints}
-    budget = OutputBudget.of_files([path for path, _ in checkpoints],
-                                   options.pop("max_expansion", DEFAULT_MAX_EXPANSION))
+    converted = {name for _, name in checkpoints} | in_shards | {name for _, name, _ in indexes}
+    budget = OutputBudget.of_files(
+        [path for path, _ in checkpoints] + [paths[shard] for shard in in_shards
+                                             if shard in paths],
+        options.pop("max_expansion", DEFAULT_MAX_EXPANSION))
     os.makedirs(target, exist_ok=True)
     copy = not os.path.samefile(source, target)
     reports: List[ConversionReport] = []
     for path, name in checkpoints:
         reports.append(_convert_file(path, os.path.join(target, safetensors_name(name)),
                                      budget, options))
+    for path, name, index in indexes:
+        reports += _convert_sharded(path, index, paths, os.path.join(
+            target, name[:-len(INDEX_SUFFIX)].replace("pytorch_model", "model")
+            + ".safetensors.index.json"), budget, options)
     for name, path in files:
         if copy and name not in converted:
             shutil.copy2(path, os.path.join(target, name))
+    return reports
+
+
+def _convert_sharded(path: str, index: CheckpointIndex, paths: Dict[str, str], target: str,
+                     budget: OutputBudget, options: Dict[str, Any]) -> List[ConversionReport]:
+    """Convert the shards a PyTorch checkpoint's index (`index`, read from `path`)
+    names, and write the index of the converted checkpoint at `target`: the files
+    put in place together, as a sharded save puts them (see ``_ShardedOutput``).
+    Names written once as tied weights are left out of the weight map."""
+    missing = [shard for shard in index.shards if shard not in paths]
+    if missing:
+        raise SafetensorError(f"{path}: shard {missing[0]!r} is not in the folder")
+    stem = os.path.basename(target)[:-len(SAFETENSORS_INDEX)]
+    output = _ShardedOutput(os.path.dirname(target), stem + "{suffix}.safetensors")
+    options = {name: value for name, value in options.items() if name != "max_shard_size"}
+    reports = []
+    try:
+        for shard in index.shards:
+            reports.append(_torch_file(paths[shard], os.path.join(
+                output.directory, safetensors_name(shard)), budget, shard_of=output, **options))
+    except BaseException:
+        output.abort()
+        raise
     dropped = {name for report in reports for name in report.dropped}
-    for path, name in indexes:
-        _convert_index(path, os.path.join(target, name[:-len(INDEX_SUFFIX)].replace(
-            "pytorch_model", "model") + ".safetensors.index.json"), dropped)
+    text = index_text({name: safetensors_name(shard) for name, shard in index.weight_map.items()
+                       if name not in dropped}, index.metadata or {})
+    output.commit(text, options.get("fsync", False))
     return reports
 
 
@@ -349,26 +431,3 @@ def _roots(folder: str) -> List[str]:
     if os.path.basename(parent) == "snapshots":
         roots.append(os.path.join(os.path.dirname(parent), "blobs"))
     return roots
-
-
-def _convert_index(path: str, target: str, dropped: Set[str]) -> None:
-    """The index of a sharded checkpoint, naming the converted shards; names
-    written once as tied weights are left out of the weight map."""
-    with open(path, "rb") as fh:
-        try:
-            index = orjson.loads(fh.read())
-        except orjson.JSONDecodeError as error:
-            raise SafetensorError(f"{path}: not JSON ({error})") from None
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(
-            type(k) is str and type(v) is str for k, v in weight_map.items()):
-        raise SafetensorError(f"{path}: no weight_map of names to files")
-    for shard in set(weight_map.values()):
-        if os.path.basename(shard) != shard:
-            raise SafetensorError(f"{path}: shard {shard!r} is not a file of the same folder")
-    index = {"metadata": index.get("metadata", {}),
-             "weight_map": {name: safetensors_name(shard) for name, shard in weight_map.items()
-                            if name not in dropped}}
-    with open(target, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(index, indent=2))
-

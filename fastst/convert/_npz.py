@@ -15,11 +15,10 @@ from typing import Any, Callable, Iterator, List, Tuple
 
 import numpy as np
 
-from .. import SafetensorError
-from ..writer import spec_of_array
-from ._output import Declared
+from .._core import SafetensorError, spec_of_array
+from ._output import TensorToWrite
 from ._torch import c_order_blocks
-from ._torch_files import CHUNK, ZIP_ERRORS, check_members
+from ._torch_files import PIECE_BYTES, ZIP_ERRORS, check_members
 
 __all__ = ["declared_arrays", "NPY_NAME"]
 
@@ -82,7 +81,7 @@ def _little(dtype: np.dtype) -> np.dtype:
 
 def _blocks(array: np.ndarray) -> Iterator[memoryview]:
     """The bytes of `array` in C order, little-endian, a chunk at a time."""
-    for block in c_order_blocks(array, CHUNK):
+    for block in c_order_blocks(array, PIECE_BYTES):
         compact = np.ascontiguousarray(block.astype(_little(array.dtype), copy=False))
         yield compact.reshape(-1).view(np.uint8).data
 
@@ -90,7 +89,7 @@ def _blocks(array: np.ndarray) -> Iterator[memoryview]:
 def _stream(read: Callable[[int], bytes], header: Header, what: str) -> Iterator[memoryview]:
     """The bytes of a C-ordered array read from a stream, a chunk at a time."""
     dtype = header[2]
-    step = max(CHUNK - CHUNK % dtype.itemsize, dtype.itemsize)
+    step = max(PIECE_BYTES - PIECE_BYTES % dtype.itemsize, dtype.itemsize)
     left = _nbytes(header)
     while left:
         data = read(min(step, left))
@@ -104,9 +103,9 @@ def _stream(read: Callable[[int], bytes], header: Header, what: str) -> Iterator
 
 
 def _declared(name: str, header: Header, source: str, origin: str,
-              chunks: Callable[[], Iterator[memoryview]]) -> Declared:
+              chunks: Callable[[], Iterator[memoryview]]) -> TensorToWrite:
     shape, _, dtype = header
-    return Declared(name, _code(name, dtype, source), tuple(shape), _nbytes(header), chunks,
+    return TensorToWrite(name, _code(name, dtype, source), tuple(shape), _nbytes(header), chunks,
                     f"shape {list(shape)}, dtype {dtype.str}, {origin}")
 
 
@@ -118,8 +117,8 @@ def _mapped(path: str, offset: int, header: Header) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def declared_arrays(source: str) -> Iterator[List[Declared]]:
-    """The arrays of the ``.npy`` or ``.npz`` file `source` as Declared tensors,
+def declared_arrays(source: str) -> Iterator[List[TensorToWrite]]:
+    """The arrays of the ``.npy`` or ``.npz`` file `source` as TensorToWrite tensors,
     readable while the context lasts."""
     with open(source, "rb") as fh:
         is_npy = fh.read(len(NPY_MAGIC)) == NPY_MAGIC
@@ -137,7 +136,7 @@ def declared_arrays(source: str) -> Iterator[List[Declared]]:
         yield [_member(archive, info, starts[info.filename], source) for info in infos]
 
 
-def _npy(source: str) -> Declared:
+def _npy(source: str) -> TensorToWrite:
     with open(source, "rb") as fh:
         header = _header(fh, source)
         offset = fh.tell()
@@ -151,7 +150,7 @@ def _npy(source: str) -> Declared:
 
 
 def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, start: int,
-            source: str) -> Declared:
+            source: str) -> TensorToWrite:
     """Member `info` of the .npz `archive` (its data at byte `start`), its header
     read and its size checked against the one its entry declares."""
     what = f"{source}: member {info.filename!r}"

@@ -1,7 +1,7 @@
-"""Writing a converted file through ``fastst.writer.StreamWriter``: every tensor
-declared up front, then its bytes produced one tensor at a time, in chunks, in
-file order, each chunk written as it comes: memory holds one chunk (and, for a
-strided view, the bytes of the storage it spans), never the file. What may be
+"""Writing a converted file: every tensor declared up front (a ``StreamedFile``:
+the write plan of their header), then its bytes produced one tensor at a time, in
+chunks, in file order, each chunk written as it comes: memory holds one chunk (and,
+for a strided view, the bytes of the storage it spans), never the file. What may be
 written at all is bounded first, by an OutputBudget."""
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, 
 
 import numpy as np
 
-from .. import SafetensorError, safe_open
-from ..writer import StreamWriter
+from .._api import safe_open
+from .._core import SafetensorError, plan_write
+from .._files import write_atomically
 from ._torch_files import ByteRange
 
-__all__ = ["Declared", "OutputBudget", "write_declared", "verify_written",
+__all__ = ["TensorToWrite", "OutputBudget", "StreamedFile", "write_declared", "verify_written",
            "DEFAULT_MAX_EXPANSION", "EXPANSION_ALLOWANCE"]
 
 Progress = Optional[Callable[[int], None]]
@@ -27,7 +28,7 @@ EXPANSION_ALLOWANCE = 16 << 20      # for tiny checkpoints, whose header alone c
 HEADER_ENTRY_BYTES = 64             # about what a tensor adds to the header, past its name
 
 
-class Declared(NamedTuple):
+class TensorToWrite(NamedTuple):
     """A tensor to write: its header entry, and a function that yields its bytes
     (C order, little-endian) as buffers, chunk after chunk; `origin` says where
     they come from (shape, strides, storage), for messages."""
@@ -64,7 +65,7 @@ class OutputBudget:
     def left(self) -> Optional[int]:
         return None if self.limit is None else self.limit - self.spent
 
-    def spend(self, source: str, tensors: Sequence[Declared],
+    def spend(self, source: str, tensors: Sequence[TensorToWrite],
               metadata: Optional[Mapping[str, str]], files: int = 1) -> None:
         """Count the bytes of writing `tensors` (and `metadata` in each of `files`)
         from `source`, or refuse them, naming the largest tensor."""
@@ -86,46 +87,64 @@ class OutputBudget:
         self.spent += total
 
 
-def _origin(tensor: Declared) -> str:
+def _origin(tensor: TensorToWrite) -> str:
     return tensor.origin or f"shape {list(tensor.shape)}"
 
 
-def write_declared(filename: str, tensors: Sequence[Declared],
+class StreamedFile:
+    """A converted file to write: the plan of its header (`tensors` declared, with
+    `metadata`), and the tensors' bytes, produced chunk by chunk as it is written
+    (what ``fastst._files.write_atomically`` and ``fastst._index.write_files`` take
+    of a plan: its ``total_size`` and ``write_to``)."""
+
+    def __init__(self, tensors: Sequence[TensorToWrite], metadata: Optional[Mapping[str, str]],
+                 progress: Progress = None) -> None:
+        self.tensors = {tensor.name: tensor for tensor in tensors}
+        self.plan = plan_write([(tensor.name, tensor.code, tensor.shape) for tensor in tensors],
+                               metadata)
+        self.total_size = self.plan.total_size
+        self.progress = progress
+
+    def write_to(self, fd: int, target: str) -> None:
+        self.plan.write_prefix(fd, target)
+        for name in self.plan.names():
+            self._fill(fd, self.tensors[name], target)
+
+    def _fill(self, fd: int, tensor: TensorToWrite, target: str) -> None:
+        position = 0
+        for chunk in tensor.chunks():
+            self.plan.write_bytes(fd, tensor.name, position, chunk, target)
+            position += len(chunk)
+            if self.progress is not None:
+                self.progress(len(chunk))
+        if position != tensor.nbytes:
+            raise SafetensorError(f"tensor {tensor.name!r}: its source gave {position} bytes "
+                                  f"of the {tensor.nbytes} it declares")
+
+
+def write_declared(filename: str, tensors: Sequence[TensorToWrite],
                    metadata: Optional[Mapping[str, str]], *, fsync: bool = False,
                    progress: Progress = None) -> None:
     """Write `tensors` to `filename` atomically."""
-    by_name = {tensor.name: tensor for tensor in tensors}
-    declared = [(tensor.name, tensor.code, tensor.shape) for tensor in tensors]
-    with StreamWriter(filename, declared, metadata, fsync=fsync) as writer:
-        for name in writer.names():
-            _fill(writer, by_name[name], progress)
+    write_atomically(StreamedFile(tensors, metadata, progress), filename, fsync=fsync)
 
 
-def _fill(writer: StreamWriter, tensor: Declared, progress: Progress) -> None:
-    position = 0
-    for chunk in tensor.chunks():
-        writer.write_bytes(tensor.name, chunk, position)
-        position += len(chunk)
-        if progress is not None:
-            progress(len(chunk))
-    if position != tensor.nbytes:
-        raise SafetensorError(f"tensor {tensor.name!r}: its source gave {position} bytes of "
-                              f"the {tensor.nbytes} it declares")
-
-
-def verify_written(filename: str, tensors: Sequence[Declared]) -> None:
+def verify_written(filename: str, tensors: Sequence[TensorToWrite],
+                   label: Optional[str] = None) -> None:
     """Read every tensor of `filename` back and compare it, chunk by chunk, with
     the bytes its source gives again: a SafetensorError names the first that
-    differs. Memory: two chunks (or one strided tensor and a chunk)."""
+    differs (and the file as `label`: the target of a file not yet in place).
+    Memory: two chunks (or one strided tensor and a chunk)."""
+    label = label or filename
     with safe_open(filename, backend="pread") as reader:
         if set(reader.keys()) != {tensor.name for tensor in tensors}:
-            raise SafetensorError(f"{filename}: does not hold the tensors written to it")
+            raise SafetensorError(f"{label}: does not hold the tensors written to it")
         starts = {tensor.name: reader.data_start + reader.info(tensor.name).data_offsets[0]
                   for tensor in tensors}
     buffer = np.empty(0, np.uint8)
     with open(filename, "rb", buffering=0) as written:
         whole_file = ByteRange(written.fileno(), 0, os.fstat(written.fileno()).st_size,
-                               filename, "the converted file")
+                               label, "the converted file")
         for tensor in tensors:
             position = starts[tensor.name]
             for chunk in tensor.chunks():
@@ -136,6 +155,6 @@ def verify_written(filename: str, tensors: Sequence[Declared]) -> None:
                 whole_file.read_into(position, back.data)
                 if not np.array_equal(back, source):
                     raise SafetensorError(
-                        f"{filename}: tensor {tensor.name!r} differs from its source from "
+                        f"{label}: tensor {tensor.name!r} differs from its source from "
                         f"byte {position - starts[tensor.name]} on")
                 position += source.size

@@ -9,9 +9,9 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 import numpy as np
 from collections import OrderedDict
 
-from .. import SafetensorError
-from ._output import Declared
-from ._torch_files import CHUNK, Checkpoint
+from .._core import SafetensorError
+from ._output import TensorToWrite
+from ._torch_files import PIECE_BYTES, Checkpoint
 from ._torch_pickle import TensorRef, _short
 
 __all__ = ["flatten", "tied_names", "declare", "max_repeated_entries", "MAX_DEPTH"]
@@ -176,8 +176,8 @@ def _byte_order_dtype(code: str, itemsize: int) -> Tuple[np.dtype, np.dtype]:
     return np.dtype(f">u{itemsize}"), np.dtype(f"<u{itemsize}")
 
 
-def declare(checkpoint: Checkpoint, name: str, ref: TensorRef) -> Declared:
-    """The Declared tensor `name` of `checkpoint`: header entry, and its bytes."""
+def declare(checkpoint: Checkpoint, name: str, ref: TensorRef) -> TensorToWrite:
+    """The TensorToWrite tensor `name` of `checkpoint`: header entry, and its bytes."""
     begin, end = ref.byte_span()
     byte_range = checkpoint.ranges[ref.storage.key]
     layout = f"shape {list(ref.shape)}, stride {list(ref.stride)}, offset {ref.offset}"
@@ -189,9 +189,9 @@ def declare(checkpoint: Checkpoint, name: str, ref: TensorRef) -> Declared:
     swap = checkpoint.big_endian and ref.itemsize > 1
     if ref.is_contiguous() and not swap:
         def chunks() -> Iterator[memoryview]:
-            buffer = bytearray(min(CHUNK, end - begin))
-            for position in range(begin, end, CHUNK):
-                view = memoryview(buffer)[:min(CHUNK, end - position)]
+            buffer = bytearray(min(PIECE_BYTES, end - begin))
+            for position in range(begin, end, PIECE_BYTES):
+                view = memoryview(buffer)[:min(PIECE_BYTES, end - position)]
                 byte_range.read_into(position, view)
                 yield view
     else:
@@ -203,10 +203,10 @@ def declare(checkpoint: Checkpoint, name: str, ref: TensorRef) -> Declared:
             array = np.lib.stride_tricks.as_strided(
                 typed, ref.shape, tuple(step * ref.itemsize for step in ref.stride),
                 writeable=False)
-            for block in c_order_blocks(array, CHUNK):
+            for block in c_order_blocks(array, PIECE_BYTES):
                 compact = np.ascontiguousarray(block.astype(little, copy=False))
                 yield compact.reshape(-1).view(np.uint8).data
-    return Declared(name, ref.code, ref.header_shape(), ref.nbytes, chunks, origin)
+    return TensorToWrite(name, ref.code, ref.header_shape(), ref.nbytes, chunks, origin)
 
 
 def c_order_blocks(array: np.ndarray, size: int) -> Iterator[np.ndarray]:

@@ -12,10 +12,10 @@ import zipfile
 import zlib
 from typing import Any, Dict, List, Optional, Set
 
-from .. import SafetensorError
+from .._core import SafetensorError
 from ._torch_pickle import UNTYPED, StorageRef, load_pickle
 
-__all__ = ["Checkpoint", "open_checkpoint", "check_members", "MAX_PICKLE_BYTES",
+__all__ = ["Checkpoint", "open_torch_checkpoint", "check_members", "MAX_PICKLE_BYTES",
            "MAX_COMPRESSION_RATIO"]
 
 MAX_PICKLE_BYTES = 1 << 30          # a data.pkl larger than this is not a state dict
@@ -23,7 +23,7 @@ MAX_COMPRESSION_RATIO = 100         # past it a compressed member is taken for a
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
 LOCAL_HEADER = struct.Struct("<4s22xHH")
-CHUNK = 16 << 20
+PIECE_BYTES = 16 << 20
 
 
 # What zipfile and its decompressors raise on a corrupt or unsupported member.
@@ -74,7 +74,7 @@ class CompressedMember:
         self._member.seek(begin)        # forward: decompresses only what lies between
         view = out
         while len(view):
-            data = self._member.read(min(len(view), CHUNK))
+            data = self._member.read(min(len(view), PIECE_BYTES))
             if not data:
                 raise SafetensorError(f"{self.source}: member {self.info.filename!r} ends "
                                       f"at byte {self._member.tell()}, before the "
@@ -144,7 +144,7 @@ class Checkpoint:
         self.close()
 
 
-def open_checkpoint(path: str) -> Checkpoint:
+def open_torch_checkpoint(path: str) -> Checkpoint:
     """Read the pickle of the torch checkpoint at `path` (zip or legacy) without
     running any of its code; storages stay on disk until read."""
     source = os.fsdecode(path)

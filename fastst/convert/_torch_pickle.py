@@ -40,7 +40,8 @@ import sys
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import DTYPES, SafetensorError, SafetensorTypeError
+from .._core import DTYPES, SafetensorError, SafetensorTypeError
+from .._torch_dtypes import CODE_OF_TORCH_NAME
 
 __all__ = ["StorageRef", "TensorRef", "RestrictedUnpickler", "load_pickle", "UNTYPED",
            "MAX_DIMS", "WORK_PER_BYTE"]
@@ -59,8 +60,6 @@ MAX_KEY_INT = sys.hash_info.modulus
 WORK_PER_BYTE = 2
 WORK_BASE = 1 << 20
 
-# The torch dtype name -> header code, from THE dtype table.
-CODE_OF_TORCH_NAME: Dict[str, str] = {row.torch: row.code for row in DTYPES if row.torch}
 BITS_OF_CODE: Dict[str, int] = {row.code: row.bits for row in DTYPES}
 # Torch's legacy typed storage classes -> the torch dtype name they hold.
 STORAGE_CLASSES = {

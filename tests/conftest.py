@@ -70,30 +70,32 @@ def modules_loaded_by(statements: str, modules) -> list:
     return ast.literal_eval(done.stdout.strip())
 
 
-def time_with_longest_pause(work) -> tuple:
-    """Run `work()` while another thread ticks; return (seconds `work` took, the
-    longest the ticking thread was kept waiting). A call that holds the GIL
-    throughout shows a pause as long as itself."""
-    done, longest = threading.Event(), [0.0]
+def cpu_beside(work) -> tuple:
+    """Run `work()` while another thread counts in a loop; return (the CPU seconds of
+    `work`'s thread, the CPU seconds the other thread had meanwhile). The other thread
+    runs only while it holds the GIL: beside a call that holds the GIL throughout it
+    gets next to nothing; beside one that lets it go, the scheduler gives both threads
+    like shares of the processors, however busy the machine (CPU time, not the clock)."""
+    started, done, other_cpu = threading.Event(), threading.Event(), [0.0]
 
-    def ticker():
-        last = time.perf_counter()
+    def other():
+        started.set()
+        begin = time.thread_time()
         while not done.is_set():
-            now = time.perf_counter()
-            longest[0] = max(longest[0], now - last)
-            last = now
+            pass
+        other_cpu[0] = time.thread_time() - begin
 
-    thread = threading.Thread(target=ticker)
+    thread = threading.Thread(target=other)
     thread.start()
-    time.sleep(0.05)
-    start = time.perf_counter()
+    started.wait()
+    begin = time.thread_time()
     try:
         work()
     finally:
-        elapsed = time.perf_counter() - start
+        work_cpu = time.thread_time() - begin
         done.set()
         thread.join()
-    return elapsed, longest[0]
+    return work_cpu, other_cpu[0]
 
 
 @pytest.fixture

@@ -28,4 +28,9 @@ extension = Extension(
     extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],
 )
 
-setup(ext_modules=cythonize([extension], compiler_directives=directives))
+extensions = cythonize([extension], compiler_directives=directives)
+# cythonize adds NumPy's headers to what the core depends on, by absolute paths: not
+# files of the sdist (setuptools warns about each), and the build finds them anyway.
+for built in extensions:
+    built.depends = [path for path in built.depends if not os.path.isabs(path)]
+setup(ext_modules=extensions)

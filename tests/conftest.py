@@ -1,9 +1,14 @@
 import ast
+import functools
+import importlib.util
+import inspect
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
 import threading
+import textwrap
 import time
 
 import ml_dtypes
@@ -70,30 +75,32 @@ def modules_loaded_by(statements: str, modules) -> list:
     return ast.literal_eval(done.stdout.strip())
 
 
-def time_with_longest_pause(work) -> tuple:
-    """Run `work()` while another thread ticks; return (seconds `work` took, the
-    longest the ticking thread was kept waiting). A call that holds the GIL
-    throughout shows a pause as long as itself."""
-    done, longest = threading.Event(), [0.0]
+def cpu_beside(work) -> tuple:
+    """Run `work()` while another thread counts in a loop; return (the CPU seconds of
+    `work`'s thread, the CPU seconds the other thread had meanwhile). The other thread
+    runs only while it holds the GIL: beside a call that holds the GIL throughout it
+    gets next to nothing; beside one that lets it go, the scheduler gives both threads
+    like shares of the processors, however busy the machine (CPU time, not the clock)."""
+    started, done, other_cpu = threading.Event(), threading.Event(), [0.0]
 
-    def ticker():
-        last = time.perf_counter()
+    def other():
+        started.set()
+        begin = time.thread_time()
         while not done.is_set():
-            now = time.perf_counter()
-            longest[0] = max(longest[0], now - last)
-            last = now
+            pass
+        other_cpu[0] = time.thread_time() - begin
 
-    thread = threading.Thread(target=ticker)
+    thread = threading.Thread(target=other)
     thread.start()
-    time.sleep(0.05)
-    start = time.perf_counter()
+    started.wait()
+    begin = time.thread_time()
     try:
         work()
     finally:
-        elapsed = time.perf_counter() - start
+        work_cpu = time.thread_time() - begin
         done.set()
         thread.join()
-    return elapsed, longest[0]
+    return work_cpu, other_cpu[0]
 
 
 @pytest.fixture
@@ -104,3 +111,134 @@ def docstring_examples(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     return lambda module: tuple(doctest.testmod(module, raise_on_error=False))
+
+
+# --- the quick check: `pytest -m core` ------------------------------------------------------
+
+TESTS = pathlib.Path(__file__).resolve().parent
+# What the `test-core` extra installs beside fastst's own dependencies (import names). A
+# test that imports anything else outside the standard library (PyTorch, JAX, dask, moto,
+# MkDocs...: minutes to install) is left out of the quick check.
+CORE_MODULES = {"numpy", "ml_dtypes", "orjson", "pytest", "_pytest", "hypothesis",
+                "safetensors", "xxhash", "tqdm", "mypy", "fsspec", "aiohttp", "fastst"}
+# fastst's modules that import a framework when they are imported.
+FRAMEWORK_OF_MODULE = {"fastst.torch": "torch", "fastst.flax": "jax", "fastst.jax": "jax",
+                       "fastst.dask": "dask"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "core: needs only the `test-core` extra (added by "
+                            "conftest.py from what a test imports)")
+    config.addinivalue_line("markers", "needs(*modules): imports these modules (added by "
+                            "conftest.py; a test may also name what it runs indirectly)")
+
+
+def pytest_report_header(config):
+    return (f"fastst {fastst.__version__} from {pathlib.Path(fastst.__file__).parent}, "
+            f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}")
+
+
+def pytest_sessionstart(session):
+    """FASTST_TEST_INSTALLED=1: the tests must run against an installed fastst, not the
+    checkout beside them (run pytest from another folder, without PYTHONPATH)."""
+    if os.environ.get("FASTST_TEST_INSTALLED") == "1" and \
+            pathlib.Path(fastst.__file__).resolve().parent == TESTS.parent / "fastst":
+        raise pytest.UsageError(f"FASTST_TEST_INSTALLED=1 but fastst is imported from "
+                                f"{fastst.__file__}, in the checkout")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test `needs(...)` with the modules outside the standard library that it
+    imports (its module, its body, its fixtures and the test helpers they call), `core`
+    when the `test-core` extra has them all, and skip it when one is not installed."""
+    for item in items:
+        needed = set(modules_needed_by(item))
+        for mark in item.iter_markers("needs"):
+            needed.update(mark.args)
+        if needed:
+            item.add_marker(pytest.mark.needs(*sorted(needed)))
+        if needed <= CORE_MODULES:
+            item.add_marker(pytest.mark.core)
+        missing = sorted(name for name in needed if not is_installed(name))
+        if missing:
+            item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(missing)}"))
+
+
+@functools.lru_cache(maxsize=None)
+def is_installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def modules_needed_by(item) -> set:
+    needed = set(module_level_imports(item.module.__file__)) if item.module else set()
+    functions = [getattr(item, "function", None)]
+    for definitions in item._fixtureinfo.name2fixturedefs.values():    # its fixtures
+        functions += [definition.func for definition in definitions]
+    for function in functions:
+        if function is not None:
+            needed.update(imports_of_function(inspect.unwrap(function)))
+    return needed
+
+
+def third_party(names) -> set:
+    """The top-level names of the modules among `names` that are neither the standard
+    library's nor the tests' own; fastst's adapters stand for their framework."""
+    found = set()
+    for name in names:
+        name = FRAMEWORK_OF_MODULE.get(name, name)
+        top = name.split(".")[0]
+        if top not in sys.stdlib_module_names and not (TESTS / f"{top}.py").exists():
+            found.add(top)
+    return found
+
+
+def imported_names(nodes) -> list:
+    """Modules named by import statements and `pytest.importorskip("...")` calls."""
+    names = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            # `from fastst import torch` imports fastst.torch
+            names += [f"{node.module}.{alias.name}" for alias in node.names
+                      if f"{node.module}.{alias.name}" in FRAMEWORK_OF_MODULE]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "importorskip" and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            names.append(node.args[0].value)
+    return names
+
+
+@functools.lru_cache(maxsize=None)
+def module_level_imports(filename: str) -> frozenset:
+    """What a test file imports outside its functions."""
+    tree = ast.parse(pathlib.Path(filename).read_text())
+    nodes, pending = [], list(ast.iter_child_nodes(tree))
+    while pending:
+        node = pending.pop()
+        nodes.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+    return frozenset(third_party(imported_names(nodes)))
+
+
+@functools.lru_cache(maxsize=None)
+def imports_of_function(function) -> frozenset:
+    """What a function of the tests imports, with the functions of the tests it calls."""
+    needed: set = set()
+    seen: set = set()
+    pending = [function]
+    while pending:
+        function = pending.pop()
+        function = inspect.unwrap(function) if callable(function) else function
+        code = getattr(function, "__code__", None)
+        if code is None or function in seen or TESTS != pathlib.Path(code.co_filename).parent:
+            continue
+        seen.add(function)
+        nodes = list(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(function)))))
+        needed |= third_party(imported_names(nodes))
+        called = {node.func.id for node in nodes
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        pending += [function.__globals__.get(name) for name in called]
+    return frozenset(needed)

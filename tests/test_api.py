@@ -114,8 +114,9 @@ def test_help_shows_the_real_signature_and_every_framework():
     assert parameters["framework"].default == "np" and parameters["device"].default == "cpu"
     assert parameters["backend"].kind is inspect.Parameter.KEYWORD_ONLY
     text = pydoc.render_doc(fastst.safe_open, renderer=pydoc.plaintext)
-    signature = text.splitlines()[2]
-    assert signature.startswith("safe_open(filename")
+    # from the third line to the return annotation (Python 3.13 puts one parameter a line)
+    signature = " ".join(text.split("\n", 2)[2].split(") -> ", 1)[0].split())
+    assert signature.replace("( ", "(").startswith("safe_open(filename")
     for name in ("np", "numpy", "pt", "torch", "pytorch", "jax", "flax", "mmap", "pread"):
         assert f"'{name}'" in signature
 
@@ -157,10 +158,12 @@ def test_framework_handle_delegates_to_its_reader(path):
         f.get_tensor("a")
 
 
-@pytest.mark.parametrize("module", ["fastst.torch", "fastst.jax"])
+@pytest.mark.parametrize("module", [pytest.param("fastst.torch", marks=pytest.mark.needs("torch")),
+                                    pytest.param("fastst.jax", marks=pytest.mark.needs("jax"))])
 def test_every_adapter_converter_takes_array_name_and_info(path, module):
+    import importlib
     import inspect
-    adapter = pytest.importorskip(module)
+    adapter = importlib.import_module(module)
     convert = adapter.converter("cpu")
     assert list(inspect.signature(convert).parameters) == ["array", "name", "info"]
     with fastst.safe_open(path) as f:

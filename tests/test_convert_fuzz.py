@@ -55,6 +55,7 @@ def mutate(data: bytes, rng: random.Random, others) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.needs("torch")     # the target's seeds include torch's own pickles then
 def test_seeds(target):
     seeds = list(target.seeds())
     assert {"os-system", "eval", "copyreg", "flat", "nested", "dos-hash-bomb", "dos-expanded",
@@ -82,7 +83,7 @@ def test_random_mutations(target):
         target.TestOneInput(mutate(rng.choice(seeds), rng, seeds))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("atheris") is None, reason="needs atheris")
+@pytest.mark.needs("atheris")
 def test_under_libfuzzer(tmp_path):
     corpus = tmp_path / "corpus"
     script = os.path.join(ROOT, "fuzz", "fuzz_unpickler.py")

@@ -40,19 +40,26 @@ def python_blocks(page):
     return re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
 
 
-def missing_frameworks(block):
+def frameworks_needed(block):
     imported = re.findall(r"^\s*(?:import|from) ([\w.]+)", block, flags=re.M)
     needed = {FRAMEWORK_OF_IMPORT[name] for name in imported if name in FRAMEWORK_OF_IMPORT}
     if URL.search(block):
         needed.add("fsspec")
-    return sorted(name for name in needed if importlib.util.find_spec(name) is None)
+    return sorted(needed)
+
+
+def missing_frameworks(block):
+    return [name for name in frameworks_needed(block) if importlib.util.find_spec(name) is None]
 
 
 def run_block(block, page, namespace):
     exec(compile(block, str(page), "exec"), namespace)
 
 
-BLOCKS = [(page, number) for page in PAGES for number in range(len(python_blocks(page)))]
+# each with what it needs marked: conftest.py skips it when that is missing
+BLOCKS = [pytest.param(page, number, marks=pytest.mark.needs(*frameworks_needed(block)),
+                       id=f"{page_name(page)}-{number}")
+          for page in PAGES for number, block in enumerate(python_blocks(page))]
 
 
 def test_readme_starts_with_the_two_commands():
@@ -92,14 +99,10 @@ def test_every_guide_page_has_examples():
     assert [page_name(page) for page in guide if not python_blocks(page)] == []
 
 
-@pytest.mark.parametrize("page, number", BLOCKS,
-                         ids=[f"{page_name(page)}-{number}" for page, number in BLOCKS])
+@pytest.mark.parametrize("page, number", BLOCKS)
 def test_doc_block_runs_alone(page, number, tmp_path, monkeypatch, capsys):
-    block = python_blocks(page)[number]
-    if missing_frameworks(block):
-        pytest.skip(f"needs {', '.join(missing_frameworks(block))}")
     monkeypatch.chdir(tmp_path)
-    run_block(block, page, {})
+    run_block(python_blocks(page)[number], page, {})
 
 
 PAGES_WITH_BLOCKS = [page for page in PAGES if python_blocks(page)]
@@ -206,6 +209,7 @@ def build_site(config, site, timeout=300):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.needs("mkdocs")
 def test_site_builds_strict(tmp_path):
     done = build_site(ROOT / "mkdocs.yml", tmp_path / "site")
     assert done.returncode == 0, done.stderr
@@ -223,6 +227,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.needs("mkdocs")
 @pytest.mark.parametrize("fault", FAULTS)
 def test_strict_build_fails_on(fault, tmp_path):
     yaml = pytest.importorskip("yaml")
@@ -246,11 +251,11 @@ REFERENCE_PAGES = {"fastst": "fastst", "fastst.numpy": "numpy", "fastst.torch": 
                    "fastst.dask": "dask", "fastst.convert": "convert"}
 
 
-@pytest.mark.parametrize("module", REFERENCE_PAGES)
+@pytest.mark.parametrize("module", [
+    pytest.param(module, marks=pytest.mark.needs(FRAMEWORK_OF_IMPORT[module]))
+    if module in FRAMEWORK_OF_IMPORT else module for module in REFERENCE_PAGES])
 def test_api_reference_documents_every_public_name(module):
     """Each public name, by its public path: modules may move inside the package."""
-    if module in FRAMEWORK_OF_IMPORT and importlib.util.find_spec(FRAMEWORK_OF_IMPORT[module]) is None:
-        pytest.skip(f"needs {FRAMEWORK_OF_IMPORT[module]}")
     public = [name for name in importlib.import_module(module).__all__
               if not (module == "fastst" and name in ("numpy", "writer"))]  # pages of their own
     page = (DOCS / "reference" / f"{REFERENCE_PAGES[module]}.md").read_text()
@@ -276,6 +281,7 @@ def bench_charts():
     return sys.modules[name]
 
 
+@pytest.mark.needs("markdown")     # the anchors of the headings, as MkDocs makes them
 def test_benchmarks_page_shows_a_chart_of_each_ratio_table():
     charts = bench_charts()
     tables = charts.ratio_tables((ROOT / "bench" / "RESULTS.md").read_text())

@@ -1,0 +1,87 @@
+"""The quick check (`pytest -m core`) on every Python and NumPy fastst supports, and the
+built wheel and sdist.
+
+    nox                   # every session
+    nox -s tests-3.12     # one of them; `nox -l` lists them
+
+Each session installs fastst into a new virtual environment (a wheel built from the
+checkout, or the one `dist` builds) with the `test-core` extra, and runs the tests of the
+checkout against that install: pytest starts in a temporary folder, and conftest.py
+refuses to run if `import fastst` finds the checkout instead. The Pythons must be on
+PATH as python3.10 ... python3.13 (with pyenv:
+``PATH=$(printf '%s/bin:' $(pyenv root)/versions/3.1[0-3].*)$PATH nox``). The whole
+suite, frameworks included, runs on one Python: the README's second command.
+"""
+import os
+import pathlib
+import tarfile
+import zipfile
+
+import nox
+
+ROOT = pathlib.Path(__file__).resolve().parent
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+# The oldest releases pyproject.toml's dependencies allow.
+OLDEST = ["numpy==2.0.0", "orjson==3.9.15", "ml_dtypes==0.5.0"]
+
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+# A PYTHONPATH naming a checkout would put it before the install under test.
+os.environ.pop("PYTHONPATH", None)
+
+
+def run_core_tests(session):
+    """The quick check of the checkout's tests against the fastst installed here."""
+    folder = session.create_tmp()
+    with session.chdir(folder):
+        session.run("pytest", str(ROOT / "tests"), "-m", "core", "-p", "no:cacheprovider",
+                    *session.posargs, env={"FASTST_TEST_INSTALLED": "1"})
+
+
+@nox.session(python=PYTHONS)
+def tests(session):
+    """The newest NumPy and other dependencies that install on this Python."""
+    session.install(f"{ROOT}[test-core]")
+    run_core_tests(session)
+
+
+@nox.session(python=PYTHONS[0])
+def oldest(session):
+    """The oldest Python with the oldest NumPy, orjson and ml_dtypes allowed."""
+    session.install(f"{ROOT}[test-core]", *OLDEST)
+    run_core_tests(session)
+
+
+@nox.session(python=PYTHONS[-1])
+def dist(session):
+    """Build the sdist and, from it, the wheel; check them; test the installed wheel."""
+    session.install("build", "twine")
+    out = pathlib.Path(session.create_tmp()) / "dist"
+    session.run("python", "-m", "build", "--outdir", str(out), str(ROOT))
+    (sdist,), (wheel,) = out.glob("*.tar.gz"), out.glob("*.whl")
+    session.run("twine", "check", "--strict", str(sdist), str(wheel))
+    check_contents(session, sdist, wheel)
+    session.install(f"{wheel}[test-core]")
+    run_core_tests(session)
+
+
+def check_contents(session, sdist, wheel):
+    """The sdist has what the build reads and no generated C; the wheel has the compiled
+    core, the stubs and the license, and none of the core's sources."""
+    with tarfile.open(sdist) as archive:
+        in_sdist = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    with zipfile.ZipFile(wheel) as archive:
+        in_wheel = set(archive.namelist())
+    needed = {"LICENSE", "README.md", "setup.py", "pyproject.toml", "fastst/_core.pyx",
+              "fastst/_fastst.h"} | {f"fastst/{path.name}" for path in (ROOT / "fastst").glob("*.pxi")}
+    problems = [f"sdist lacks {name}" for name in sorted(needed - in_sdist)]
+    problems += [f"sdist has {name}" for name in sorted(in_sdist)
+                 if name.endswith(".c") or name.startswith("tests/")]
+    problems += [f"wheel has {name}" for name in sorted(in_wheel)
+                 if name.endswith((".pyx", ".pxi", ".c", ".h"))]
+    for wanted in ("fastst/py.typed", "fastst/_core.pyi", "fastst/_core.cpython-", "/licenses/LICENSE"):
+        if not any(wanted in name for name in in_wheel):
+            problems.append(f"wheel lacks {wanted}")
+    if problems:
+        session.error("; ".join(problems))
+    session.log(f"{sdist.name}: {len(in_sdist)} files; {wheel.name}: {len(in_wheel)} files")

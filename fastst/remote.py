@@ -403,15 +403,15 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
     try:
         from fsspec.core import url_to_fs  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
-        raise ImportError(f"{url}: URLs are read through fsspec; install it with "
-                          f"pip install 'fastst[remote]'") from None
+        raise ImportError(f"{url}: URLs are read through fsspec: pip install fsspec s3fs "
+                          f"aiohttp (fastst's 'remote' extra)") from None
     protocol = url.split("://", 1)[0].lower()
     options = with_default_timeouts(protocol, storage_options)
     try:
         fs, path = url_to_fs(url, **options)
     except ImportError as error:
         raise ImportError(f"{url}: fsspec needs another package for {protocol}:// URLs "
-                          f"({error}); pip install 'fastst[remote]' installs s3fs and "
+                          f"({error}); fastst's 'remote' extra installs s3fs and "
                           f"aiohttp") from None
     return fs, path
 

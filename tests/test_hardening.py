@@ -2,7 +2,6 @@
 import os
 import random
 import signal
-import stat
 import subprocess
 import sys
 import textwrap

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import fastst
-import os
 
 
 def test_output_does_not_depend_on_insertion_order():

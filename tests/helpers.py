@@ -1,7 +1,9 @@
 """Builders shared by the tests and by fuzz/make_corpus.py (import it as ``helpers``)."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import struct
 from typing import Any, Dict, Optional, Union
 
@@ -35,3 +37,36 @@ def raw_file(header: Header, data: bytes = b"", length: Optional[int] = None, *,
 def entry(dtype: str = "F32", shape=(1,), offsets=(0, 4)) -> Dict[str, Any]:
     """One tensor's header entry."""
     return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
+
+
+# What an example needs beyond fastst's own dependencies, by what it imports...
+FRAMEWORK_OF_IMPORT = {"torch": "torch", "fastst.torch": "torch", "jax": "jax",
+                       "fastst.flax": "jax", "fastst.jax": "jax", "fastst.dask": "dask",
+                       "dask": "dask", "fsspec": "fsspec"}
+# ... by the URLs it opens (fsspec serves them), and by the checksums it writes (xxhash)
+URL = re.compile(r"""["'](?:memory|s3|gs|https?)://""")
+CHECKSUM = re.compile(r"""["']xxh3_(?:64|128)["']""")
+
+
+def imported_modules(code: str) -> list:
+    """The modules that the Python `code` imports (``import a, b as c``, ``from a import
+    b``), by name."""
+    names = []
+    for line in code.splitlines():
+        statement = line.strip()
+        if statement.startswith("import "):
+            names += [part.split(" as ")[0].strip() for part in statement[7:].split(",")]
+        elif statement.startswith("from ") and " import " in statement:
+            names.append(statement[5:].split(" import ")[0].strip())
+    return names
+
+
+def missing_frameworks(code: str) -> list:
+    """The optional packages that the example `code` needs and this Python lacks."""
+    imported = [name for full in imported_modules(code) for name in (full, full.split(".")[0])]
+    needed = {FRAMEWORK_OF_IMPORT[name] for name in imported if name in FRAMEWORK_OF_IMPORT}
+    if URL.search(code):
+        needed.add("fsspec")
+    if CHECKSUM.search(code):
+        needed.add("xxhash")
+    return sorted(name for name in needed if importlib.util.find_spec(name) is None)

@@ -5,6 +5,15 @@ A drop-in replacement for huggingface ``safetensors``: ``safe_open``, ``load_fil
 write byte-identical files. ``fastst.torch`` and ``fastst.flax`` do the same for
 ``safetensors.torch`` and ``safetensors.flax``; they import their framework only when
 imported themselves.
+
+Examples
+--------
+>>> import numpy as np, fastst, tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+>>> fastst.save_file({"embed": np.ones((4, 2), np.float32)}, path, metadata={"step": "1"})
+>>> with fastst.safe_open(path) as f:
+...     f.metadata(), f.get_slice("embed")[1:3].tolist()
+({'step': '1'}, [[1.0, 1.0], [1.0, 1.0]])
 """
 from typing import TYPE_CHECKING
 

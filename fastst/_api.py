@@ -30,18 +30,59 @@ def load_file(filename: Openable, *, backend: Backend = "mmap",
               copy: bool = False, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
               storage_options: Optional[Mapping[str, Any]] = None
               ) -> Dict[str, npt.NDArray[Any]]:
-    """Load every tensor of a file, in buffer order, or of a sharded checkpoint
-    (its directory or ``*.index.json``), shard by shard.
+    """Load every tensor of a file, or of a sharded checkpoint, as NumPy arrays.
 
-    By default the arrays are zero-copy views of the file's private map. With
-    ``copy=True`` each tensor is read into fresh memory of its own (threads read
-    large files in parallel, the GIL released), and no array depends on the file;
-    the shards of a checkpoint are read in parallel too.
+    The drop-in for ``safetensors.numpy.load_file``. By default the arrays are
+    zero-copy views of the file's private map: writable, their writes never
+    reach the file, and valid however long they live. With ``copy=True`` each
+    tensor is read into fresh memory of its own (threads read large files in
+    parallel, the GIL released), and no array depends on the file; the shards
+    of a checkpoint are read in parallel too.
 
-    `filename` may also be an fsspec URL (with its `storage_options`) or a binary
-    file object: every tensor is then read into fresh memory, neighbouring
-    tensors in shared requests, big ones in parts fetched in parallel.
+    A URL or a file object is read by byte ranges: every tensor into fresh
+    memory, neighbouring tensors in shared requests, big ones in parts fetched
+    in parallel.
 
+    Parameters
+    ----------
+    filename : str, bytes, os.PathLike, URL or binary file object
+        A ``.safetensors`` file; a sharded checkpoint, by its directory or its
+        ``*.index.json`` (read shard by shard); an fsspec URL (``s3://``,
+        ``gs://``, ``https://``...); or a binary file object with ``seek`` and
+        ``read``.
+    backend : "mmap" or "pread", default "mmap"
+        How a local file is read (see `safe_open`).
+    copy : bool, default False
+        Read each tensor into memory of its own instead of viewing the map.
+    max_header_size : int, default 100,000,000
+        The largest header accepted, in bytes.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Every tensor, by name, in the order of its bytes in the file (shard by
+        shard, in index order, for a checkpoint).
+
+    Raises
+    ------
+    FileNotFoundError
+        When `filename` (or a shard its index names) does not exist.
+    SafetensorError
+        When the file breaks a rule of the format (a header that does not
+        match the file, overlapping tensors, a header over `max_header_size`),
+        or a checkpoint's index does not match its shards.
+    TypeError
+        When `filename` is neither a path, a URL nor a binary file object.
+
+    See Also
+    --------
+    safe_open : Open a file lazily, and read only the tensors asked for.
+    load : Load the bytes of a file held in memory.
+
+    Examples
+    --------
     >>> import numpy as np, fastst, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
     >>> fastst.save_file({"b": np.zeros(2, np.int8), "a": np.ones(1)}, path)
@@ -56,9 +97,48 @@ def load_file(filename: Openable, *, backend: Backend = "mmap",
 def load_into(filename: Openable, arrays: Mapping[str, npt.NDArray[Any]], *,
               max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
               storage_options: Optional[Mapping[str, Any]] = None) -> None:
-    """Read the named tensors of a file (or URL, or file object) into
-    caller-supplied arrays, allocating nothing. Each array must be C-contiguous,
-    writable, and of its tensor's dtype and shape."""
+    """Read the named tensors of a file into caller-supplied arrays, allocating
+    nothing.
+
+    For buffers that are reused from one load to the next (pinned memory, a
+    model's parameters viewed as NumPy arrays, shared memory): the bytes go
+    straight from the file into them, the GIL released.
+
+    Parameters
+    ----------
+    filename : str, bytes, os.PathLike, URL or binary file object
+        The file, or a sharded checkpoint (see `load_file`).
+    arrays : mapping of str to numpy.ndarray
+        For each tensor to read, an array that is C-contiguous, writable, and
+        of the tensor's dtype and shape (its NumPy array shape, see
+        ``fastst.TensorInfo``). Tensors not named are not read.
+    max_header_size : int, default 100,000,000
+        The largest header accepted, in bytes.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system.
+
+    Raises
+    ------
+    TensorNotFoundError
+        When a name is not a tensor of the file.
+    ValueError
+        When an array is not of its tensor's dtype and shape, or not
+        C-contiguous.
+    FileNotFoundError
+        When the file does not exist.
+    SafetensorError
+        When the file breaks a rule of the format.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"w": np.full((2, 2), 7, np.int32), "b": np.ones(2)}, path)
+    >>> w = np.empty((2, 2), np.int32)
+    >>> fastst.load_into(path, {"w": w})
+    >>> w.tolist()
+    [[7, 7], [7, 7]]
+    """
     with safe_open(filename, max_header_size=max_header_size,
                    storage_options=storage_options) as reader:
         reader.read_into(dict(arrays))
@@ -66,13 +146,38 @@ def load_into(filename: Openable, arrays: Mapping[str, npt.NDArray[Any]], *,
 
 def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
          ) -> Dict[str, npt.NDArray[Any]]:
-    """Load tensors from a buffer (bytes, bytearray, memoryview, mmap) without copying.
+    """Load the tensors of a safetensors file held in memory, without copying.
 
-    The arrays view `data` and keep it alive; they are read-only when `data` is.
+    The drop-in for ``safetensors.numpy.load``. The arrays view `data` and
+    keep it alive; they are read-only when `data` is (``bytes``), writable
+    when it is (``bytearray``), and then share its memory.
 
+    Parameters
+    ----------
+    data : bytes-like object
+        The whole file: bytes, bytearray, memoryview, mmap, or a 1-d uint8
+        NumPy array.
+    max_header_size : int, default 100,000,000
+        The largest header accepted, in bytes.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Every tensor, by name, in the order of its bytes in `data`.
+
+    Raises
+    ------
+    SafetensorError
+        When the bytes break a rule of the format.
+    SafetensorTypeError
+        When `data` is not a bytes-like object.
+
+    Examples
+    --------
     >>> import numpy as np, fastst
-    >>> fastst.load(fastst.save({"x": np.arange(3, dtype=np.uint8)}))["x"].tolist()
-    [0, 1, 2]
+    >>> arrays = fastst.load(fastst.save({"x": np.arange(3, dtype=np.uint8)}))
+    >>> arrays["x"].tolist(), arrays["x"].flags.writeable
+    ([0, 1, 2], False)
     """
     reader = Reader()
     reader.open_buffer(data, max_header_size=max_header_size)
@@ -82,13 +187,54 @@ def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
 def save(tensor_dict: Mapping[str, npt.NDArray[Any]],
          metadata: Optional[Mapping[str, str]] = None, *, checksum: Optional[str] = None
          ) -> bytes:
-    """Serialize tensors into the bytes of a safetensors file.
+    """Serialize NumPy arrays into the bytes of a safetensors file.
 
-    The bytes are those huggingface safetensors writes for the same input (which
-    orders several metadata keys at random; fastst sorts them), and the same
-    whatever the insertion order of `tensor_dict` and `metadata`. With `checksum`
-    (``"xxh3_64"`` or ``"xxh3_128"``) each tensor's checksum goes into the metadata
-    (see ``fastst.integrity``).
+    The drop-in for ``safetensors.numpy.save``. The bytes are those huggingface
+    safetensors writes for the same input (which orders several metadata keys
+    at random; fastst sorts them), and the same whatever the insertion order of
+    `tensor_dict` and `metadata`. Non-contiguous and big-endian arrays are
+    written as C-ordered, little-endian data, as the format stores them.
+
+    Parameters
+    ----------
+    tensor_dict : mapping of str to numpy.ndarray
+        The tensors, by name. Any dtype of ``fastst.DTYPES`` that NumPy has:
+        bool, integers, floats, complex64, and ml_dtypes' bfloat16 and float8.
+    metadata : mapping of str to str, optional
+        The header's ``__metadata__``.
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata (see
+        ``fastst.integrity``; needs the ``xxhash`` package).
+
+    Returns
+    -------
+    bytes
+        The whole file.
+
+    Raises
+    ------
+    TypeError
+        When `tensor_dict` is not a mapping of str to NumPy arrays, or a
+        metadata key or value is not a str.
+    SafetensorTypeError
+        When an array's dtype has no safetensors code (strings, objects...).
+    ValueError
+        When `checksum` is not a known algorithm, or `metadata` holds the
+        key the checksums use.
+
+    See Also
+    --------
+    save_file : Write the file to disk, atomically.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst
+    >>> data = fastst.save({"x": np.zeros(2, np.float32)}, {"format": "np"})
+    >>> header_size = int.from_bytes(data[:8], "little")
+    >>> data[8:8 + header_size]
+    b'{"__metadata__":{"format":"np"},"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}   '
+    >>> len(data) == 8 + header_size + 8
+    True
     """
     return _plan(tensor_dict, metadata, checksum).to_bytes()
 
@@ -99,31 +245,86 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
               max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
               header_padding: int = 0, storage_options: Optional[Mapping[str, Any]] = None
               ) -> None:
-    """Write tensors to `filename` atomically.
+    """Write NumPy arrays to a safetensors file, atomically.
 
-    The file is written beside the target under a temporary name
-    (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the old
-    file or the new one, never a mix, and a failed save leaves the old file as it
-    was. The new file keeps the permission bits of the file it replaces (a new
-    one gets what ``open()`` gives: ``0o666`` less the umask); its owner is the
-    saving user. With ``fsync=True`` the file and its directory are flushed to
-    disk before returning, so the new file also survives a power loss.
-    `checksum` is that of ``save``. `header_padding` reserves that many bytes of spaces after the
-    header, so that ``fastst.update_metadata`` can later rewrite the metadata in
-    place, without copying the tensors.
+    The drop-in for ``safetensors.numpy.save_file``, with the same bytes (see
+    `save`). The file is written beside the target under a temporary name
+    (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the
+    old file or the new one, never a mix, and a failed save leaves the old file
+    as it was. The new file keeps the permission bits of the file it replaces
+    (a new one gets what ``open()`` gives: ``0o666`` less the umask); its owner
+    is the saving user.
 
-    With `max_shard_size` (bytes, or a size such as ``"5GB"``) the tensors are cut
-    into shards as the Hugging Face tools cut them, and `filename` is the
-    directory to save into, or ``DIR/NAME.safetensors`` for shards named after
-    NAME (see ``fastst.checkpoint.save_checkpoint``); with `checksum`, each shard
-    holds the checksums of its tensors. A checkpoint saved over another opens as
-    the old one or the new one, never a mix, even if the save is killed.
+    A URL is uploaded: on S3 and Google Cloud Storage in parts as it is
+    written, the object appearing only when complete (a failed save leaves the
+    previous one); elsewhere it is put whole. A file object is written in
+    order from its position.
 
-    `filename` may also be an fsspec URL (with its `storage_options`): on S3 and
-    Google Cloud Storage the file is uploaded in parts as it is written and the
-    object appears only when complete (a failed save leaves the previous one);
-    elsewhere it is put whole. Or a writable binary file object, written in order
-    from its position.
+    Parameters
+    ----------
+    tensor_dict : mapping of str to numpy.ndarray
+        The tensors, by name (see `save`).
+    filename : str, bytes, os.PathLike, URL or writable binary file object
+        Where to write.
+    metadata : mapping of str to str, optional
+        The header's ``__metadata__``.
+    fsync : bool, default False
+        Flush the file and its directory to disk before returning, so that
+        the new file also survives a power loss.
+    max_shard_size : int or str, optional
+        Cut the tensors into shards of at most this many bytes (or a size such
+        as ``"5GB"``), as the Hugging Face tools cut them: `filename` is then
+        the directory to save into, or ``DIR/NAME.safetensors`` for shards
+        named after NAME (see ``fastst.checkpoint.save_checkpoint``). A
+        checkpoint saved over another opens as the old one or the new one,
+        never a mix, even if the save is killed. Local paths only.
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata (each shard's own, for a
+        checkpoint); see `save`.
+    header_padding : int, default 0
+        Bytes of spaces reserved after the header, so that
+        ``fastst.update_metadata`` can later rewrite the metadata in place,
+        without copying the tensors. Not with `max_shard_size`.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system.
+
+    Raises
+    ------
+    OSError
+        When the file cannot be written (a missing directory, no permission,
+        a full disk): the old file, if any, is left as it was.
+    TypeError
+        When `tensor_dict` is not a mapping of str to NumPy arrays, or a
+        metadata key or value is not a str.
+    SafetensorTypeError
+        When an array's dtype has no safetensors code.
+    SafetensorError
+        When `max_shard_size` is not a size, or is given for a URL or a file
+        object; when `header_padding` is out of range.
+    ValueError
+        When `checksum` is not known, or `header_padding` is given with
+        `max_shard_size`.
+
+    See Also
+    --------
+    fastst.writer.StreamWriter : Write a file in pieces, in any order.
+    fastst.update_metadata : Edit the metadata of a saved file.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> path = os.path.join(folder, "model.safetensors")
+    >>> fastst.save_file({"w": np.ones((2, 2), np.float32)}, path, metadata={"step": "3"})
+    >>> os.path.getsize(path), os.listdir(folder)
+    (112, ['model.safetensors'])
+
+    Sharded, as the Hugging Face tools save a checkpoint:
+
+    >>> tensors = {f"layer{i}": np.zeros(100, np.float32) for i in range(3)}
+    >>> fastst.save_file(tensors, folder, max_shard_size=800)
+    >>> sorted(name for name in os.listdir(folder) if name.startswith("model-"))
+    ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']
     """
     source = as_source(filename, storage_options, writing=True)
     if max_shard_size is not None:
@@ -181,6 +382,11 @@ def safe_open(filename: Openable,
     """Open a safetensors file lazily: validate its header, map it, and hand out
     its tensors, zero-copy where the framework allows.
 
+    The drop-in for ``safetensors.safe_open``, and a context manager. Nothing
+    but the header is read until a tensor is asked for; the whole header is
+    checked against the file first, so that no tensor of a malformed file is
+    ever handed out. Arrays stay valid after the handle is closed.
+
     Parameters
     ----------
     filename : str, bytes, os.PathLike, URL or binary file object
@@ -191,7 +397,9 @@ def safe_open(filename: Openable,
         or a binary file object with ``seek`` and ``read``: the header is read
         first, then only the byte ranges asked for, into fresh memory (backend
         ``"ranges"``; see ``fastst.remote``).
-    framework : {"np", "numpy", "pt", "torch", "pytorch", "jax", "flax"}
+    framework : str, default "np"
+        One of ``"np"``, ``"numpy"``, ``"pt"``, ``"torch"``, ``"pytorch"``,
+        ``"jax"``, ``"flax"``.
         ``"np"``/``"numpy"`` (default): NumPy arrays, from a ``NumpyHandle``.
         ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
         ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``).
@@ -200,17 +408,17 @@ def safe_open(filename: Openable,
         result is an ``ArrayHandle`` for NumPy and a ``Handle`` of the
         framework's tensors otherwise: what one file's handle and a sharded
         checkpoint's have in common.
-    device : str, int, torch.device or jax.Device
+    device : str or int or torch.device or jax.Device, default "cpu"
         ``"cpu"`` (default; the only one for NumPy), or where the framework should
         put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).
-    backend : {"mmap", "pread"}
+    backend : "mmap" or "pread", default "mmap"
         ``"mmap"`` (default) maps the file privately: arrays are views, writable,
         and writes never reach the file. ``"pread"`` reads each tensor into fresh
         memory when asked, for files that may change while open. URLs and file objects
         are always read by ranges into fresh memory, whatever `backend` says.
-    max_header_size : int
-        Largest header accepted, in bytes (100,000,000 by default).
-    verify : bool
+    max_header_size : int, default 100,000,000
+        Largest header accepted, in bytes (``fastst.DEFAULT_MAX_HEADER_SIZE``).
+    verify : bool, default False
         Check each tensor's checksum (see ``fastst.integrity``) the first time it
         is read; a file without checksums is refused, and so is one whose
         checksums leave a tensor out (naming it). For a sharded checkpoint, each
@@ -218,6 +426,33 @@ def safe_open(filename: Openable,
     storage_options : dict, optional
         For a URL: the options of its fsspec file system (credentials,
         ``client_kwargs``, timeouts...).
+
+    Returns
+    -------
+    NumpyHandle or FrameworkHandle or fastst.checkpoint.ShardedHandle
+        The open file: a `NumpyHandle` for NumPy (a
+        ``fastst.integrity.VerifyingHandle`` with `verify`), a
+        `FrameworkHandle` for torch and JAX, a ``ShardedHandle`` (its
+        ``NumpyShardedHandle`` for NumPy) for a sharded checkpoint.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the file does not exist (`IsADirectoryError`, `PermissionError`
+        and other `OSError` as the system gives them).
+    SafetensorError
+        When the file breaks a rule of the format, its header is longer than
+        `max_header_size`, `framework`, `device` or `backend` is not known, or
+        `verify` finds no checksums.
+    TypeError
+        When `filename` is neither a path, a URL nor a binary file object.
+    ImportError
+        When the framework, or fsspec for a URL, is not installed.
+
+    See Also
+    --------
+    load_file : Every tensor at once.
+    SafeSlice : What ``get_slice`` returns.
 
     Examples
     --------
@@ -227,6 +462,13 @@ def safe_open(filename: Openable,
     >>> with fastst.safe_open(path, framework="np") as f:
     ...     f.keys(), f.get_tensor("w").sum(), f.get_slice("w")[1].tolist()
     (['w'], np.float32(2.0), [0.0, 1.0])
+
+    A file object is read by byte ranges, as a URL is:
+
+    >>> import io
+    >>> with fastst.safe_open(io.BytesIO(fastst.save({"x": np.arange(3)}))) as f:
+    ...     f.backend, f.get_tensor("x").tolist()
+    ('ranges', [0, 1, 2])
     """
     if framework in NUMPY_FRAMEWORKS:
         check_numpy_device(device)

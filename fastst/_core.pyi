@@ -7,47 +7,255 @@ import numpy.typing as npt
 from collections.abc import Mapping
 from typing_extensions import Buffer
 
+# The API reference is generated from this file's docstrings (the compiled module
+# keeps shorter ones of its own); their examples run in tests/test_docs.py.
+
 DEFAULT_MAX_HEADER_SIZE: Final[int]
+"""The largest header a reader accepts unless ``max_header_size`` says otherwise, in
+bytes (100,000,000: 100 MB, as the reference's limit).
+
+A file whose 8-byte prefix announces a longer header is refused with a
+`SafetensorError` before anything more is read.
+
+Examples
+--------
+>>> import fastst
+>>> fastst.DEFAULT_MAX_HEADER_SIZE
+100000000
+"""
+
 DTYPE_CODES: Final[tuple[str, ...]]
+"""The header codes of the format's dtypes (``"F32"``, ``"BF16"``...), in the order the
+format ranks them: the codes of `DTYPES`, in its order.
+
+Examples
+--------
+>>> import fastst
+>>> fastst.DTYPE_CODES[:6]
+('BOOL', 'F4', 'F6_E2M3', 'F6_E3M2', 'U8', 'I8')
+>>> "BF16" in fastst.DTYPE_CODES
+True
+"""
 
 class TensorInfo(NamedTuple):
+    """What a file's header says of one tensor, as ``info(name)`` gives it.
+
+    A named tuple of the tensor's dtype code, its shape, its byte range in the
+    tensor data, and the shape of the NumPy array it loads as.
+
+    Attributes
+    ----------
+    dtype : str
+        The header dtype code, e.g. ``"F32"`` (see `DTYPE_CODES`).
+    shape : list of int
+        The shape the header gives.
+    data_offsets : tuple of (int, int)
+        The tensor's bytes, ``[begin, end)``, counted from the start of the
+        tensor data (which starts after the 8-byte prefix and the header).
+    array_shape : tuple of int or None
+        The shape of the NumPy array it loads as: `shape`, except for the
+        sub-byte dtypes (F4, F6_*), whose packed bytes load as ``uint8`` with
+        the last axis shrunk (or flat when the last axis does not hold whole
+        bytes). None when NumPy cannot hold the shape (more than 64 axes, or a
+        dimension or size past what an index of this platform reaches).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"w": np.zeros((2, 3), np.float32)}, path)
+    >>> with fastst.safe_open(path) as f:
+    ...     info = f.info("w")
+    >>> info
+    TensorInfo(dtype='F32', shape=[2, 3], data_offsets=(0, 24), array_shape=(2, 3))
+    >>> info.data_offsets[1] - info.data_offsets[0]
+    24
+    """
     dtype: str
     shape: list[int]
     data_offsets: tuple[int, int]
     array_shape: tuple[int, ...] | None
 
 class DtypeInfo(NamedTuple):
+    """One dtype of the format: a row of `DTYPES`.
+
+    Attributes
+    ----------
+    code : str
+        The header code, e.g. ``"BF16"``.
+    bits : int
+        Bits per element (4 and 6 for the packed sub-byte dtypes).
+    numpy : str
+        The name of the NumPy dtype its tensors load as: ``"bfloat16"`` and the
+        float8 names are ml_dtypes', and the sub-byte codes load as their
+        packed bytes, ``"uint8"``.
+    torch : str or None
+        The name of the torch dtype (``"bfloat16"``, ``"float4_e2m1fn_x2"``...),
+        or None where torch has none (the F6 codes).
+
+    Examples
+    --------
+    >>> import fastst
+    >>> {row.code: row for row in fastst.DTYPES}["BF16"]
+    DtypeInfo(code='BF16', bits=16, numpy='bfloat16', torch='bfloat16')
+    """
     code: str
     bits: int
     numpy: str
     torch: str | None
 
 DTYPES: Final[tuple[DtypeInfo, ...]]
+"""The one table of the format's dtypes, a `DtypeInfo` a row, in the order the format
+ranks them (writers place tensors by descending rank, then by name).
 
-class SafetensorError(ValueError): ...
-class SafetensorIndexError(SafetensorError, IndexError): ...
-class SafetensorTypeError(SafetensorError, TypeError): ...
-class SafetensorNotImplementedError(SafetensorError, NotImplementedError): ...
-class TensorNotFoundError(SafetensorError, KeyError): ...
+Every dtype fastst reads and writes is here, with the NumPy dtype it loads as and the
+torch dtype it matches; the other tables (`DTYPE_CODES`,
+``fastst.torch.TORCH_DTYPES``) derive from it. See the guide's page on dtypes.
+
+Examples
+--------
+>>> import fastst
+>>> len(fastst.DTYPES), fastst.DTYPES[0]
+(22, DtypeInfo(code='BOOL', bits=8, numpy='bool', torch='bool'))
+>>> [row.code for row in fastst.DTYPES if row.bits < 8]
+['F4', 'F6_E2M3', 'F6_E3M2']
+"""
+
+class SafetensorError(ValueError):
+    """A file, a buffer, a tensor or an argument breaks a rule of the format.
+
+    The base of fastst's errors, and a `ValueError`, as the reference's
+    ``SafetensorError`` is. The message names the file (or ``<buffer>``), the
+    tensor and the rule broken: ``"model.safetensors: tensor 'w': data_offsets
+    [0, 8] overlap tensor 'b'"``. Where the reference raises another built-in
+    type, fastst raises a subclass that is both: `TensorNotFoundError`,
+    `SafetensorIndexError`, `SafetensorTypeError`,
+    `SafetensorNotImplementedError`.
+
+    Examples
+    --------
+    >>> import fastst
+    >>> try:
+    ...     fastst.load(b"short")
+    ... except fastst.SafetensorError as error:
+    ...     print(error)
+    <buffer>: file is 5 bytes, shorter than the 8-byte header length
+    """
+
+class SafetensorIndexError(SafetensorError, IndexError):
+    """An index or a row reaches outside a tensor.
+
+    Both a `SafetensorError` and the `IndexError` NumPy raises for the same
+    index.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"x": np.arange(3)}, path)
+    >>> try:
+    ...     with fastst.safe_open(path) as f:
+    ...         f.get_slice("x")[5]
+    ... except IndexError as error:
+    ...     print(type(error).__name__, "-", error)
+    SafetensorIndexError - ...x.safetensors: tensor 'x': index 5 is out of bounds for axis 0 with size 3
+    """
+
+class SafetensorTypeError(SafetensorError, TypeError):
+    """A value of a type, or a dtype, that safetensors cannot store.
+
+    Both a `SafetensorError` and a `TypeError`.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst
+    >>> try:
+    ...     fastst.save({"text": np.array(["a"])})
+    ... except TypeError as error:
+    ...     print(type(error).__name__, "-", error)
+    SafetensorTypeError - tensor 'text': dtype <U1 has no safetensors code (supported: ...)
+    """
+
+class SafetensorNotImplementedError(SafetensorError, NotImplementedError):
+    """Something the format, or fastst, cannot do.
+
+    Saving a tensor that has no data (torch's meta device), a dask array of a
+    sub-byte dtype, a view onto a file that cannot be mapped. Both a
+    `SafetensorError` and the `NotImplementedError` (a `RuntimeError`) the
+    reference raises.
+
+    Examples
+    --------
+    >>> import fastst
+    >>> issubclass(fastst.SafetensorNotImplementedError, NotImplementedError)
+    True
+    """
+
+class TensorNotFoundError(SafetensorError, KeyError):
+    """The file holds no tensor of that name.
+
+    Both a `SafetensorError` and a `KeyError`, as a mapping raises; its
+    message is the plain text, not a quoted key.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"x": np.zeros(1)}, path)
+    >>> try:
+    ...     with fastst.safe_open(path) as f:
+    ...         f.get_tensor("y")
+    ... except KeyError as error:
+    ...     print(type(error).__name__, "-", error)
+    TensorNotFoundError - ...x.safetensors: no tensor named 'y'
+    """
 
 def numpy_dtype(code: str, /) -> np.dtype[Any]: ...
 def dtype_bits(code: str, /) -> int: ...
 
 class Reader:
+    """The compiled reader of one safetensors file or buffer, whose header it has
+    validated in full: the reading methods of `fastst.NumpyHandle`.
+
+    Use ``fastst.safe_open`` (or ``fastst.load``), which return one; the
+    ``open_*`` methods are the low-level ways to open a bare Reader.
+    """
     @property
-    def source(self) -> str: ...
+    def source(self) -> str:
+        """What error messages call the file: its path, URL, or ``"<buffer>"``."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether ``close()`` was called; a closed handle reads nothing more."""
     def open_file(
         self,
         filename: str | bytes | os.PathLike[str] | os.PathLike[bytes],
         backend: str = ...,
         *,
         max_header_size: int = ...,
-    ) -> None: ...
+    ) -> None:
+        """Open the local file `filename`: read and validate its header, and map it
+        (`backend` ``"mmap"``) or keep it open for reads (``"pread"``).
+
+        Raises
+        ------
+        OSError
+            When the file cannot be opened (`FileNotFoundError`,
+            `IsADirectoryError`, `PermissionError`).
+        SafetensorError
+            When `backend` is not known, or the file breaks a rule of the
+            format.
+        """
     def open_buffer(
         self, data: Buffer, *, max_header_size: int = ..., source: str = ...
-    ) -> None: ...
+    ) -> None:
+        """Open a buffer (bytes, bytearray, memoryview, mmap) holding a whole file,
+        without copying it; `source` is what messages call it.
+
+        Raises
+        ------
+        SafetensorError
+            When the bytes break a rule of the format.
+        """
     def open_ranges(
         self,
         source: str,
@@ -56,64 +264,549 @@ class Reader:
         *,
         max_header_size: int = ...,
         identity: Hashable | None = None,
-    ) -> None: ...
-    def get_tensor(self, name: str, /, *, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]: ...
-    def copy_tensors(self) -> dict[str, npt.NDArray[Any]]: ...
-    def read_into(self, arrays: dict[str, npt.NDArray[Any]], /) -> None: ...
+    ) -> None:
+        """Open a file of `size` bytes read by byte ranges: ``fetch(ranges)`` takes
+        a list of ``(offset, length)`` and returns one bytes-like object per range,
+        exactly that long (what ``safe_open`` does for URLs and file objects).
+
+        Raises
+        ------
+        SafetensorError
+            When an answer of `fetch` is not what was asked for, or the bytes
+            break a rule of the format.
+        """
+    def get_tensor(self, name: str, /, *, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
+        """Tensor `name` as a NumPy array.
+
+        With the ``"mmap"`` backend (and for buffers) the array is a zero-copy
+        view of the file's private map: writable, its writes never reach the
+        file, and valid after the handle is closed. With ``"pread"`` (and for
+        URLs and file objects) the tensor is read into fresh memory.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+        out : numpy.ndarray, optional
+            A C-contiguous, writable array of the tensor's dtype and array
+            shape (see `TensorInfo`) to read the bytes into; it is returned.
+
+        Returns
+        -------
+        numpy.ndarray
+            The tensor, in the NumPy dtype of its code (ml_dtypes' for
+            bfloat16 and float8, packed ``uint8`` for sub-byte codes).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        SafetensorError
+            When the handle is closed, or the tensor's bytes cannot be read
+            (a file truncated since it was opened).
+        ValueError
+            When `out` has another shape or dtype, or is not C-contiguous.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"w": np.eye(2, dtype=np.float32)}, path)
+        >>> f = fastst.safe_open(path)
+        >>> f.get_tensor("w")
+        array([[1., 0.],
+               [0., 1.]], dtype=float32)
+        >>> out = np.empty((2, 2), np.float32)
+        >>> f.get_tensor("w", out=out) is out
+        True
+        >>> f.close()
+        """
+    def copy_tensors(self) -> dict[str, npt.NDArray[Any]]:
+        """Every tensor, in buffer order, each read into fresh memory of its own.
+
+        Unlike `get_tensors`, no array depends on the file: large files are
+        read by several threads at once, the GIL released.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            The tensors, by name, in the order of their bytes in the file.
+
+        Raises
+        ------
+        SafetensorError
+            When the handle is closed, or the file cannot be read whole.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"x": np.arange(3, dtype=np.int8)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     copies = f.copy_tensors()
+        >>> copies["x"].tolist(), copies["x"].base is None
+        ([0, 1, 2], True)
+        """
+    def read_into(self, arrays: dict[str, npt.NDArray[Any]], /) -> None:
+        """Read the named tensors into caller-supplied arrays, allocating nothing.
+
+        Parameters
+        ----------
+        arrays : dict of str to numpy.ndarray
+            For each tensor to read, a C-contiguous, writable array of its
+            dtype and array shape.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When a name is not a tensor of the file.
+        ValueError
+            When an array has another shape or dtype, or is not C-contiguous.
+        SafetensorError
+            When the handle is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"x": np.arange(4, dtype=np.int16)}, path)
+        >>> buffer = np.empty(4, np.int16)
+        >>> with fastst.safe_open(path) as f:
+        ...     f.read_into({"x": buffer})
+        >>> buffer.tolist()
+        [0, 1, 2, 3]
+        """
     def __getitem__(self, name: str, /) -> npt.NDArray[Any]: ...
-    def get_tensors(self) -> dict[str, npt.NDArray[Any]]: ...
-    def keys(self) -> list[str]: ...
-    def offset_keys(self) -> list[str]: ...
-    def metadata(self) -> dict[str, str] | None: ...
-    def info(self, name: str, /) -> TensorInfo: ...
-    def read_rows(self, name: str, first: int, last: int, /) -> npt.NDArray[Any]: ...
-    def gather_rows(self, name: str, rows: npt.NDArray[Any], /) -> npt.NDArray[Any]: ...
+    def get_tensors(self) -> dict[str, npt.NDArray[Any]]:
+        """Every tensor, in buffer order, as `get_tensor` gives each.
+
+        Views of the map with the ``"mmap"`` backend; fresh memory otherwise
+        (a file read by ranges is read in one plan of requests).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            The tensors, by name, in the order of their bytes in the file.
+
+        Raises
+        ------
+        SafetensorError
+            When the handle is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"b": np.zeros(1), "a": np.ones(2)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     list(f.get_tensors())
+        ['a', 'b']
+        """
+    def keys(self) -> list[str]:
+        """The names of the file's tensors, sorted.
+
+        Returns
+        -------
+        list of str
+            Sorted names (`offset_keys` gives them in file order).
+
+        Raises
+        ------
+        SafetensorError
+            When the handle is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"b": np.zeros(1), "a": np.zeros(1)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     f.keys(), len(f), "a" in f
+        (['a', 'b'], 2, True)
+        """
+    def offset_keys(self) -> list[str]:
+        """The names of the file's tensors, in the order of their bytes in the file.
+
+        Returns
+        -------
+        list of str
+            Names in buffer order.
+
+        Raises
+        ------
+        SafetensorError
+            When the handle is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"a": np.zeros(1, np.int8), "b": np.zeros(1, np.float64)}, path)
+        >>> with fastst.safe_open(path) as f:     # writers place wider dtypes first
+        ...     f.offset_keys()
+        ['b', 'a']
+        """
+    def metadata(self) -> dict[str, str] | None:
+        """The file's ``__metadata__``: a dict of str to str, or None when it has none.
+
+        Returns
+        -------
+        dict of str to str or None
+            A new dict at each call.
+
+        Raises
+        ------
+        SafetensorError
+            When the handle is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"x": np.zeros(1)}, path, metadata={"format": "np"})
+        >>> with fastst.safe_open(path) as f:
+        ...     f.metadata()
+        {'format': 'np'}
+        """
+    def info(self, name: str, /) -> TensorInfo:
+        """What the header says of tensor `name`, read without touching its bytes.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+
+        Returns
+        -------
+        TensorInfo
+            Its dtype code, shape, data offsets and NumPy array shape.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        SafetensorError
+            When the handle is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"x": np.zeros((2, 2), np.int8)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     f.info("x")
+        TensorInfo(dtype='I8', shape=[2, 2], data_offsets=(0, 4), array_shape=(2, 2))
+        """
+    def read_rows(self, name: str, first: int, last: int, /) -> npt.NDArray[Any]:
+        """Rows ``[first, last)`` of tensor `name`'s first axis.
+
+        A view with the ``"mmap"`` backend and for buffers; with ``"pread"``
+        only those rows are read, into fresh memory.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name; it must have at least one axis.
+        first, last : int
+            The rows, ``0 <= first <= last <= len``.
+
+        Returns
+        -------
+        numpy.ndarray
+            The rows, of shape ``(last - first, *shape[1:])``.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        IndexError
+            When the rows are not within the tensor, or it has no axis.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"x": np.arange(6).reshape(3, 2)}, path)
+        >>> with fastst.safe_open(path, backend="pread") as f:
+        ...     f.read_rows("x", 1, 3).tolist()
+        [[2, 3], [4, 5]]
+        """
+    def gather_rows(self, name: str, rows: npt.NDArray[Any], /) -> npt.NDArray[Any]:
+        """Rows `rows` of tensor `name`'s first axis, in a fresh array: the rows
+        must be an ``intp`` array, each in range (`gather` takes any integers).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        SafetensorIndexError
+            When a row is out of range, or the tensor has no axis.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"x": np.arange(4)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     f.gather_rows("x", np.array([3, 0], dtype=np.intp)).tolist()
+        [3, 0]
+        """
     def gather(
         self, name: str, rows: npt.ArrayLike, out: npt.NDArray[Any] | None = None
-    ) -> npt.NDArray[Any]: ...
+    ) -> npt.NDArray[Any]:
+        """Rows `rows` of tensor `name`'s first axis, copied in their order: a batch
+        of a data set in one call.
+
+        Only those rows are read: the ``"pread"`` backend reads each run of
+        adjacent rows in one call; mapped files and buffers copy from memory,
+        the GIL released.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name; it must have at least one axis.
+        rows : sequence or array of int
+            Row numbers, in any order, repeats allowed, any integer dtype,
+            negatives counted from the end (as NumPy does).
+        out : numpy.ndarray, optional
+            A C-contiguous array of the result's shape and dtype to copy the
+            rows into; it is returned.
+
+        Returns
+        -------
+        numpy.ndarray
+            The rows, of shape ``(len(rows), *shape[1:])``.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        SafetensorIndexError
+            When a row is out of range, or the tensor has no axis.
+        SafetensorTypeError
+            When `rows` is not a 1-d sequence of integers.
+        ValueError
+            When `out` has another shape or dtype, or is not C-contiguous.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"x": np.arange(10).reshape(5, 2)}, path)
+        >>> with fastst.safe_open(path, backend="pread") as f:
+        ...     f.gather("x", [4, 0, -1]).tolist()
+        [[8, 9], [0, 1], [8, 9]]
+        """
     @property
-    def file_identity(self) -> tuple[Any, ...] | None: ...
+    def file_identity(self) -> tuple[Any, ...] | None:
+        """The version of the file opened: for a local file ``(absolute path,
+        st_dev, st_ino, st_size, st_mtime_ns)`` as it was when opened, for a URL
+        the object's URL, size, ETag and modification time; None for a buffer.
+        Another handle on the same, unchanged file has the same identity."""
     @property
-    def backend(self) -> str: ...
+    def backend(self) -> str:
+        """How tensors are served: ``"mmap"``, ``"pread"``, ``"ranges"`` (URLs and
+        file objects) or ``"buffer"``."""
     @property
-    def data_start(self) -> int: ...
+    def data_start(self) -> int:
+        """Where the tensor data starts in the file: 8 + the header's length."""
     def __len__(self) -> int: ...
     def __contains__(self, name: object, /) -> bool: ...
     def __iter__(self) -> Iterator[str]: ...
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of the file: the handle reads nothing more, and arrays it gave
+        stay valid (a view keeps the map alive). Closing again does nothing."""
 
 class SupportsWrite(Protocol):
     def write(self, data: npt.NDArray[np.uint8], /) -> int | None: ...
 
 class WriteSpec(NamedTuple):
+    """One tensor to write: its name, header dtype code, header shape, and the
+    array of its bytes.
+
+    What every writer turns its input into (``spec_of_array`` for a NumPy
+    array); given directly, it writes dtypes NumPy has no type for.
+
+    Attributes
+    ----------
+    name : str
+        The tensor's name.
+    dtype : str
+        Its header dtype code (see ``fastst.DTYPE_CODES``).
+    shape : sequence of int
+        Its header shape.
+    data : numpy.ndarray or None
+        An array whose bytes, in C order and little-endian, are the tensor's
+        data: its dtype need not be the code's, only its byte count must
+        match (four F4 values are two packed ``uint8``). None declares a
+        tensor whose bytes are written later, in pieces (a streaming writer).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst
+    >>> from fastst.writer import WriteSpec, serialize
+    >>> packed = np.array([0x21, 0x43], dtype=np.uint8)     # four 4-bit floats
+    >>> data = serialize([WriteSpec("f4", "F4", (4,), packed)])
+    >>> fastst.load(data)["f4"]                              # F4 loads as packed bytes
+    array([33, 67], dtype=uint8)
+    """
     name: str
     dtype: str
     shape: Sequence[int]
     data: npt.NDArray[Any] | None
 
 class WritePlan:
+    """A file to write, as ``plan_write`` builds it: the 8-byte prefix and the
+    padded header, then each tensor's place in the data, in the order the
+    format's writers use.
+
+    Every writer of fastst writes through a plan: whole (`to_bytes`,
+    `write_to`, `write_stream`), or, for a plan of declared tensors, the header
+    first (`write_prefix`) and the tensors in pieces (`write_rows`,
+    `write_bytes`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastst.writer import plan_write, spec_of_array
+    >>> plan = plan_write([spec_of_array("x", np.zeros(2, np.float32))], None)
+    >>> plan.names(), plan.data_start, plan.total_size
+    (['x'], 64, 72)
+    >>> plan.to_bytes()[8:plan.data_start]
+    b'{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}  '
+    """
     @property
-    def prefix(self) -> bytes: ...
+    def prefix(self) -> bytes:
+        """The 8-byte header length and the header, padded with spaces."""
     @property
-    def data(self) -> list[npt.NDArray[Any] | None]: ...
+    def data(self) -> list[npt.NDArray[Any] | None]:
+        """Each tensor's array, in file order (None for a declared tensor)."""
     @property
-    def total_size(self) -> int: ...
-    def to_bytes(self) -> bytes: ...
-    def write_to(self, fd: int, target: str = ..., /) -> None: ...
-    def write_stream(self, stream: SupportsWrite, target: str = ..., /) -> None: ...
+    def total_size(self) -> int:
+        """The file's size in bytes."""
+    def to_bytes(self) -> bytes:
+        """The whole file as one bytes object.
+
+        Raises
+        ------
+        SafetensorError
+            When the plan declares tensors without data.
+        """
+    def write_to(self, fd: int, target: str = ..., /) -> None:
+        """Write the whole file to the open file descriptor `fd` (`target` names
+        it in messages), the GIL released per write.
+
+        Raises
+        ------
+        OSError
+            When a write fails (a full disk).
+        SafetensorError
+            When the plan declares tensors without data.
+        """
+    def write_stream(self, stream: SupportsWrite, target: str = ..., /) -> None:
+        """Write the whole file to a binary file object, in order, through
+        ``stream.write`` in pieces of at most 16 MiB.
+
+        Raises
+        ------
+        SafetensorError
+            When the plan declares tensors without data.
+        """
     @property
-    def data_start(self) -> int: ...
-    def write_prefix(self, fd: int, target: str = ..., /) -> None: ...
-    def names(self) -> list[str]: ...
-    def info(self, name: str, target: str = ..., /) -> TensorInfo: ...
+    def data_start(self) -> int:
+        """Where the tensor data starts in the file: 8 + the header's length."""
+    def write_prefix(self, fd: int, target: str = ..., /) -> None:
+        """Write the prefix and header at the start of the file open as `fd`
+        (a ``pwrite``: the file position does not move)."""
+    def names(self) -> list[str]:
+        """The tensor names, in file order."""
+    def info(self, name: str, target: str = ..., /) -> TensorInfo:
+        """Tensor `name`'s header entry, as a reader's ``info`` gives it.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the plan has no tensor `name`.
+        """
     def write_rows(
         self, fd: int, name: str, first_row: int, array: npt.NDArray[Any], target: str = ..., /
-    ) -> tuple[int, int]: ...
+    ) -> tuple[int, int]:
+        """Write `array` as rows ``[first_row, first_row + len(array))`` of tensor
+        `name`, at their place in the file open as `fd` (a ``pwrite``).
+
+        The array's dtype must be the tensor's NumPy dtype (either byte order),
+        its rows of the tensor's row shape, every row within the tensor: all
+        checked before a byte is written.
+
+        Returns
+        -------
+        tuple of (int, int)
+            The byte range written, relative to the tensor's start.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the plan has no tensor `name`.
+        SafetensorError
+            When the piece does not fit the tensor (its dtype:
+            `SafetensorTypeError`).
+        OSError
+            When the write fails.
+        """
     def write_bytes(
         self, fd: int, name: str, start: int, data: Buffer, target: str = ..., /
-    ) -> tuple[int, int]: ...
+    ) -> tuple[int, int]:
+        """Write the bytes of `data` (any C-contiguous buffer) at byte `start` of
+        tensor `name`: for dtypes the caller has no array type for.
 
-def spec_of_array(name: str, array: npt.ArrayLike, /) -> WriteSpec: ...
+        Returns
+        -------
+        tuple of (int, int)
+            The byte range written, relative to the tensor's start.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the plan has no tensor `name`.
+        SafetensorError
+            When the bytes reach outside the tensor.
+        OSError
+            When the write fails.
+        """
+
+def spec_of_array(name: str, array: npt.ArrayLike, /) -> WriteSpec:
+    """The `WriteSpec` that writes the NumPy array `array` as tensor `name`.
+
+    The header code follows from the array's dtype (ml_dtypes' bfloat16 and
+    float8 included); the array is taken as it is, not copied (a
+    non-contiguous or big-endian one is converted as it is written).
+
+    Parameters
+    ----------
+    name : str
+        The tensor's name.
+    array : numpy.ndarray
+        Its data.
+
+    Returns
+    -------
+    WriteSpec
+
+    Raises
+    ------
+    TypeError
+        When `name` is not a str or `array` not a NumPy array.
+    SafetensorTypeError
+        When the array's dtype has no safetensors code (strings, objects...).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastst.writer import spec_of_array
+    >>> spec_of_array("x", np.zeros((2, 3), np.float16))
+    WriteSpec(name='x', dtype='F16', shape=(2, 3), data=array([[0., 0., 0.],
+           [0., 0., 0.]], dtype=float16))
+    """
 def usable_cpus() -> int: ...
 def write_array_at(
     fd: int, array: npt.NDArray[Any], offset: int, target: str = ..., /
@@ -126,4 +819,48 @@ def plan_write(
     header_padding: int = ...,
     header_size: int | None = ...,
     keep_order: bool = ...,
-) -> WritePlan: ...
+) -> WritePlan:
+    """Check tensors to write, place them, and build the header: a `WritePlan`.
+
+    The tensors are ordered as the format's writers order them (by dtype rank,
+    descending, then by name) unless `keep_order`, and the header is the one
+    the reference writes for them, byte for byte.
+
+    Parameters
+    ----------
+    specs : iterable of WriteSpec or (name, dtype, shape, data) tuples
+        The tensors; a `data` of None declares one whose bytes come later.
+    metadata : mapping of str to str or None
+        The header's ``__metadata__``.
+    header_padding : int, default 0
+        Bytes of spaces reserved after the header (rounded so that the data
+        stays 8-byte aligned), room for later metadata edits
+        (``fastst.update_metadata``).
+    header_size : int, optional
+        A header of exactly this many bytes, padded with spaces: for rewriting
+        a file's header in place.
+    keep_order : bool, default False
+        Place the tensors in the order given.
+
+    Returns
+    -------
+    WritePlan
+
+    Raises
+    ------
+    SafetensorError
+        When a name is given twice, a shape is not a list of unsigned
+        integers, or a tensor's data has not the bytes its dtype and shape
+        need; when the header does not fit in `header_size`.
+    SafetensorTypeError
+        When a dtype code is not known.
+    TypeError
+        When a name or a metadata key or value is not a str.
+
+    Examples
+    --------
+    >>> from fastst.writer import plan_write
+    >>> plan = plan_write([("b", "F32", (2,), None), ("a", "I8", (1,), None)], {"k": "v"})
+    >>> plan.names(), plan.info("a")
+    (['b', 'a'], TensorInfo(dtype='I8', shape=[1], data_offsets=(8, 9), array_shape=(1,)))
+    """

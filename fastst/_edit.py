@@ -17,21 +17,65 @@ __all__ = ["update_metadata"]
 
 def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *,
                     fsync: bool = False, header_padding: int = 0, in_place: bool = True) -> bool:
-    """Replace the ``__metadata__`` of a safetensors file (None removes it).
+    """Replace the ``__metadata__`` of a safetensors file, without rewriting its
+    tensors when the new header fits.
 
     When the new header, with `header_padding` bytes to spare, fits in the old
     header's room (a header may end in spaces, which ``header_padding`` on the
     writers reserves), only the header bytes are rewritten, in place: the
-    tensors are not touched. Otherwise the file is rewritten atomically: the new
-    header with `header_padding` spaces of room for later edits, then the tensor
-    bytes copied in bounded memory. Returns True when the edit was made in place.
+    tensors are not touched. Otherwise the file is rewritten atomically: the
+    new header with `header_padding` spaces of room for later edits, then the
+    tensor bytes copied in bounded memory.
 
-    An in-place edit is one write of the header bytes, not atomic: a reader, or
-    a crash, in the middle of it may see a header part old, part new. Where that
-    matters, pass ``in_place=False`` for an atomic rewrite.
+    An in-place edit is one write of the header bytes, not atomic: a reader,
+    or a crash, in the middle of it may see a header part old, part new. Where
+    that matters, pass ``in_place=False`` for an atomic rewrite.
 
-    The tensors' checksums (``fastst.integrity``), which describe bytes the edit
-    does not change, are kept unless `metadata` gives that key itself.
+    The tensors' checksums (``fastst.integrity``), which describe bytes the
+    edit does not change, are kept unless `metadata` gives that key itself.
+
+    Parameters
+    ----------
+    filename : str or bytes or os.PathLike
+        A local safetensors file.
+    metadata : mapping of str to str or None
+        The new ``__metadata__``, replacing the old one whole; None removes it.
+    fsync : bool, default False
+        Flush the edit to disk before returning.
+    header_padding : int, default 0
+        Bytes of room to keep after the new header: an edit that cannot keep
+        them is a rewrite, which reserves them for the next edit.
+    in_place : bool, default True
+        Allow an in-place edit; False always rewrites the file atomically.
+
+    Returns
+    -------
+    bool
+        True when the edit was made in place, False when the file was
+        rewritten.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the file does not exist.
+    SafetensorError
+        When the file breaks a rule of the format, or changed while it was
+        being edited.
+    TypeError
+        When a metadata key or value is not a str.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"w": np.zeros(4)}, path, header_padding=128)
+    >>> fastst.update_metadata(path, {"epoch": "7"})           # in the room reserved
+    True
+    >>> fastst.update_metadata(path, {"notes": "x" * 1000})    # too long: a rewrite
+    False
+    >>> with fastst.safe_open(path) as f:
+    ...     f.metadata()["notes"][:3], f.get_tensor("w").tolist()
+    ('xxx', [0.0, 0.0, 0.0, 0.0])
     """
     reader = Reader()
     reader.open_file(filename, "pread")

@@ -112,14 +112,39 @@ class AtomicFile:
 
 
 def write_atomically(plan: WritePlan, filename: PathLike, *, fsync: bool = False) -> None:
-    """Write a WritePlan to `filename` atomically.
+    """Write a `WritePlan` to `filename`, atomically.
 
     The file is written beside the target under a temporary name
-    (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the old
-    file or the new one, never a mix, and a failed save leaves the old file as it
-    was; the new file keeps the old one's permission bits (see ``AtomicFile``).
-    With `fsync` the file and its directory are flushed to disk before
-    returning, so the new file also survives a power loss.
+    (``.<name>.<random>.fastst-tmp``) and renamed over it, so readers see the
+    old file or the new one, never a mix, and a failed save leaves the old
+    file as it was; the new file keeps the old one's permission bits. What
+    ``fastst.save_file`` does with its plan.
+
+    Parameters
+    ----------
+    plan : WritePlan
+        The file to write (see ``plan_write``); every tensor must have data.
+    filename : str or bytes or os.PathLike
+        The file to write.
+    fsync : bool, default False
+        Flush the file and its directory to disk before returning, so that
+        the new file also survives a power loss.
+
+    Raises
+    ------
+    OSError
+        When the file cannot be written (the temporary file is removed).
+    SafetensorError
+        When the plan declares tensors without data.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.writer import plan_write, spec_of_array, write_atomically
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> write_atomically(plan_write([spec_of_array("x", np.ones(2))], None), path)
+    >>> fastst.load_file(path)["x"].tolist()
+    [1.0, 1.0]
     """
     file = AtomicFile(filename, plan.total_size)
     try:

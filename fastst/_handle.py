@@ -84,16 +84,36 @@ class ArrayHandle(Handle["npt.NDArray[Any]"], Protocol):
 
 
 class NumpyHandle(Reader):
-    """An open safetensors file whose tensors are NumPy arrays: zero-copy views of
-    the file's private map (backend ``"mmap"``), or fresh memory read when asked
-    (backend ``"pread"``). What ``safe_open(..., framework="np")`` returns.
+    """An open safetensors file whose tensors are NumPy arrays.
 
-    Its reading methods are the compiled Reader's own: ``get_tensor``,
-    ``get_tensors``, ``copy_tensors``, ``read_into``, ``read_rows``,
-    ``gather`` (rows of a tensor, into ``out=`` when given), ``gather_rows``,
-    ``info``, ``keys``, ``offset_keys``, ``metadata``, and the mapping protocol
-    (``f[name]``, ``name in f``, ``len(f)``, iteration). It pickles by reopening
-    the same file, which must not have changed.
+    What ``safe_open(..., framework="np")`` returns; not made directly. Its
+    tensors are zero-copy views of the file's private map (backend
+    ``"mmap"``), or fresh memory read when asked (backend ``"pread"``, and for
+    URLs and file objects). It is a context manager; closing it leaves the
+    arrays it gave valid.
+
+    Its reading methods are the compiled reader's own: `get_tensor`,
+    `get_tensors`, `copy_tensors`, `read_into`, `read_rows`, `gather` (rows of
+    a tensor, into ``out=`` when given), `gather_rows`, `info`, `keys`,
+    `offset_keys`, `metadata`, and the mapping protocol (``f[name]``,
+    ``name in f``, ``len(f)``, iteration over the sorted names). It pickles
+    by opening the same file again (to pass to another process), which must
+    not have changed since: a file replaced, rewritten or resized is refused
+    with a `SafetensorError` when the handle is unpickled.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"x": np.arange(6).reshape(3, 2), "y": np.ones(3)}, path)
+    >>> with fastst.safe_open(path) as f:
+    ...     len(f), f.keys(), f["x"][1].tolist(), f.gather("y", [0, 2]).tolist()
+    (2, ['x', 'y'], [2, 3], [1.0, 1.0])
+    >>> import pickle
+    >>> f = pickle.loads(pickle.dumps(fastst.safe_open(path)))   # reopened by its path
+    >>> f.keys()
+    ['x', 'y']
+    >>> f.close()
     """
 
     _origin: Optional[Source] = None
@@ -117,7 +137,35 @@ class NumpyHandle(Reader):
         self.close()
 
     def get_slice(self, name: str) -> SafeSlice[npt.NDArray[Any]]:
-        """A lazy handle on tensor `name` that NumPy indexing reads from."""
+        """A lazy handle on tensor `name`, that NumPy indexing reads from.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+
+        Returns
+        -------
+        SafeSlice
+            Nothing is read until it is indexed: ``f.get_slice(name)[index]``
+            is ``f.get_tensor(name)[index]``, reading only what the index
+            reaches.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"x": np.arange(12).reshape(4, 3)}, path)
+        >>> with fastst.safe_open(path, backend="pread") as f:
+        ...     part = f.get_slice("x")
+        ...     part.get_shape(), part[1:3, -1].tolist()
+        ([4, 3], [5, 8])
+        """
         return SafeSlice(self, name)
 
     def __reduce__(self) -> Tuple[Any, ...]:
@@ -130,9 +178,35 @@ class NumpyHandle(Reader):
 
 class FrameworkHandle(Generic[T]):
     """An open safetensors file whose tensors come out as another framework's
-    (torch, JAX): each NumPy array the file gives passes through the converter
-    chosen when the file was opened. What ``safe_open(..., framework="pt")`` (or
-    ``"jax"``) returns.
+    (torch, JAX).
+
+    What ``safe_open(..., framework="pt")`` (or ``"jax"``) returns: each NumPy
+    array the file gives passes through the converter chosen when the file was
+    opened, a zero-copy view on the CPU where the framework allows. It has the
+    reading methods of `NumpyHandle` that make sense for the framework's
+    tensors, and is a context manager. A handle from ``safe_open`` pickles, as
+    a `NumpyHandle` does.
+
+    Parameters
+    ----------
+    reader : NumpyHandle
+        The open file.
+    convert : callable
+        ``convert(array, name, info)``: a framework's tensor from the NumPy
+        array of tensor `name`, described by its `TensorInfo`.
+    opened_as : tuple of (str, device), optional
+        The framework and device `convert` is for, with which the handle
+        pickles (opening the file again); without it, it cannot be pickled.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os, torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"w": np.eye(2, dtype=np.float32)}, path)
+    >>> with fastst.safe_open(path, framework="pt") as f:
+    ...     f.get_tensor("w")
+    tensor([[1., 0.],
+            [0., 1.]])
     """
 
     def __init__(self, reader: NumpyHandle, convert: Converter[T],
@@ -146,7 +220,39 @@ class FrameworkHandle(Generic[T]):
         self._opened_as = opened_as               # (framework, device), for pickling
 
     def get_tensor(self, name: str, *, out: None = None) -> T:
-        """The tensor `name`, as the framework's tensor."""
+        """Tensor `name`, as the framework's tensor.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+        out : None
+            Not for framework tensors (only a `NumpyHandle` reads into arrays).
+
+        Returns
+        -------
+        torch.Tensor or jax.Array
+            On the CPU, a view of the file's map where the framework allows.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        SafetensorError
+            When the framework has no dtype for the tensor's, or the handle
+            is closed.
+        TypeError
+            When `out` is given.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"b": np.arange(3, dtype=np.int16)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     f.get_tensor("b")
+        tensor([0, 1, 2], dtype=torch.int16)
+        """
         if out is not None:
             raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
         array = self._reader.get_tensor(name)
@@ -156,14 +262,71 @@ class FrameworkHandle(Generic[T]):
         return self.get_tensor(name)
 
     def gather(self, name: str, rows: Any, *, out: None = None) -> T:
-        """Rows `rows` of tensor `name`'s first axis, as the framework's tensor (see
-        ``NumpyHandle.gather``)."""
+        """Rows `rows` of tensor `name`'s first axis, as one framework tensor.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name; it must have at least one axis.
+        rows : sequence or array of int
+            Row numbers, in any order, repeats allowed, negatives counted
+            from the end (see ``NumpyHandle.gather``).
+        out : None
+            Not for framework tensors.
+
+        Returns
+        -------
+        torch.Tensor or jax.Array
+            The rows, in fresh memory.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        SafetensorIndexError
+            When a row is out of range, or the tensor has no axis.
+        TypeError
+            When `out` is given.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"x": np.arange(8).reshape(4, 2)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     f.gather("x", [3, 0])
+        tensor([[6, 7],
+                [0, 1]])
+        """
         if out is not None:
             raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
         return self._convert(self._reader.gather(name, rows), name, self._info(name))
 
     def get_tensors(self) -> Dict[str, T]:
-        """Every tensor, in buffer order."""
+        """Every tensor, in the order of its bytes in the file.
+
+        On a CUDA device the whole file streams through one ring of pinned
+        buffers into one device allocation.
+
+        Returns
+        -------
+        dict of str to torch.Tensor or jax.Array
+
+        Raises
+        ------
+        SafetensorError
+            When the handle is closed, or the framework has no dtype for a
+            tensor's.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"a": np.zeros(2, np.float32), "b": np.ones(1)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     f.get_tensors()
+        {'b': tensor([1.], dtype=torch.float64), 'a': tensor([0., 0.])}
+        """
         # a subclass of NumpyHandle (one that verifies checksums) reads tensor by tensor
         if (self._convert_file is not None and type(self._reader) is NumpyHandle
                 and self._reader.backend in ("mmap", "pread")):
@@ -179,43 +342,122 @@ class FrameworkHandle(Generic[T]):
         return info
 
     def get_slice(self, name: str) -> SafeSlice[T]:
-        """A lazy handle on tensor `name`: indexing reads the part it selects."""
+        """A lazy handle on tensor `name`: indexing reads the part it selects, and
+        gives it as the framework's tensor.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+
+        Returns
+        -------
+        SafeSlice
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"x": np.arange(6).reshape(2, 3)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     f.get_slice("x")[:, 1:]
+        tensor([[1, 2],
+                [4, 5]])
+        """
         return SafeSlice(self._reader, name, self._convert)
 
     def keys(self) -> List[str]:
-        """Tensor names, sorted."""
+        """The names of the file's tensors, sorted (see ``NumpyHandle.keys``).
+
+        Returns
+        -------
+        list of str
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"b": np.zeros(1), "a": np.zeros(1)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     f.keys(), f.offset_keys()
+        (['a', 'b'], ['a', 'b'])
+        """
         return self._reader.keys()
 
     def offset_keys(self) -> List[str]:
-        """Tensor names in buffer order."""
+        """The names of the file's tensors, in the order of their bytes in the file.
+
+        Returns
+        -------
+        list of str
+        """
         return self._reader.offset_keys()
 
     def metadata(self) -> Optional[Dict[str, str]]:
-        """The ``__metadata__`` str->str map, or None when the file has none."""
+        """The file's ``__metadata__``: a dict of str to str, or None when it has none.
+
+        Returns
+        -------
+        dict of str to str or None
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"x": np.zeros(1)}, path, metadata={"format": "pt"})
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     f.metadata()
+        {'format': 'pt'}
+        """
         return self._reader.metadata()
 
     def info(self, name: str) -> TensorInfo:
-        """What the header says of tensor `name` (see ``fastst.TensorInfo``)."""
+        """What the header says of tensor `name`, read without touching its bytes.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+
+        Returns
+        -------
+        TensorInfo
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        """
         return self._info(name)
 
     @property
     def source(self) -> str:
+        """What error messages call the file: its path or URL."""
         return self._reader.source
 
     @property
     def backend(self) -> str:
+        """How the file is read: ``"mmap"``, ``"pread"`` or ``"ranges"``."""
         return self._reader.backend
 
     @property
     def file_identity(self) -> Optional[FileIdentity]:
-        """The opened file's (path, st_dev, st_ino, st_size, st_mtime_ns)."""
+        """The version of the file opened (see ``NumpyHandle.file_identity``): for a
+        local file, its (path, st_dev, st_ino, st_size, st_mtime_ns)."""
         return self._reader.file_identity
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` was called."""
         return self._reader.closed
 
     def close(self) -> None:
+        """Let go of the file; tensors already given stay valid."""
         self._reader.close()
 
     def __len__(self) -> int:
@@ -296,21 +538,56 @@ def _describe(reader: Reader) -> str:
 
 
 class VerifyingHandle(NumpyHandle):
-    """A NumpyHandle that checks each tensor's checksum the first time the tensor
-    is read (``safe_open(..., verify=True)``); a partial read (rows, a slice)
-    checks the whole tensor first. A file without checksums is refused, and so is
-    one whose checksums leave some tensor out, at opening: verifying it could not
-    keep its promise. (``verify_file`` checks the other tensors of such a file and
-    names each one left out as an error.)"""
+    """A `NumpyHandle` that checks each tensor's checksum the first time the
+    tensor is read.
+
+    What ``safe_open(..., verify=True)`` returns for NumPy (and wraps for the
+    frameworks). A partial read (rows, a gather, a slice) checks the whole
+    tensor first. A tensor whose bytes do not match its checksum raises a
+    `SafetensorError` naming it, the algorithm and both digests. A file
+    without checksums is refused at opening, and so is one whose checksums
+    leave some tensor out: verifying it could not keep its promise
+    (``verify_file`` checks the other tensors of such a file and names each one
+    left out as an error).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"x": np.arange(3)}, path, checksum="xxh3_64")
+    >>> with fastst.safe_open(path, verify=True) as f:
+    ...     type(f).__name__, f.get_tensor("x").tolist(), sorted(f.verified)
+    ('VerifyingHandle', [0, 1, 2], ['x'])
+    >>> fastst.save_file({"x": np.arange(3)}, path)            # no checksums
+    >>> fastst.safe_open(path, verify=True)
+    Traceback (most recent call last):
+      ...
+    fastst._core.SafetensorError: ...: verify=True, but the file has no checksums (save it with checksum='xxh3_64')
+    """
 
     def open_file(self, filename: Any, backend: str = "mmap", *,
                   max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
+        """Open a local file (see ``Reader.open_file``), then take its checksums.
+
+        Raises
+        ------
+        SafetensorError
+            When the file has no checksums, or they leave a tensor out.
+        """
         super().open_file(filename, backend, max_header_size=max_header_size)
         self._take_checksums()
 
     def open_ranges(self, source: str, size: int, fetch: Any, *,
                     max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                     identity: Any = None) -> None:
+        """Open a file read by byte ranges (see ``Reader.open_ranges``), then take
+        its checksums.
+
+        Raises
+        ------
+        SafetensorError
+            When the file has no checksums, or they leave a tensor out.
+        """
         super().open_ranges(source, size, fetch, max_header_size=max_header_size,
                             identity=identity)
         self._take_checksums()
@@ -333,7 +610,32 @@ class VerifyingHandle(NumpyHandle):
         self.verified: Set[str] = set()
 
     def check(self, name: str, array: Optional[npt.NDArray[Any]] = None) -> None:
-        """Check tensor `name` (its bytes `array`, else read now) unless done before."""
+        """Check tensor `name`'s checksum, unless it was checked before.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+        array : numpy.ndarray, optional
+            Its bytes, already read; read now when not given.
+
+        Raises
+        ------
+        SafetensorError
+            When the tensor's bytes do not match its checksum.
+        TensorNotFoundError
+            When the file has no tensor `name`.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"x": np.arange(3)}, path, checksum="xxh3_128")
+        >>> with fastst.safe_open(path, verify=True) as f:
+        ...     f.check("x")
+        ...     f.algorithm, f.verified
+        ('xxh3_128', {'x'})
+        """
         if name in self.verified:
             return
         from ._checksums import digest_of, mismatch   # imported with the handle's first check
@@ -348,6 +650,14 @@ class VerifyingHandle(NumpyHandle):
 
     def get_tensor(self, name: str, *, out: Optional[npt.NDArray[Any]] = None
                    ) -> npt.NDArray[Any]:
+        """Tensor `name` (see ``NumpyHandle.get_tensor``), its checksum checked on
+        its first read.
+
+        Raises
+        ------
+        SafetensorError
+            When the tensor's bytes do not match its checksum.
+        """
         array: npt.NDArray[Any] = super().get_tensor(name, out=out)
         self.check(name, array)
         return array
@@ -356,31 +666,78 @@ class VerifyingHandle(NumpyHandle):
         return self.get_tensor(name)
 
     def get_tensors(self) -> Dict[str, npt.NDArray[Any]]:
+        """Every tensor (see ``NumpyHandle.get_tensors``), each checksum checked.
+
+        Raises
+        ------
+        SafetensorError
+            When a tensor's bytes do not match its checksum.
+        """
         return {name: self.get_tensor(name) for name in self.offset_keys()}
 
     def copy_tensors(self) -> Dict[str, npt.NDArray[Any]]:
+        """Every tensor in fresh memory (see ``NumpyHandle.copy_tensors``), each
+        checksum checked.
+
+        Raises
+        ------
+        SafetensorError
+            When a tensor's bytes do not match its checksum.
+        """
         arrays: Dict[str, npt.NDArray[Any]] = super().copy_tensors()
         for name, array in arrays.items():
             self.check(name, array)
         return arrays
 
     def read_into(self, arrays: Dict[str, npt.NDArray[Any]]) -> None:
+        """Read tensors into caller-supplied arrays (see ``NumpyHandle.read_into``),
+        each checksum checked.
+
+        Raises
+        ------
+        SafetensorError
+            When a tensor's bytes do not match its checksum.
+        """
         super().read_into(arrays)
         for name, array in arrays.items():
             self.check(name, array)
 
     def read_rows(self, name: str, first: int, last: int) -> npt.NDArray[Any]:
+        """Rows of tensor `name` (see ``NumpyHandle.read_rows``), the whole tensor's
+        checksum checked first.
+
+        Raises
+        ------
+        SafetensorError
+            When the tensor's bytes do not match its checksum.
+        """
         self.check(name)
         rows: npt.NDArray[Any] = super().read_rows(name, first, last)
         return rows
 
     def gather_rows(self, name: str, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Rows of tensor `name` (see ``NumpyHandle.gather_rows``), the whole
+        tensor's checksum checked first.
+
+        Raises
+        ------
+        SafetensorError
+            When the tensor's bytes do not match its checksum.
+        """
         self.check(name)
         gathered: npt.NDArray[Any] = super().gather_rows(name, rows)
         return gathered
 
     def gather(self, name: str, rows: Any, out: Optional[npt.NDArray[Any]] = None
                ) -> npt.NDArray[Any]:
+        """Rows of tensor `name` (see ``NumpyHandle.gather``), the whole tensor's
+        checksum checked first.
+
+        Raises
+        ------
+        SafetensorError
+            When the tensor's bytes do not match its checksum.
+        """
         self.check(name)
         gathered: npt.NDArray[Any] = super().gather(name, rows, out)
         return gathered

@@ -25,7 +25,12 @@ __all__ = ["BACKUP_INFIX", "CheckpointIndex", "DEFAULT_PATTERN", "INDEX_SUFFIX",
            "shard_names", "write_files"]
 
 DEFAULT_PATTERN = "model{suffix}.safetensors"
+"""The names of a checkpoint's files saved into a directory: ``{suffix}`` is
+``-00001-of-00003`` for a shard, empty for the one file of a checkpoint that fits in
+one shard (``model.safetensors``); the index is this name plus `INDEX_SUFFIX`."""
 INDEX_SUFFIX = ".index.json"
+"""What the name of a checkpoint's index ends with: a file whose name ends so is opened
+as a sharded checkpoint (``model.safetensors.index.json``)."""
 MAX_INDEX_DEPTH = 64   # JSON nesting an index may have; real ones have 3 levels
 # What a shard's name may not hold, whatever the scheme: a path separator, '%' (a
 # server decodes escapes: '%2e%2e%2f' is '../'), '?' or '#' (they end a URL's path),
@@ -42,7 +47,28 @@ NO_HARD_LINKS = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EO
 
 
 class CheckpointIndex(NamedTuple):
-    """A parsed, validated ``*.index.json``."""
+    """A parsed, validated ``*.index.json``, as `read_index` gives it.
+
+    Attributes
+    ----------
+    path : str
+        The index file, or its URL.
+    weight_map : dict of str to str
+        Tensor name -> the file name of its shard, in index order.
+    shards : dict of str to list of str
+        Shard file name -> its tensors, in index order.
+    metadata : dict or None
+        The index's ``metadata`` object (``{"total_size": ...}``...).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> fastst.save_file({"a": np.zeros(100), "b": np.ones(100)}, folder, max_shard_size=800)
+    >>> with fastst.safe_open(folder) as f:
+    ...     f.index.shards, f.index.metadata
+    ({'model-00001-of-00002.safetensors': ['a'], 'model-00002-of-00002.safetensors': ['b']}, {'total_size': 1600})
+    """
     path: str                          # the index file, or its URL
     weight_map: Dict[str, str]         # tensor name -> shard file name, in index order
     shards: Dict[str, List[str]]       # shard file name -> its tensors, in index order
@@ -59,7 +85,26 @@ def is_index_name(name: str) -> bool:
 
 
 def is_checkpoint(source: Source) -> bool:
-    """Whether `source` is a sharded checkpoint: a folder, or an ``*.index.json``."""
+    """Whether `source` is a sharded checkpoint: a folder, or an ``*.index.json``.
+
+    Parameters
+    ----------
+    source : Source
+        Where the bytes are, as ``fastst._source.as_source`` makes it from a
+        path, a URL or a file object (`is_checkpoint_path` takes those).
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fastst._source import as_source
+    >>> from fastst._index import is_checkpoint
+    >>> is_checkpoint(as_source(tempfile.mkdtemp())), is_checkpoint(as_source("model.safetensors"))
+    (True, False)
+    """
     return source.is_directory() or is_index_name(source.name)
 
 
@@ -85,8 +130,51 @@ def find_checkpoint(directory: str) -> str:
 
 def read_index(index: Any, *, max_size: int = DEFAULT_MAX_HEADER_SIZE,
                shard_suffix: str = ".safetensors") -> CheckpointIndex:
-    """Read and check the index at `index` (a path, or a Source: a URL's), at most
-    `max_size` bytes (see ``parse_index``)."""
+    """Read and check a checkpoint's ``*.index.json``.
+
+    The index must be a JSON object whose ``weight_map`` maps each tensor
+    name to a ``.safetensors`` file beside the index, with an optional
+    ``metadata`` object, no key twice anywhere, and no nesting deeper than 64
+    levels: a shard's name can never reach outside the index's folder.
+
+    Parameters
+    ----------
+    index : str or os.PathLike or Source
+        The index's path, or a Source (a URL's).
+    max_size : int, default 100,000,000
+        The largest index read, in bytes.
+    shard_suffix : str, default ".safetensors"
+        What each shard's name ends with (``".bin"`` for a PyTorch checkpoint's
+        index, which the converter reads by the same rules).
+
+    Returns
+    -------
+    CheckpointIndex
+
+    Raises
+    ------
+    FileNotFoundError
+        When the index does not exist.
+    SafetensorError
+        When it is larger than `max_size`, not valid JSON, or breaks a rule
+        above (naming the tensor and shard).
+
+    Examples
+    --------
+    >>> import tempfile, os, json
+    >>> from fastst.checkpoint import read_index
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors.index.json")
+    >>> with open(path, "w") as file:
+    ...     json.dump({"weight_map": {"w": "model-00001-of-00001.safetensors"}}, file)
+    >>> read_index(path).shards
+    {'model-00001-of-00001.safetensors': ['w']}
+    >>> with open(path, "w") as file:
+    ...     json.dump({"weight_map": {"w": "../elsewhere.safetensors"}}, file)
+    >>> read_index(path)
+    Traceback (most recent call last):
+      ...
+    fastst._core.SafetensorError: ...: tensor 'w': shard '../elsewhere.safetensors' is not ...
+    """
     source = index if isinstance(index, Source) else LocalFile(os.path.abspath(
         os.fsdecode(index)))
     return parse_index(source.read_all(max_size, "index"), source.label,

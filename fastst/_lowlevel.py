@@ -22,17 +22,60 @@ UINT64_MAX = (1 << 64) - 1
 
 
 class TensorSpec:
-    """One tensor for ``serialize`` / ``serialize_file``, as ``safetensors.TensorSpec``.
+    """One tensor for `serialize` and `serialize_file`, by a raw pointer to its bytes.
 
-    ``TensorSpec(*, dtype, shape, data_ptr, data_len)``: `dtype` is a torch-style
-    name ("float32", "bfloat16", "float4_e2m1fn_x2") and is kept as its header code
-    ("F32"); `shape` is the header shape, except for ``float4_e2m1fn_x2``, whose
-    storage shape (two values a byte) has its last axis doubled, as the reference does.
+    The drop-in for ``safetensors.TensorSpec``, the reference's low-level API.
 
-    UNSAFE, as in the reference: `data_ptr` is a raw address of `data_len` bytes that
-    the caller must keep valid and unchanged until every ``serialize`` call using
-    this spec has returned. A wrong address crashes the interpreter. A list of
-    ``WriteSpec`` holding the arrays themselves needs no pointer.
+    UNSAFE, as in the reference: `data_ptr` is a raw address of `data_len`
+    bytes that the caller must keep valid and unchanged until every
+    ``serialize`` call using this spec has returned. A wrong address crashes
+    the interpreter. A list of ``fastst.writer.WriteSpec`` holding the arrays
+    themselves needs no pointer.
+
+    Parameters
+    ----------
+    dtype : str
+        A torch-style dtype name (``"float32"``, ``"bfloat16"``,
+        ``"float4_e2m1fn_x2"``...), kept as its header code (``"F32"``).
+    shape : sequence of int
+        The header shape; for ``float4_e2m1fn_x2``, the storage shape (two
+        values a byte), whose last axis is doubled, as the reference does.
+    data_ptr : int
+        The address of the tensor's bytes (C order, little-endian).
+    data_len : int
+        The number of bytes at `data_ptr`.
+
+    Attributes
+    ----------
+    dtype : str
+        The header dtype code, e.g. ``"F32"``.
+    shape : list of int
+        The header shape (for float4 pairs, the last axis doubled).
+    data_ptr : int
+        The raw address of the tensor's bytes.
+    data_len : int
+        The number of bytes at `data_ptr`.
+
+    Raises
+    ------
+    SafetensorError
+        When `dtype` is not a known name.
+    TypeError
+        When `dtype` is not a str or `shape` not a sequence.
+    OverflowError
+        When a dimension, `data_ptr` or `data_len` is negative or does not
+        fit in 64 bits.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst
+    >>> array = np.arange(3, dtype=np.float32)
+    >>> spec = fastst.TensorSpec(dtype="float32", shape=[3], data_ptr=array.ctypes.data,
+    ...                          data_len=array.nbytes)
+    >>> spec.dtype, spec.shape, spec.data_len
+    ('F32', [3], 12)
+    >>> fastst.load(fastst.serialize({"x": spec}))["x"]
+    array([0., 1., 2.], dtype=float32)
     """
 
     __slots__ = ("_dtype", "_shape", "_data_ptr", "_data_len")
@@ -89,11 +132,46 @@ def _unsigned_dims(shape: Any) -> List[int]:
 def serialize(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSpec]],
               metadata: Optional[Dict[str, str]] = None, *, header_padding: int = 0,
               checksum: Optional[str] = None) -> bytes:
-    """The bytes of a safetensors file holding the tensors described, as
-    ``safetensors.serialize``: `tensor_dict` maps names to ``TensorSpec`` (raw
-    pointers, see its warning), or is a list of ``WriteSpec`` (arrays).
-    `header_padding` reserves room for later metadata edits (``update_metadata``);
-    `checksum` is that of ``fastst.save``."""
+    """The bytes of a safetensors file holding the tensors described.
+
+    The drop-in for ``safetensors.serialize``, through the same plan as every
+    other writer: the bytes ``fastst.save`` gives for the same tensors.
+
+    Parameters
+    ----------
+    tensor_dict : mapping of str to TensorSpec, or iterable of WriteSpec
+        The tensors: by raw pointers (see `TensorSpec` and its warning), or as
+        ``fastst.writer.WriteSpec`` holding their arrays.
+    metadata : dict of str to str, optional
+        The header's ``__metadata__``.
+    header_padding : int, default 0
+        Bytes of spaces reserved after the header, room for later metadata
+        edits (``fastst.update_metadata``).
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata (see ``fastst.save``).
+
+    Returns
+    -------
+    bytes
+        The whole file.
+
+    Raises
+    ------
+    TypeError
+        When `tensor_dict` is neither a mapping of str to `TensorSpec` nor an
+        iterable of specs.
+    SafetensorError
+        When a tensor's bytes are not what its dtype and shape need, a name
+        is given twice, or a pointer is NULL with bytes to read.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst
+    >>> from fastst.writer import WriteSpec
+    >>> data = fastst.serialize([WriteSpec("x", "I16", (2,), np.array([1, 2], np.int16))])
+    >>> data == fastst.save({"x": np.array([1, 2], np.int16)})
+    True
+    """
     return plan_with_checksums(_write_specs(tensor_dict), metadata, checksum,
                                header_padding=header_padding).to_bytes()
 
@@ -102,10 +180,44 @@ def serialize_file(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSp
                    filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
                    fsync: bool = False, header_padding: int = 0,
                    checksum: Optional[str] = None) -> None:
-    """Write the tensors described to `filename`, atomically (see ``save_file``),
-    as ``safetensors.serialize_file``. A failure to write is a SafetensorError, as
-    there, with the OSError as its cause. `header_padding` reserves room for later
-    metadata edits (``update_metadata``); `checksum` is that of ``fastst.save``."""
+    """Write the tensors described to `filename`, atomically.
+
+    The drop-in for ``safetensors.serialize_file``; the file is written as
+    ``fastst.save_file`` writes it (beside the target, then renamed over it).
+
+    Parameters
+    ----------
+    tensor_dict : mapping of str to TensorSpec, or iterable of WriteSpec
+        The tensors (see `serialize`).
+    filename : str or bytes or os.PathLike
+        The file to write.
+    metadata : dict of str to str, optional
+        The header's ``__metadata__``.
+    fsync : bool, default False
+        Flush the file and its directory to disk before returning.
+    header_padding : int, default 0
+        Bytes of spaces reserved after the header (see `serialize`).
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata.
+
+    Raises
+    ------
+    SafetensorError
+        When the file cannot be written (as the reference, with the `OSError`
+        as its cause), or when the tensors are not valid (see `serialize`).
+    TypeError
+        When `tensor_dict` is not a mapping of str to `TensorSpec` nor an
+        iterable of specs.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.writer import WriteSpec
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.serialize_file([WriteSpec("x", "U8", (3,), np.arange(3, dtype=np.uint8))], path)
+    >>> fastst.load_file(path)["x"].tolist()
+    [0, 1, 2]
+    """
     plan = plan_with_checksums(_write_specs(tensor_dict), metadata, checksum,
                                header_padding=header_padding)
     try:
@@ -115,9 +227,34 @@ def serialize_file(tensor_dict: Union[Mapping[str, TensorSpec], Iterable[WriteSp
 
 
 def deserialize(bytes: Any) -> List[Tuple[str, Dict[str, Any]]]:
-    """Every tensor of a safetensors buffer, in buffer order, as
-    ``[(name, {"dtype": code, "shape": [...], "data": bytearray}), ...]``, as
-    ``safetensors.deserialize``. The header is validated in full first."""
+    """Every tensor of the bytes of a safetensors file, as names, dtype codes,
+    shapes and bytes.
+
+    The drop-in for ``safetensors.deserialize``. The header is validated in
+    full first; each tensor's bytes are copied.
+
+    Parameters
+    ----------
+    bytes : bytes-like object
+        The whole file (bytes, bytearray, memoryview, mmap).
+
+    Returns
+    -------
+    list of (str, dict)
+        In buffer order, ``(name, {"dtype": code, "shape": [...], "data":
+        bytearray})``.
+
+    Raises
+    ------
+    SafetensorError
+        When the bytes break a rule of the format.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst
+    >>> fastst.deserialize(fastst.save({"x": np.array([104, 105], np.uint8)}))
+    [('x', {'dtype': 'U8', 'shape': [2], 'data': bytearray(b'hi')})]
+    """
     reader = Reader()
     reader.open_buffer(bytes)
     try:

@@ -36,9 +36,49 @@ GATHER_BATCH_BYTES = 16 << 20
 class SafeSlice(Generic[T]):
     """One tensor of an open file, read through NumPy indexing.
 
-    ``f.get_slice(name)[index]`` returns exactly ``f.get_tensor(name)[index]``: with
-    the default mmap backend it is a view that touches only the pages the index
-    reaches. An index out of range raises SafetensorIndexError (an IndexError too).
+    What a handle's ``get_slice(name)`` returns, as ``safetensors``' slices:
+    ``f.get_slice(name)[index]`` returns exactly ``f.get_tensor(name)[index]``,
+    for any NumPy index (ints, slices with steps, ``...``, None, integer and
+    boolean arrays). With the default ``"mmap"`` backend a basic index gives
+    a view that touches only the pages it reaches; with ``"pread"`` (and for
+    URLs and file objects) only the rows the index needs are read. A handle
+    opened for torch or JAX gives the framework's tensors.
+
+    Sub-byte tensors (F4, F6_*) load as packed bytes: an index may select
+    along their leading axes, not inside the packed last one.
+
+    Parameters
+    ----------
+    reader : NumpyHandle
+        The open file.
+    name : str
+        The tensor's name.
+    convert : callable, optional
+        A framework's converter, ``convert(array, name, info)``, for the
+        selected part; None for NumPy arrays.
+
+    Raises
+    ------
+    TensorNotFoundError
+        When the file has no tensor `name`.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"x": np.arange(12).reshape(4, 3)}, path)
+    >>> with fastst.safe_open(path) as f:
+    ...     x = f.get_slice("x")
+    ...     x.shape, x.get_dtype(), x[::2, 1].tolist(), x[[3, 0]].tolist()
+    ((4, 3), 'I64', [1, 7], [[9, 10, 11], [0, 1, 2]])
+
+    An index outside the tensor is an error, as in NumPy:
+
+    >>> with fastst.safe_open(path) as f:
+    ...     f.get_slice("x")[4]
+    Traceback (most recent call last):
+      ...
+    fastst._core.SafetensorIndexError: ...: tensor 'x': index 4 is out of bounds for axis 0 with size 4
     """
 
     def __init__(self, reader: Reader, name: str,
@@ -50,23 +90,38 @@ class SafeSlice(Generic[T]):
         self._packed = dtype_bits(self._info.dtype) < 8
 
     def get_shape(self) -> List[int]:
-        """The tensor's shape as the header states it (a list of ints)."""
+        """The tensor's shape as the header gives it.
+
+        Returns
+        -------
+        list of int
+            As ``safetensors``' ``get_shape()``.
+        """
         return list(self._info.shape)
 
     def get_dtype(self) -> str:
-        """The tensor's header dtype code, e.g. ``"F32"``."""
+        """The tensor's header dtype code, e.g. ``"F32"``.
+
+        Returns
+        -------
+        str
+            As ``safetensors``' ``get_dtype()``.
+        """
         return self._info.dtype
 
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The tensor's shape, as a tuple (as an array's)."""
         return tuple(self._info.shape)
 
     @property
     def ndim(self) -> int:
+        """The tensor's number of axes."""
         return len(self._info.shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype the tensor loads as (``uint8`` for packed sub-byte codes)."""
         return numpy_dtype(self._info.dtype)
 
     def __len__(self) -> int:

@@ -41,8 +41,36 @@ def is_tensor(value: Any) -> bool:
 
 
 def declared_specs(specs: Declared) -> List[WriteSpec]:
-    """WriteSpecs without data from a mapping ``name -> (dtype, shape)`` or
-    ``(name, dtype, shape)`` triples (a dtype: header code, NumPy or torch dtype)."""
+    """The `WriteSpec` of each tensor declared, without data: what a streaming
+    writer needs before its first byte.
+
+    Parameters
+    ----------
+    specs : mapping or iterable
+        A mapping ``name -> (dtype, shape)``, or ``(name, dtype, shape)``
+        triples (``WriteSpec`` too). A dtype is a header code (``"F32"``), a
+        NumPy dtype (ml_dtypes' included), or a torch dtype; for
+        ``torch.float4_e2m1fn_x2`` the shape is torch's, whose last axis
+        holds two values a byte.
+
+    Returns
+    -------
+    list of WriteSpec
+        In the order given, each with ``data=None``.
+
+    Raises
+    ------
+    SafetensorTypeError
+        When an item is not ``(dtype, shape)`` or ``(name, dtype, shape)``, or
+        a dtype has no safetensors code.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastst.writer import declared_specs
+    >>> declared_specs({"x": (np.float16, (2, 3)), "y": ("BF16", [4])})
+    [WriteSpec(name='x', dtype='F16', shape=(2, 3), data=None), WriteSpec(name='y', dtype='BF16', shape=[4], data=None)]
+    """
     items = specs.items() if isinstance(specs, Mapping) else specs
     declared = []
     for item in items:
@@ -121,8 +149,39 @@ def as_array(target: str, name: str, data: Any) -> np.ndarray:
 
 
 def specs_of(handle: Any) -> List[WriteSpec]:
-    """The declared specs of every tensor of an open file (a ``safe_open`` or core
-    Reader), in its buffer order: what ``save_file_from`` needs to copy it."""
+    """The declared specs of every tensor of an open file, in its buffer order:
+    what ``save_file_from`` needs to copy it.
+
+    Parameters
+    ----------
+    handle : NumpyHandle or FrameworkHandle or ShardedHandle
+        An open file (what ``safe_open`` returns).
+
+    Returns
+    -------
+    list of WriteSpec
+        Each tensor's name, dtype code and shape, with ``data=None``.
+
+    Raises
+    ------
+    SafetensorError
+        When the handle is closed.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.writer import save_file_from, specs_of
+    >>> folder = tempfile.mkdtemp()
+    >>> old, new = (os.path.join(folder, name) for name in ("old.safetensors", "new.safetensors"))
+    >>> fastst.save_file({"a": np.ones(2), "b": np.zeros(3, np.int8)}, old)
+    >>> with fastst.safe_open(old) as f:                     # a copy, a tensor at a time
+    ...     specs_of(f)
+    ...     save_file_from(specs_of(f), f, new)
+    [WriteSpec(name='a', dtype='F64', shape=[2], data=None), WriteSpec(name='b', dtype='I8', shape=[3], data=None)]
+    >>> import filecmp
+    >>> filecmp.cmp(old, new, shallow=False)
+    True
+    """
     specs = []
     for name in handle.offset_keys():
         info = handle.info(name)

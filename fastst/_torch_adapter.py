@@ -26,14 +26,44 @@ __all__ = ["TorchCudaConverter", "as_numpy", "converter", "is_tensor", "spec_of_
 
 def converter(device: Any = "cpu"
               ) -> Callable[[npt.NDArray[Any], str, TensorInfo], torch.Tensor]:
-    """The function safe_open(framework="pt") passes each NumPy view through.
+    """The function ``safe_open(framework="pt")`` passes each NumPy view through.
 
     On the CPU the tensor views the array's memory; read-only arrays (views of
     ``bytes``) are copied, since torch tensors are always writable. Any other
-    device gets a copy, moved there with ``.to(device)``; on a CUDA device large
-    tensors go through a ring of pinned buffers filled by several threads, and a
-    handle's ``get_tensors()`` streams the whole file through one ring into one
-    device allocation.
+    device gets a copy, moved there with ``.to(device)``; on a CUDA device
+    large tensors go through a ring of pinned buffers filled by several
+    threads, and a handle's ``get_tensors()`` streams the whole file through
+    one ring into one device allocation.
+
+    Parameters
+    ----------
+    device : str or int or torch.device, default "cpu"
+        Where the tensors go; an int is a CUDA device index, as in
+        safetensors.
+
+    Returns
+    -------
+    callable
+        ``convert(array, name, info)``: the torch tensor of the NumPy array
+        of tensor `name`, described by its ``fastst.TensorInfo``.
+
+    Raises
+    ------
+    SafetensorError
+        When `device` is not a device.
+    RuntimeError
+        When `device` is not available (no CUDA).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os, torch
+    >>> from fastst.torch import converter
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"x": np.arange(3, dtype=np.float32)}, path)
+    >>> with fastst.safe_open(path) as f:
+    ...     tensor = converter("cpu")(f.get_tensor("x"), "x", f.info("x"))
+    >>> tensor
+    tensor([0., 1., 2.])
     """
     target = target_device(device)
     if target is not None and target.type == "cuda":
@@ -120,8 +150,39 @@ def target_device(device: Any) -> Optional[torch.device]:
 
 
 def spec_of_tensor(name: Any, tensor: torch.Tensor) -> WriteSpec:
-    """What to write for `tensor`: its header code and shape, and a NumPy view of
-    its bytes on the CPU."""
+    """The ``WriteSpec`` that writes a torch tensor: its header code and shape,
+    and a NumPy view of its bytes on the CPU.
+
+    A tensor on another device is copied to the CPU; a CPU tensor is viewed,
+    not copied (through a same-width integer for the dtypes NumPy lacks).
+
+    Parameters
+    ----------
+    name : str
+        The tensor's name.
+    tensor : torch.Tensor
+        Any dtype of ``fastst.DTYPES`` that torch has; ``float4_e2m1fn_x2``
+        is written with its last axis doubled (two values an element).
+
+    Returns
+    -------
+    WriteSpec
+
+    Raises
+    ------
+    SafetensorTypeError
+        When the tensor's dtype has no safetensors code.
+    SafetensorNotImplementedError
+        For a tensor on the meta device, which has no data.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastst.torch import spec_of_tensor
+    >>> spec = spec_of_tensor("w", torch.ones(2, dtype=torch.bfloat16))
+    >>> spec.dtype, spec.shape, spec.data.dtype
+    ('BF16', [2], dtype('int16'))
+    """
     if tensor.device.type == "meta":
         raise SafetensorNotImplementedError(
             f"tensor {name!r} is on the meta device and has no data to save")

@@ -10,6 +10,18 @@ the index, when one of its tensors is first asked for.
 Writing: ``save_file(..., max_shard_size=...)`` cuts the tensors into shards the
 way ``huggingface_hub.split_torch_state_dict_into_shards`` does, and writes the
 files ``huggingface_hub.save_torch_state_dict`` writes, byte for byte.
+
+Examples
+--------
+>>> import numpy as np, fastst, tempfile, os
+>>> folder = tempfile.mkdtemp()
+>>> tensors = {f"layer{i}": np.full(100, i, np.float32) for i in range(3)}
+>>> fastst.save_file(tensors, folder, max_shard_size=800)
+>>> sorted(os.listdir(folder))
+['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'model.safetensors.index.json']
+>>> with fastst.safe_open(folder) as f:
+...     f.keys(), f.metadata(), f.get_tensor("layer2")[:3].tolist()
+(['layer0', 'layer1', 'layer2'], {'total_size': 1200}, [2.0, 2.0, 2.0])
 """
 from __future__ import annotations
 
@@ -43,8 +55,29 @@ PARALLEL_BELOW = 64 << 20
 
 
 def is_checkpoint_path(filename: Any) -> bool:
-    """Whether `filename` (a path or a URL) names a sharded checkpoint: a directory
-    or an ``*.index.json``, or the URL of an index."""
+    """Whether `filename` names a sharded checkpoint: a directory, an
+    ``*.index.json``, or the URL of an index.
+
+    Parameters
+    ----------
+    filename : object
+        A path or a URL; anything else (a file object) is not a checkpoint.
+
+    Returns
+    -------
+    bool
+        What ``safe_open`` decides: True opens a `ShardedHandle` (or, for a
+        directory holding one unsharded file, that file's handle).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fastst.checkpoint import is_checkpoint_path
+    >>> is_checkpoint_path("model.safetensors.index.json"), is_checkpoint_path("model.safetensors")
+    (True, False)
+    >>> is_checkpoint_path(tempfile.mkdtemp())
+    True
+    """
     if not isinstance(filename, (str, bytes, os.PathLike)):
         return False
     return is_checkpoint(as_source(filename))
@@ -81,6 +114,35 @@ class ShardedHandle(Generic[T]):
     A handle from ``safe_open`` pickles by opening the checkpoint again (so it
     passes to spawned workers and process pools): the index and every shard must
     be the files they were when it was pickled.
+
+    Parameters
+    ----------
+    index : CheckpointIndex
+        The checkpoint's parsed index.
+    source : Source
+        Where the index is; the shards are its siblings.
+    open_shard : callable
+        Opens one shard's Source as a handle (a `NumpyHandle` or a
+        `FrameworkHandle`).
+    opening : Opening, optional
+        How ``safe_open`` opened the checkpoint, for pickling.
+    shards_seen : dict, optional
+        The shards' identities when the handle was pickled: a shard that
+        changed since is refused when it is opened.
+
+    See Also
+    --------
+    open_checkpoint : How ``safe_open`` makes one.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> tensors = {f"layer{i}": np.full(100, i, np.float32) for i in range(3)}
+    >>> fastst.save_file(tensors, folder, max_shard_size=800)    # two shards and an index
+    >>> with fastst.safe_open(folder) as f:
+    ...     type(f).__name__, len(f), os.path.basename(f.shard_file("layer2"))
+    ('NumpyShardedHandle', 3, 'model-00002-of-00002.safetensors')
     """
 
     def __init__(self, index: CheckpointIndex, source: Source,
@@ -161,7 +223,19 @@ class ShardedHandle(Generic[T]):
 
     def shards(self) -> List[Shard]:
         """Every shard's handle, in index order: each opened now, and checked
-        against the index, before any is returned."""
+        against the index, before any is returned.
+
+        Returns
+        -------
+        list of NumpyHandle or FrameworkHandle
+            Closed with the checkpoint.
+
+        Raises
+        ------
+        SafetensorError
+            When a shard is missing, or does not hold exactly the tensors the
+            index gives it.
+        """
         return [handle for _, handle in self._all_shards()]
 
     def _all_shards(self) -> List[Tuple[str, Shard]]:
@@ -175,7 +249,35 @@ class ShardedHandle(Generic[T]):
     # -- reading ---------------------------------------------------------------
 
     def get_tensor(self, name: str) -> T:
-        """The tensor `name`, from its shard."""
+        """Tensor `name`, from its shard (opened, and checked, on first use).
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+
+        Returns
+        -------
+        numpy.ndarray or torch.Tensor or jax.Array
+            As the shard's handle gives it.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no tensor `name`.
+        SafetensorError
+            When its shard is missing, or does not match the index.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> tensors = {f"layer{i}": np.full(100, i, np.float32) for i in range(3)}
+        >>> fastst.save_file(tensors, folder, max_shard_size=800)    # two shards and an index
+        >>> with fastst.safe_open(folder) as f:
+        ...     f.get_tensor("layer1")[:2]
+        array([1., 1.], dtype=float32)
+        """
         tensor: T = self._shard_of(name).get_tensor(name)
         return tensor
 
@@ -183,7 +285,12 @@ class ShardedHandle(Generic[T]):
         return self.get_tensor(name)
 
     def get_tensors(self) -> Dict[str, T]:
-        """Every tensor: shard by shard in index order, each in buffer order."""
+        """Every tensor: shard by shard in index order, each shard's in buffer order.
+
+        Returns
+        -------
+        dict of str to tensor
+        """
         tensors: Dict[str, T] = {}
         for _, handle in self._all_shards():
             tensors.update(handle.get_tensors())
@@ -191,64 +298,119 @@ class ShardedHandle(Generic[T]):
 
     def gather(self, name: str, rows: Any) -> T:
         """Rows `rows` of tensor `name`'s first axis, from its shard (see
-        ``NumpyHandle.gather``)."""
+        ``NumpyHandle.gather``).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no tensor `name`.
+        SafetensorIndexError
+            When a row is out of range.
+        """
         tensor: T = self._shard_of(name).gather(name, rows)
         return tensor
 
     def get_slice(self, name: str) -> SafeSlice[T]:
-        """A lazy handle on tensor `name` (see ``SafeSlice``)."""
+        """A lazy handle on tensor `name`, from its shard (see ``fastst.SafeSlice``).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no tensor `name`.
+        """
         part: SafeSlice[T] = self._shard_of(name).get_slice(name)
         return part
 
     def info(self, name: str) -> TensorInfo:
-        """What the header of its shard says of tensor `name`."""
+        """What the header of its shard says of tensor `name` (opens the shard).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no tensor `name`.
+        """
         info: TensorInfo = self._shard_of(name).info(name)
         return info
 
     def shard_file(self, name: str) -> str:
         """The path (or URL) of the shard the index puts tensor `name` in (opens
-        nothing)."""
+        nothing).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no tensor `name`.
+        """
         return self.shard_source(name).label
 
     def shard_source(self, name: str) -> Source:
-        """Where the shard the index puts tensor `name` in is (opens nothing)."""
+        """Where the shard the index puts tensor `name` in is, as a Source (opens
+        nothing).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no tensor `name`.
+        """
         shard = self._index.weight_map.get(name)
         if shard is None:
             raise TensorNotFoundError(f"{self._index.path}: no tensor named {name!r}")
         return self._source.sibling(shard)
 
     def keys(self) -> List[str]:
-        """Tensor names, sorted (from the index: opens no shard)."""
+        """Tensor names, sorted (from the index: opens no shard).
+
+        Returns
+        -------
+        list of str
+        """
         self._check_open()
         return sorted(self._index.weight_map)
 
     def offset_keys(self) -> List[str]:
-        """Tensor names shard by shard, each shard's in buffer order (opens every shard)."""
+        """Tensor names shard by shard, each shard's in buffer order (opens every
+        shard).
+
+        Returns
+        -------
+        list of str
+        """
         return [name for _, handle in self._all_shards() for name in handle.offset_keys()]
 
     def metadata(self) -> Optional[Dict[str, Any]]:
-        """The index's ``metadata`` object (e.g. ``{"total_size": ...}``), or None."""
+        """The index's ``metadata`` object (e.g. ``{"total_size": 1200}``, whose
+        values need not be str), or None when the index has none.
+
+        Returns
+        -------
+        dict or None
+        """
         self._check_open()
         return None if self._index.metadata is None else dict(self._index.metadata)
 
     @property
     def index(self) -> CheckpointIndex:
+        """The checkpoint's parsed index."""
         return self._index
 
     @property
     def source(self) -> str:
+        """The index's path (or URL), as messages name the checkpoint."""
         return self._index.path
 
     @property
     def backend(self) -> str:
+        """How the shards are read: ``"mmap"``, ``"pread"`` or ``"ranges"``."""
         return self._source.backend
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` was called."""
         return self._closed
 
     def close(self) -> None:
-        """Close every shard opened; the handle cannot be used afterwards."""
+        """Close every shard opened; the handle cannot be used afterwards (tensors
+        already given stay valid)."""
         with self._lock:
             self._closed = True
             opened, self._opened = self._opened, {}
@@ -302,16 +464,43 @@ class ShardedHandle(Generic[T]):
 
 class NumpyShardedHandle(ShardedHandle[Any]):
     """A sharded checkpoint whose tensors are NumPy arrays, with the NumPy-only
-    methods of ``NumpyHandle`` too."""
+    methods of ``NumpyHandle`` too: ``out=``, `copy_tensors`, `read_into`,
+    `read_rows`, `gather_rows`.
+
+    What ``safe_open(checkpoint)`` returns for NumPy; its constructor is that of
+    `ShardedHandle`.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> tensors = {f"layer{i}": np.full(100, i, np.float32) for i in range(3)}
+    >>> fastst.save_file(tensors, folder, max_shard_size=800)    # two shards and an index
+    >>> with fastst.safe_open(folder) as f:
+    ...     copies = f.copy_tensors()
+    >>> sorted(copies), copies["layer0"].base is None
+    (['layer0', 'layer1', 'layer2'], True)
+    """
 
     def get_tensor(self, name: str, *, out: Any = None) -> Any:
+        """Tensor `name`, from its shard, into `out` when given (see
+        ``NumpyHandle.get_tensor``).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no tensor `name`.
+        ValueError
+            When `out` is not of the tensor's dtype and shape.
+        """
         return self._shard_of(name).get_tensor(name, out=out)
 
     def __enter__(self) -> NumpyShardedHandle:
         return self
 
     def copy_tensors(self) -> Dict[str, Any]:
-        """Every tensor read into fresh memory, shard by shard in index order.
+        """Every tensor read into fresh memory, shard by shard in index order (see
+        ``NumpyHandle.copy_tensors``).
 
         A large shard's copy shares its work among threads itself: those are read
         one after another. Smaller shards are read by a pool of threads, one shard
@@ -331,7 +520,16 @@ class NumpyShardedHandle(ShardedHandle[Any]):
         return tensors
 
     def read_into(self, arrays: Dict[str, Any]) -> None:
-        """Read the named tensors into caller-supplied arrays (see ``NumpyHandle``)."""
+        """Read the named tensors into caller-supplied arrays, each from its shard
+        (see ``NumpyHandle.read_into``).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no such tensor.
+        ValueError
+            When an array is not of its tensor's dtype and shape.
+        """
         by_shard: Dict[int, Tuple[Shard, Dict[str, Any]]] = {}
         for name, array in arrays.items():
             handle = self._shard_of(name)
@@ -340,9 +538,13 @@ class NumpyShardedHandle(ShardedHandle[Any]):
             handle.read_into(part)
 
     def read_rows(self, name: str, first: int, last: int) -> Any:
+        """Rows ``[first, last)`` of tensor `name`, from its shard (see
+        ``NumpyHandle.read_rows``)."""
         return self._shard_of(name).read_rows(name, first, last)
 
     def gather_rows(self, name: str, rows: Any) -> Any:
+        """Rows `rows` (an ``intp`` array, in range) of tensor `name`, from its
+        shard (see ``NumpyHandle.gather_rows``)."""
         return self._shard_of(name).gather_rows(name, rows)
 
     def gather(self, name: str, rows: Any, out: Any = None) -> Any:
@@ -352,8 +554,30 @@ class NumpyShardedHandle(ShardedHandle[Any]):
 
 
 def data_bytes(handle: Shard) -> int:
-    """The bytes of a file's tensors: where its last tensor in buffer order ends (its
-    data start plus this is the file's size: tensors cover the buffer exactly)."""
+    """The bytes of a file's tensors: where its last tensor in buffer order ends.
+
+    Its data start plus this is the file's size: the tensors of a valid file
+    cover its data exactly.
+
+    Parameters
+    ----------
+    handle : NumpyHandle or FrameworkHandle
+        An open file.
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.checkpoint import data_bytes
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"a": np.zeros(3, np.float32), "b": np.zeros(2, np.int8)}, path)
+    >>> with fastst.safe_open(path) as f:
+    ...     data_bytes(f), f.data_start + data_bytes(f) == os.path.getsize(path)
+    (14, True)
+    """
     names = handle.offset_keys()
     return handle.info(names[-1]).data_offsets[1] if names else 0
 
@@ -386,15 +610,61 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
                     shards_seen: Optional[Dict[str, Identity]] = None,
                     storage_options: Optional[Mapping[str, Any]] = None
                     ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
-    """Open the checkpoint at `target` (a Source, or a path or URL with `backend` or
-    `storage_options`), a directory or an ``*.index.json``, as one handle (see ``ShardedHandle``), its tensors passed through
-    `convert` (a framework's converter) or NumPy arrays when it is None. A
-    directory holding one unsharded file (``model.safetensors``) gives that file's
-    handle. With `verify`, each shard must hold checksums, and each tensor's is
-    checked on its first read (see ``fastst.integrity``). `opened_as`, the
-    (framework, device) `convert` is for, lets the handle pickle; `shards_seen`,
-    the shards' identities when it was pickled, makes it refuse shards that
-    changed since. The shards are the files (or objects) beside the index."""
+    """Open a sharded checkpoint, a directory or an ``*.index.json``, as one handle.
+
+    What ``safe_open`` does for a checkpoint. Opening reads the index alone;
+    the shards are the files (or objects) beside it, each opened, and checked
+    against the index, when one of its tensors is first asked for. A
+    directory holding one unsharded file (``model.safetensors``) gives that
+    file's handle.
+
+    Parameters
+    ----------
+    target : Source or str or os.PathLike or URL
+        The checkpoint's directory or index.
+    convert : callable, optional
+        A framework's converter, ``convert(array, name, info)``; None for
+        NumPy arrays.
+    backend : "mmap" or "pread", default "mmap"
+        How local shards are read (for a path).
+    max_header_size : int, default 100,000,000
+        The largest header, and index, accepted, in bytes.
+    verify : bool, default False
+        Each shard must hold checksums, and each tensor's is checked on its
+        first read (see ``fastst.integrity``).
+    opened_as : tuple of (str, device), optional
+        The framework and device `convert` is for; lets the handle pickle.
+    shards_seen : dict, optional
+        The shards' identities when the handle was pickled: shards that
+        changed since are refused.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system.
+
+    Returns
+    -------
+    ShardedHandle or NumpyShardedHandle or NumpyHandle or FrameworkHandle
+        A `NumpyShardedHandle` for NumPy, a `ShardedHandle` otherwise; a
+        single file's handle for a directory holding one unsharded file.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the index does not exist.
+    SafetensorError
+        When the index is not valid (see `read_index`), or a directory holds
+        no checkpoint, or several.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> tensors = {f"layer{i}": np.full(100, i, np.float32) for i in range(3)}
+    >>> fastst.save_file(tensors, folder, max_shard_size=800)    # two shards and an index
+    >>> from fastst.checkpoint import open_checkpoint
+    >>> with open_checkpoint(folder) as f:
+    ...     f.index.shards["model-00002-of-00002.safetensors"]
+    ['layer2']
+    """
     source = as_source(target, storage_options, backend=backend)
     if source.is_directory():
         source = LocalFile(find_checkpoint(source.label), source.backend)
@@ -417,15 +687,58 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
 # ---------------------------------------------------------------------------
 
 class ShardEntry(NamedTuple):
-    """One tensor to write into a sharded checkpoint."""
+    """One tensor to write into a sharded checkpoint (see `save_checkpoint`).
+
+    Attributes
+    ----------
+    spec : WriteSpec
+        The tensor: name, dtype code, shape and data.
+    size : int
+        The bytes it counts for against ``max_shard_size`` (its storage's, for
+        torch, as the Hugging Face tools count).
+    storage : hashable or None
+        What its memory is: tensors of one storage go into one shard, and
+        only the first counts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastst.checkpoint import ShardEntry
+    >>> from fastst.writer import spec_of_array
+    >>> ShardEntry(spec_of_array("x", np.zeros(4, np.float32)), 16).size
+    16
+    """
     spec: WriteSpec
     size: int                   # the bytes it counts for against max_shard_size
     storage: Optional[Hashable] = None   # tensors of one storage go into one shard
 
 
 def parse_size(size: Union[int, str]) -> int:
-    """A shard size limit in bytes: an int, or a decimal size as the Hugging Face
-    tools write it (``"5GB"`` is 5 * 10**9; units KB, MB, GB, TB)."""
+    """A shard size limit in bytes, from an int or a size as the Hugging Face
+    tools write it.
+
+    Parameters
+    ----------
+    size : int or str
+        Bytes, or a decimal size with a unit: ``"5GB"`` is 5 * 10**9 (units
+        KB, MB, GB, TB, powers of 1000, as in ``huggingface_hub``).
+
+    Returns
+    -------
+    int
+        Bytes, above 0.
+
+    Raises
+    ------
+    SafetensorError
+        When `size` is not an int or such a size, or is not above 0.
+
+    Examples
+    --------
+    >>> from fastst.checkpoint import parse_size
+    >>> parse_size("5GB"), parse_size("1.5 MB"), parse_size(1024)
+    (5000000000, 1500000, 1024)
+    """
     if isinstance(size, int) and not isinstance(size, bool):
         value = size
     elif isinstance(size, str):
@@ -446,13 +759,38 @@ def parse_size(size: Union[int, str]) -> int:
 
 def split_into_shards(entries: Sequence[ShardEntry], max_shard_size: int
                       ) -> Tuple[List[List[str]], int]:
-    """Tensor names grouped into shards, and the total size counted.
+    """Tensor names grouped into shards, and the total size counted, as the
+    Hugging Face tools group them.
 
     Greedy, in the order of `entries`: a tensor goes into the current shard
-    unless it would take it past `max_shard_size`, which then is closed. A tensor
-    larger than the limit gets a shard of its own at once (the current shard
-    stays open after it). A tensor sharing its storage with an earlier one counts
-    for nothing and joins that one's shard, at its end.
+    unless it would take it past `max_shard_size`, which then is closed. A
+    tensor larger than the limit gets a shard of its own at once (the current
+    shard stays open after it). A tensor sharing its storage with an earlier
+    one counts for nothing and joins that one's shard, at its end.
+
+    Parameters
+    ----------
+    entries : sequence of ShardEntry
+        The tensors, in the order to place them.
+    max_shard_size : int
+        The most bytes a shard holds (see `parse_size`).
+
+    Returns
+    -------
+    shards : list of list of str
+        The tensor names of each shard.
+    total : int
+        The bytes counted, each storage once.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastst.checkpoint import ShardEntry, split_into_shards
+    >>> from fastst.writer import spec_of_array
+    >>> entries = [ShardEntry(spec_of_array(name, np.zeros(size, np.uint8)), size)
+    ...            for name, size in [("a", 300), ("b", 300), ("c", 900), ("d", 200)]]
+    >>> split_into_shards(entries, 800)      # "c" alone: "a" and "b" wait for "d"
+    ([['c'], ['a', 'b', 'd']], 1700)
     """
     shards: List[List[str]] = []
     current: List[str] = []
@@ -487,20 +825,13 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
                     metadata: Optional[Mapping[str, str]] = None,
                     shard_metadata: Optional[Mapping[str, str]] = None,
                     fsync: bool = False, checksum: Optional[str] = None) -> List[str]:
-    """Write `entries` as a checkpoint cut into shards of at most `max_shard_size`
-    bytes; returns the paths of the files written, the index last.
+    """Write tensors as a checkpoint cut into shards, with its index, as the
+    Hugging Face tools write one.
 
-    `filename` is the directory to save into (created if need be; the files are
-    ``model-00001-of-0000N.safetensors`` and ``model.safetensors.index.json``), or
-    the path the checkpoint would have as one file, ``DIR/NAME.safetensors``, for
-    ``DIR/NAME-00001-of-0000N.safetensors`` and ``DIR/NAME.safetensors.index.json``.
-    When everything fits in one shard, that one file is written, as
-    ``model.safetensors`` (or ``NAME.safetensors``), and no index.
-
-    Each shard holds `shard_metadata`; the index's ``metadata`` is
-    ``{"total_size": ...}`` followed by `metadata`. A single file holds both
-    dicts merged. With `checksum` (see ``fastst.integrity``) each file holds the
-    checksums of its own tensors.
+    What ``save_file(..., max_shard_size=...)`` and the frameworks' savers
+    run. The shards are cut by `split_into_shards`; when everything fits in
+    one shard, that one file is written, as ``model.safetensors`` (or
+    ``NAME.safetensors``), and no index.
 
     A save replaces the checkpoint in that place as one file is replaced: until
     the new index is in place the old checkpoint opens, after it the new one,
@@ -511,6 +842,56 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
     are entries of the directory: a symlink among them is replaced, not written
     through. Each keeps the permission bits of the file it replaces, or of the
     checkpoint's index (or single file) when it replaces none.
+
+    Parameters
+    ----------
+    entries : sequence of ShardEntry
+        The tensors, in the order to place them.
+    filename : str or os.PathLike
+        The directory to save into (created if need be; the files are
+        ``model-00001-of-0000N.safetensors`` and
+        ``model.safetensors.index.json``), or the path the checkpoint would
+        have as one file, ``DIR/NAME.safetensors``, for
+        ``DIR/NAME-00001-of-0000N.safetensors`` and
+        ``DIR/NAME.safetensors.index.json``.
+    max_shard_size : int or str
+        The most bytes a shard holds (see `parse_size`).
+    metadata : mapping of str to str, optional
+        The index's ``metadata``, after ``{"total_size": ...}``.
+    shard_metadata : mapping of str to str, optional
+        Each shard's ``__metadata__`` (``{"format": "pt"}`` for torch). A
+        single file holds both dicts merged.
+    fsync : bool, default False
+        Flush each file, and the directory, to disk.
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Each file holds the checksums of its own tensors (see
+        ``fastst.integrity``).
+
+    Returns
+    -------
+    list of str
+        The paths of the files written, the index last.
+
+    Raises
+    ------
+    SafetensorError
+        When `max_shard_size` is not a size, or a tensor is not valid (every
+        file is checked before the first is written).
+    OSError
+        When the files cannot be written; the old checkpoint stays.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> from fastst.checkpoint import ShardEntry, save_checkpoint
+    >>> from fastst.writer import spec_of_array
+    >>> folder = tempfile.mkdtemp()
+    >>> entries = [ShardEntry(spec_of_array(f"w{i}", np.zeros(100, np.uint8)), 100)
+    ...            for i in range(3)]
+    >>> paths = save_checkpoint(entries, os.path.join(folder, "net.safetensors"),
+    ...                         max_shard_size=200, metadata={"step": "3"})
+    >>> [os.path.basename(path) for path in paths]
+    ['net-00001-of-00002.safetensors', 'net-00002-of-00002.safetensors', 'net.safetensors.index.json']
     """
     directory, pattern = save_place(filename)
     shards, total = split_into_shards(entries, parse_size(max_shard_size))

@@ -78,30 +78,64 @@ def from_safetensors(source: Any, name: Union[str, Sequence[str], None] = None,
     name : str, sequence of str or None
         One tensor (a dask array is returned), several, or None for every tensor
         (a dict name -> dask array, in the file's order).
-    chunks : "auto", int, str, tuple or dict
+    chunks : "auto" or int or str or tuple or dict
         How the first axis is cut: ``"auto"`` (dask's ``array.chunk-size``), an
         int (rows a chunk), a size such as ``"64 MiB"``, or dask's per-axis forms
         (a tuple, ``{0: 1000}``, explicit row counts ``((500, 500, 24),)``).
-        Only the first axis is cut; every other axis is whole in each chunk.
-        Why: the file stores a tensor row after row, so a range of whole rows is
-        one contiguous run of bytes, one read; a chunk that cut another axis
-        would be a strided gather of many small pieces. Rechunk the array for
-        other cuts.
-    backend : {"pread", "mmap"} or None
-        How workers read a local file: ``"pread"`` (the default for paths) reads
-        each chunk into fresh memory; ``"mmap"`` maps the file in each worker.
-        None for a URL lets ``safe_open`` choose.
+        Only the first axis is cut; every other axis is whole in each chunk
+        (see Notes). Rechunk the array for other cuts.
+    backend : "pread" or "mmap" or None, default None
+        How workers read a local file: ``"pread"`` (the default for paths)
+        reads each chunk into fresh memory; ``"mmap"`` maps the file in each
+        worker. None for a URL lets ``safe_open`` choose.
     storage_options : mapping, optional
         Passed to ``safe_open`` for a URL (credentials, endpoint...).
+
+    Returns
+    -------
+    dask.array.Array or dict of str to dask.array.Array
+        One array when `name` is a str, else a dict name -> array, in the
+        order given (or the file's). bfloat16 and float8 tensors come as
+        ml_dtypes arrays.
+
+    Raises
+    ------
+    TensorNotFoundError
+        When a name is not a tensor of the file.
+    SafetensorNotImplementedError
+        For a sub-byte tensor (F4, F6), which packs several values a byte, or
+        a file no other process can open again (a file object).
+    SafetensorError
+        For a tensor without an axis (read those with ``safe_open``), or
+        `chunks` that cut another axis or do not fit the shape.
+    SafetensorTypeError
+        When `name` is not a str, a list of them or None.
+    FileNotFoundError
+        When the file does not exist.
+
+    Notes
+    -----
+    Why only the first axis is cut: the file stores a tensor row after row, so
+    a range of whole rows is one contiguous run of bytes, one read; a chunk
+    that cut another axis would be a strided gather of many small pieces.
 
     Each chunk is read when the graph runs, by the process that runs its task;
     the graph holds how to reopen the file, the tensor's name and the chunk's
     rows, never an open file. Names are deterministic: the same file and chunks
     give the same keys, a changed file new ones.
 
-    bfloat16 and float8 tensors come as ml_dtypes arrays. Sub-byte tensors (F4,
-    F6), which pack several values a byte, and tensors without an axis are
-    refused with a SafetensorError (read those with ``safe_open``).
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.dask import from_safetensors
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> x, y = np.arange(12.0).reshape(6, 2), np.arange(6, dtype=np.int32)
+    >>> fastst.save_file({"x": x, "y": y}, path)
+    >>> arrays = from_safetensors(path, chunks="16 B")          # 16 bytes of rows a chunk
+    >>> arrays["x"].chunks, arrays["y"].chunks
+    (((1, 1, 1, 1, 1, 1), (2,)), ((4, 2),))
+    >>> float(arrays["x"][:, 1].sum().compute())
+    36.0
     """
     with _open(source, backend, storage_options) as handle:
         names = handle.offset_keys() if name is None else _names(handle.source, name)
@@ -266,7 +300,28 @@ def kept_open(opening: bytes) -> Any:
 
 
 def open_files_kept() -> List[str]:
-    """The files this process holds open for dask arrays, oldest first."""
+    """The files this process holds open for dask arrays, oldest first.
+
+    Each process (a worker, or the client with the threaded scheduler) opens
+    a file on the first chunk it reads of it, and keeps the 32 most recent
+    open, so that a chunk costs one read, not a header parse.
+
+    Returns
+    -------
+    list of str
+        Their paths (or URLs).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.dask import from_safetensors, open_files_kept
+    >>> path = os.path.join(tempfile.mkdtemp(), "kept.safetensors")
+    >>> fastst.save_file({"x": np.ones((4, 2))}, path)
+    >>> float(from_safetensors(path, "x", chunks=2).sum().compute())
+    8.0
+    >>> path in open_files_kept()
+    True
+    """
     with _open_files_lock:
         return [kept.handle.source for kept in _open_files.values() if kept.handle is not None]
 
@@ -296,7 +351,7 @@ def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
 
     Parameters
     ----------
-    arrays : mapping of str to dask array, or one dask array (with `name`)
+    arrays : mapping of str to dask array, or dask array
         NumPy arrays are taken too (as one-chunk dask arrays).
     path : str or os.PathLike
         The file to write (a local path, which every worker must see).
@@ -307,11 +362,34 @@ def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
     compute : bool
         True (default): write now, with the current scheduler, and return None.
         False: return a ``dask.delayed`` value that writes when computed.
-    fsync, header_padding
-        As for ``StreamWriter``.
+    fsync : bool, default False
+        Flush the file and its directory to disk at commit (as for
+        ``StreamWriter``).
+    header_padding : int, default 0
+        Bytes of spaces reserved after the header (as for ``StreamWriter``).
     **compute_kwargs
         Passed to ``dask.compute`` when `compute` is True (``scheduler=`` ...).
 
+    Returns
+    -------
+    None or dask.delayed.Delayed
+        None when `compute` is True; else the delayed value that writes the
+        file when computed.
+
+    Raises
+    ------
+    SafetensorNotImplementedError
+        When `path` is a URL: workers write in place, to a local file.
+    SafetensorTypeError
+        When one array is given without `name`, or a dict with it, or a name
+        is not a str; when a dtype has no safetensors code.
+    SafetensorError
+        When an array's shape is not known (``nan`` chunks).
+    OSError
+        When the file cannot be written; the old file stays.
+
+    Notes
+    -----
     The header is written first, from each array's dtype and shape, beside
     `path` under a temporary name. Then each chunk's task writes its rows at
     their byte offset in that file (a ``pwrite``), in whichever process runs it:
@@ -326,6 +404,21 @@ def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
     stays as it was. With ``compute=False`` the caller computes the result: if
     that fails, the old file stays as it was too, but the temporary file beside
     it (``.<name>.<random>.fastst-tmp``) is left for the caller to remove.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> import dask.array as da
+    >>> from fastst.dask import to_safetensors
+    >>> path = os.path.join(tempfile.mkdtemp(), "out.safetensors")
+    >>> x = da.arange(12.0, chunks=5).reshape(6, 2)
+    >>> to_safetensors({"x": x, "n": np.ones(3)}, path, metadata={"by": "dask"})
+    >>> fastst.load_file(path)["x"][-1].tolist()
+    [10.0, 11.0]
+    >>> write = to_safetensors(x * 2, path, name="double", compute=False)
+    >>> write.compute()
+    >>> list(fastst.load_file(path))
+    ['double']
     """
     if as_source(path, writing=True).local_path is None:
         raise SafetensorNotImplementedError(

@@ -6,8 +6,10 @@ its file lazily in each process: pickled (to a spawned worker), it carries the
 file's identity and reopens it on first use, refusing a file that changed.
 
 - ``batches(path, names, batch_size)``: NumPy (or JAX) batches, no torch needed.
-- ``RowDataset``: a map-style ``torch.utils.data.Dataset`` (defined only when torch
-  is installed, on first use of the name); ``dataset[[3, 1, 4]]`` gathers a batch.
+- ``RowDataset(path, names, *, backend="mmap", framework="pt")``: a map-style
+  ``torch.utils.data.Dataset`` (defined only when torch is installed, on first use
+  of the name), a ``Rows`` that gives torch tensors by default;
+  ``dataset[[3, 1, 4]]`` gathers a batch.
 - ``data_loader(dataset, batch_size)``: torch's ``DataLoader`` fed by torch's
   ``BatchSampler``, so that each worker gathers a whole batch in one call.
 
@@ -44,19 +46,55 @@ Names = Union[str, Sequence[str]]
 
 
 class Rows:
-    """The rows of tensors `names` of the file at `path`, all of the same length.
+    """The rows of tensors `names` of the file at `path`, all of the same length,
+    served a whole batch at a time.
+
+    Each tensor of a batch is read in one ``gather`` call (only its rows:
+    with ``backend="pread"``, each run of adjacent rows in one read). The file
+    is opened now and checked; pickled (to a spawned worker), a `Rows`
+    carries the file's identity and opens it again on first use, refusing a
+    file that changed. ``len(rows)`` is the number of rows; it is a context
+    manager.
 
     Parameters
     ----------
-    path : str, bytes or os.PathLike
+    path : str or bytes or os.PathLike
+        A safetensors file, or a sharded checkpoint (its directory or index).
     names : str or sequence of str
-        One tensor name (batches are its arrays), or several (batches are tuples
-        of arrays, in this order). Every tensor needs at least one axis, and the
-        same length along the first.
-    backend : {"mmap", "pread"}
-        How the file is read (see ``safe_open``).
-    framework : {"np", "pt", "jax", ...}
-        What the batches are: NumPy arrays (default), torch or JAX tensors.
+        One tensor name (batches are its arrays), or several (batches are
+        tuples of arrays, in this order). Every tensor needs at least one
+        axis, and the same length along the first.
+    backend : "mmap" or "pread", default "mmap"
+        How the file is read (see ``fastst.safe_open``).
+    framework : str, default "np"
+        What the batches are: NumPy arrays (``"np"``), torch (``"pt"``) or JAX
+        (``"jax"``) tensors, as ``fastst.safe_open`` names them.
+
+    Attributes
+    ----------
+    names : tuple of str
+        The tensors served.
+
+    Raises
+    ------
+    TensorNotFoundError
+        When a name is not a tensor of the file.
+    SafetensorError
+        When no name is given, a tensor has no axis, or the tensors' lengths
+        differ.
+    FileNotFoundError
+        When the file does not exist.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.data import Rows
+    >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+    >>> fastst.save_file({"x": np.arange(10.0).reshape(5, 2), "y": np.arange(5)}, path)
+    >>> with Rows(path, ["x", "y"]) as rows:
+    ...     len(rows), rows.gather([4, 0])
+    (5, (array([[8., 9.],
+           [0., 1.]]), array([4, 0])))
     """
 
     def __init__(self, path: PathLike, names: Names, *, backend: Backend = "mmap",
@@ -75,16 +113,78 @@ class Rows:
         return self._length
 
     def gather(self, rows: Any) -> Any:
-        """Rows `rows` of every tensor (any integer sequence, as ``f.gather`` takes):
-        an array, or a tuple of arrays when several names were given."""
+        """Rows `rows` of every tensor, each tensor's in one call.
+
+        Parameters
+        ----------
+        rows : sequence or array of int
+            Row numbers, in any order, repeats allowed, negatives counted from
+            the end (as ``NumpyHandle.gather`` takes them).
+
+        Returns
+        -------
+        array or tuple of arrays
+            One array when one name was given, else a tuple in the order of
+            the names.
+
+        Raises
+        ------
+        SafetensorIndexError
+            When a row is out of range.
+        SafetensorError
+            When the `Rows` is closed, or its file changed since it was
+            pickled.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.data import Rows
+        >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+        >>> fastst.save_file({"y": np.arange(5)}, path)
+        >>> with Rows(path, "y") as rows:
+        ...     rows.gather([3, 1, -1])
+        array([3, 1, 4])
+        """
         handle = self._open()
         batch = tuple(handle.gather(name, rows) for name in self.names)
         return batch[0] if self._single else batch
 
     def batches(self, batch_size: int, *, shuffle: bool = False, seed: Any = None,
                 drop_last: bool = False) -> Iterator[Any]:
-        """Batches of `batch_size` rows, in order or shuffled (by
-        ``numpy.random.default_rng(seed)``); the last one shorter unless `drop_last`."""
+        """Batches of `batch_size` rows, in order or shuffled.
+
+        Parameters
+        ----------
+        batch_size : int
+            Rows a batch, at least 1.
+        shuffle : bool, default False
+            Serve the rows in an order drawn by
+            ``numpy.random.default_rng(seed)``.
+        seed : int or numpy.random.Generator, optional
+            The seed of the order.
+        drop_last : bool, default False
+            Leave out the last batch when it is shorter.
+
+        Yields
+        ------
+        array or tuple of arrays
+            Each batch, as `gather` gives it.
+
+        Raises
+        ------
+        ValueError
+            When `batch_size` is not a positive integer.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.data import Rows
+        >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+        >>> fastst.save_file({"y": np.arange(5)}, path)
+        >>> with Rows(path, "y") as rows:
+        ...     [batch.tolist() for batch in rows.batches(2, shuffle=True, seed=0)]
+        [[2, 4], [3, 0], [1]]
+        """
         for rows in _batched(_order(len(self), shuffle, seed), batch_size, drop_last):
             yield self.gather(rows)
 
@@ -96,6 +196,7 @@ class Rows:
 
     @property
     def source(self) -> str:
+        """The file's path, as messages name it (opens the file in a worker)."""
         return str(self._open().source)
 
     def _open(self) -> Any:
@@ -106,6 +207,7 @@ class Rows:
         return self._handle
 
     def close(self) -> None:
+        """Close the file; a closed `Rows` reads nothing more."""
         if self._handle is not None:
             self._handle.close()
         self._handle = self._pickled = None
@@ -131,17 +233,98 @@ class Rows:
 def batches(path: PathLike, names: Names, batch_size: int, *, shuffle: bool = False,
             seed: Any = None, drop_last: bool = False, backend: Backend = "mmap",
             framework: str = "np") -> Iterator[Any]:
-    """Batches of rows of tensors `names` of the file at `path`, each gathered in one
-    call a tensor: NumPy arrays (or tuples of them), or JAX / torch tensors with
-    `framework`. See ``Rows`` and ``Rows.batches``."""
+    """Batches of rows of tensors of a file, each tensor's gathered in one call:
+    a data loader that needs no torch.
+
+    Parameters
+    ----------
+    path : str or bytes or os.PathLike
+        A safetensors file, or a sharded checkpoint.
+    names : str or sequence of str
+        One tensor (batches are its arrays) or several (batches are tuples),
+        of equal lengths (see `Rows`).
+    batch_size : int
+        Rows a batch, at least 1.
+    shuffle : bool, default False
+        Serve the rows in an order drawn by ``numpy.random.default_rng(seed)``.
+    seed : int or numpy.random.Generator, optional
+        The seed of the order.
+    drop_last : bool, default False
+        Leave out the last batch when it is shorter.
+    backend : "mmap" or "pread", default "mmap"
+        How the file is read.
+    framework : str, default "np"
+        What the batches are: NumPy arrays (``"np"``), torch (``"pt"``) or JAX
+        (``"jax"``) tensors, as ``fastst.safe_open`` names them.
+
+    Yields
+    ------
+    array or tuple of arrays
+        Each batch. The file is closed when the generator ends or is closed.
+
+    Raises
+    ------
+    TensorNotFoundError
+        When a name is not a tensor of the file.
+    SafetensorError
+        When the tensors' lengths differ, or one has no axis.
+    ValueError
+        When `batch_size` is not a positive integer.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.data import batches
+    >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+    >>> fastst.save_file({"x": np.arange(10.0).reshape(5, 2), "y": np.arange(5)}, path)
+    >>> [y.tolist() for x, y in batches(path, ["x", "y"], 2, drop_last=True)]
+    [[0, 1], [2, 3]]
+    """
     with Rows(path, names, backend=backend, framework=framework) as rows:
         yield from rows.batches(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
 
 
 def batch_sampler(dataset: Any, batch_size: int, *, shuffle: bool = False,
                   drop_last: bool = False, generator: Optional[torch.Generator] = None) -> Any:
-    """torch's ``BatchSampler`` over `dataset`'s rows, in order or shuffled: lists of
-    row numbers that a ``RowDataset`` gathers in one call each."""
+    """torch's ``BatchSampler`` over a dataset's rows, in order or shuffled: lists
+    of row numbers that a ``RowDataset`` gathers in one call each.
+
+    Give it to torch's ``DataLoader`` as ``sampler=``, with
+    ``batch_size=None`` (what `data_loader` does).
+
+    Parameters
+    ----------
+    dataset : RowDataset or sized
+        What the rows are of (its ``len``).
+    batch_size : int
+        Rows a batch.
+    shuffle : bool, default False
+        Draw the order with torch's ``RandomSampler``.
+    drop_last : bool, default False
+        Leave out the last batch when it is shorter.
+    generator : torch.Generator, optional
+        The generator of the shuffled order.
+
+    Returns
+    -------
+    torch.utils.data.BatchSampler
+
+    Raises
+    ------
+    ImportError
+        When torch is not installed.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastst.data import batch_sampler
+    >>> list(batch_sampler(range(5), 2))
+    [[0, 1], [2, 3], [4]]
+    >>> shuffled = list(batch_sampler(range(5), 2, shuffle=True,
+    ...                               generator=torch.Generator().manual_seed(0)))
+    >>> [len(batch) for batch in shuffled], sorted(sum(shuffled, []))
+    ([2, 2, 1], [0, 1, 2, 3, 4])
+    """
     from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
     order = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
     return BatchSampler(order, batch_size, drop_last)
@@ -150,9 +333,49 @@ def batch_sampler(dataset: Any, batch_size: int, *, shuffle: bool = False,
 def data_loader(dataset: Any, batch_size: int, *, shuffle: bool = False,
                 drop_last: bool = False, generator: Optional[torch.Generator] = None,
                 **options: Any) -> Any:
-    """torch's ``DataLoader`` over a ``RowDataset``, each batch gathered in one call
-    by the worker that makes it. `options` go to ``DataLoader`` (``num_workers``,
-    ``multiprocessing_context``, ``pin_memory``, ``timeout``...)."""
+    """torch's ``DataLoader`` over a ``RowDataset``, each batch gathered in one
+    call by the worker that makes it.
+
+    Each worker opens the file on its first batch (the dataset pickles
+    without its open file).
+
+    Parameters
+    ----------
+    dataset : RowDataset
+        The rows.
+    batch_size : int
+        Rows a batch.
+    shuffle : bool, default False
+        Shuffle the rows (see `batch_sampler`).
+    drop_last : bool, default False
+        Leave out the last batch when it is shorter.
+    generator : torch.Generator, optional
+        The generator of the shuffled order.
+    **options
+        Passed to ``DataLoader`` (``num_workers``,
+        ``multiprocessing_context``, ``pin_memory``, ``timeout``...).
+
+    Returns
+    -------
+    torch.utils.data.DataLoader
+        Whose batches are a tensor, or a tuple of tensors, a name.
+
+    Raises
+    ------
+    ImportError
+        When torch is not installed.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os, torch
+    >>> import fastst.data
+    >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+    >>> fastst.save_file({"x": np.arange(10.0).reshape(5, 2), "y": np.arange(5)}, path)
+    >>> dataset = fastst.data.RowDataset(path, ["x", "y"])
+    >>> [y.tolist() for x, y in fastst.data.data_loader(dataset, batch_size=2)]
+    [[0, 1], [2, 3], [4]]
+    >>> dataset.close()
+    """
     from torch.utils.data import DataLoader
     sampler = batch_sampler(dataset, batch_size, shuffle=shuffle, drop_last=drop_last,
                             generator=generator)
@@ -198,12 +421,46 @@ def _row_dataset_class() -> type:
 
     class RowDataset(Rows, Dataset):  # type: ignore[misc]
         """A map-style torch ``Dataset`` over the rows of tensors `names` of the file
-        at `path` (arguments as ``Rows``; torch tensors by default).
+        at `path`: a `Rows` that gives torch tensors by default.
 
-        ``dataset[i]`` is row i (a tensor, or a tuple of them); ``dataset[rows]``, for
-        a list or array of row numbers, is a whole batch gathered in one call, as
-        ``data_loader`` (or a ``DataLoader`` given ``sampler=batch_sampler(...)`` and
-        ``batch_size=None``) asks for it. Each worker opens the file on its first batch.
+        ``dataset[i]`` is row i (a tensor, or a tuple of them); ``dataset[rows]``,
+        for a list or array of row numbers, is a whole batch gathered in one
+        call, as ``data_loader`` (or a ``DataLoader`` given
+        ``sampler=batch_sampler(...)`` and ``batch_size=None``) asks for it; a
+        ``DataLoader`` given a ``batch_size`` gets its batch in one call too
+        (``__getitems__``). Each worker opens the file on its first batch.
+
+        Parameters
+        ----------
+        path : str or bytes or os.PathLike
+            A safetensors file, or a sharded checkpoint.
+        names : str or sequence of str
+            One tensor or several, of equal lengths (see `Rows`).
+        backend : "mmap" or "pread", default "mmap"
+            How the file is read.
+        framework : str, default "pt"
+            What the rows are: torch tensors (``"pt"``), NumPy arrays
+            (``"np"``) or JAX arrays (``"jax"``).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When a name is not a tensor of the file.
+        SafetensorError
+            When the tensors' lengths differ, or one has no axis.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> import fastst.data
+        >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+        >>> fastst.save_file({"x": np.arange(10.0).reshape(5, 2), "y": np.arange(5)}, path)
+        >>> dataset = fastst.data.RowDataset(path, ["x", "y"])
+        >>> len(dataset), dataset[1]
+        (5, (tensor([2., 3.], dtype=torch.float64), tensor(1)))
+        >>> dataset[[0, 4]][1]
+        tensor([0, 4])
+        >>> dataset.close()
         """
 
         def __init__(self, path: PathLike, names: Names, *, backend: Backend = "mmap",

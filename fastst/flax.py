@@ -4,6 +4,15 @@
 Saving turns each array into NumPy (``np.asarray``, no copy for CPU arrays) and
 writes it with fastst; bfloat16 and float8 keep their dtypes. Loading goes
 through ``fastst.jax``.
+
+Examples
+--------
+>>> import jax.numpy as jnp, tempfile, os
+>>> from fastst.flax import load_file, save_file
+>>> path = os.path.join(tempfile.mkdtemp(), "params.safetensors")
+>>> save_file({"w": jnp.ones(2, jnp.bfloat16)}, path)
+>>> load_file(path)
+{'w': Array([1, 1], dtype=bfloat16)}
 """
 from __future__ import annotations
 
@@ -27,8 +36,37 @@ __all__ = ["save", "save_file", "load", "load_file"]
 
 def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None, *,
          checksum: Optional[str] = None) -> bytes:
-    """The bytes of a safetensors file holding `tensors` (`checksum`: see
-    ``fastst.save``)."""
+    """Serialize JAX arrays into the bytes of a safetensors file.
+
+    The drop-in for ``safetensors.flax.save``, with the same bytes.
+
+    Parameters
+    ----------
+    tensors : dict of str to jax.Array
+        The arrays, by name (anything ``np.asarray`` takes).
+    metadata : dict of str to str, optional
+        The header's ``__metadata__``.
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata (see ``fastst.save``).
+
+    Returns
+    -------
+    bytes
+        The whole file.
+
+    Raises
+    ------
+    TypeError
+        When `tensors` is not a dict, or a metadata key or value not a str.
+    SafetensorTypeError
+        For a dtype the format has no code for.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, fastst.flax
+    >>> fastst.flax.load(fastst.flax.save({"x": jnp.arange(3)}))
+    {'x': Array([0, 1, 2], dtype=int32)}
+    """
     return save_numpy(_to_numpy(tensors), metadata=metadata, checksum=checksum)
 
 
@@ -36,18 +74,74 @@ def save_file(tensors: Dict[str, jax.Array], filename: Union[str, "os.PathLike[s
               metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False,
               checksum: Optional[str] = None, max_shard_size: Union[int, str, None] = None
               ) -> None:
-    """Write `tensors` to `filename` atomically (see ``fastst.save_file``, and its
-    `fsync`, `checksum` and `max_shard_size` options: with `max_shard_size`,
-    `filename` is the directory of a sharded checkpoint)."""
+    """Write JAX arrays to a safetensors file, atomically.
+
+    The drop-in for ``safetensors.flax.save_file``, written as
+    ``fastst.save_file`` writes.
+
+    Parameters
+    ----------
+    tensors : dict of str to jax.Array
+        The arrays, by name.
+    filename : str or os.PathLike
+        The file to write (a directory with `max_shard_size`).
+    metadata : dict of str to str, optional
+        The header's ``__metadata__``.
+    fsync : bool, default False
+        Flush the file and its directory to disk before returning.
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata.
+    max_shard_size : int or str, optional
+        Save a sharded checkpoint: `filename` is its directory (see
+        ``fastst.save_file``).
+
+    Raises
+    ------
+    TypeError
+        When `tensors` is not a dict.
+    OSError
+        When the file cannot be written; the old file stays.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, fastst.flax, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "params.safetensors")
+    >>> fastst.flax.save_file({"w": jnp.zeros((2, 2))}, path, metadata={"step": "1"})
+    >>> fastst.flax.load_file(path)["w"].shape
+    (2, 2)
+    """
     save_numpy_file(_to_numpy(tensors), filename, metadata=metadata, fsync=fsync,
                     checksum=checksum, max_shard_size=max_shard_size)
 
 
 def load(data: bytes) -> Dict[str, jax.Array]:
-    """Load arrays from the bytes of a safetensors file.
+    """Load the arrays of a safetensors file held in memory.
 
-    Arrays of read-only data (``bytes``) may share its memory; a writable buffer
-    (``bytearray``) is copied from, so that later writes to it cannot change them.
+    The drop-in for ``safetensors.flax.load``. Arrays of read-only data
+    (``bytes``) may share its memory; a writable buffer (``bytearray``) is
+    copied from, so that later writes to it cannot change them.
+
+    Parameters
+    ----------
+    data : bytes-like object
+        The whole file.
+
+    Returns
+    -------
+    dict of str to jax.Array
+        Every tensor, in the order of its bytes in `data`.
+
+    Raises
+    ------
+    SafetensorError
+        When the bytes break a rule of the format.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, fastst.flax
+    >>> data = bytearray(fastst.flax.save({"x": jnp.ones(2)}))
+    >>> fastst.flax.load(data)
+    {'x': Array([1., 1.], dtype=float32)}
     """
     reader = Reader()
     reader.open_buffer(data)
@@ -59,9 +153,45 @@ def load(data: bytes) -> Dict[str, jax.Array]:
 
 def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
               backend: Backend = "mmap") -> Dict[str, jax.Array]:
-    """Load every tensor of a file, or of a sharded checkpoint (its directory or
-    ``*.index.json``), as ``jax.Array``s on `device` (``"cpu"``, ``"gpu"``,
-    ``"cuda:1"``, a ``jax.Device``; see ``fastst.jax``)."""
+    """Load every tensor of a file, or of a sharded checkpoint, as ``jax.Array``s.
+
+    The drop-in for ``safetensors.flax.load_file``. On the CPU, JAX uses the
+    memory of the file's map where it can (see ``fastst.jax``).
+
+    Parameters
+    ----------
+    filename : str or os.PathLike
+        A ``.safetensors`` file, or a sharded checkpoint (its directory or
+        ``*.index.json``).
+    device : str or jax.Device, default "cpu"
+        Where the arrays go: ``"cpu"``, ``"gpu"``, ``"cuda:1"``, a
+        ``jax.Device``.
+    backend : "mmap" or "pread", default "mmap"
+        How the file is read.
+
+    Returns
+    -------
+    dict of str to jax.Array
+        Every tensor, in the order of its bytes in the file.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the file does not exist.
+    SafetensorError
+        When the file breaks a rule of the format, or `device` is not a
+        device.
+    RuntimeError
+        When `device` is not available to JAX.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, fastst.flax, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "params.safetensors")
+    >>> fastst.flax.save_file({"b": jnp.arange(2), "w": jnp.ones(2)}, path)
+    >>> fastst.flax.load_file(path, device="cpu")
+    {'w': Array([1., 1.], dtype=float32), 'b': Array([0, 1], dtype=int32)}
+    """
     with safe_open(filename, framework="flax", device=device, backend=backend) as f:
         return f.get_tensors()
 

@@ -4,6 +4,16 @@
 what they find; ``safe_open(..., verify=True)`` checks each tensor on its first read
 (a ``VerifyingHandle``). The hashing library (``xxhash``, the ``checksum`` extra) is
 imported only when checksums are written or checked.
+
+Examples
+--------
+>>> import numpy as np, fastst, tempfile, os
+>>> from fastst.integrity import report_lines, verify_path
+>>> folder = tempfile.mkdtemp()
+>>> fastst.save_file({"w": np.ones(4)}, os.path.join(folder, "a.safetensors"), checksum="xxh3_64")
+>>> report = verify_path(folder)
+>>> report["ok"], [os.path.basename(line) for line in report_lines(report)]
+(True, ['a.safetensors: ok: 1 tensor, 32 bytes, 1 checksums (xxh3_64)'])
 """
 from __future__ import annotations
 
@@ -29,11 +39,50 @@ PROGRESS_MIN_BYTES = 256 << 20
 
 def verify_file(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                 progress: Optional[Callable[[int], Any]] = None) -> Dict[str, Any]:
-    """Check the file at `path`: its structure, then each tensor's checksum when it
-    has them. A report: ``file``, ``ok``, ``tensors``, ``bytes``, ``checksum`` (the
-    algorithm, or None), ``checked`` (tensors whose checksum was checked) and
-    ``errors`` (``{"tensor": name or None, "error": why}``); nothing is raised for
-    a bad file. `progress` is called with the bytes hashed as they are."""
+    """Check one file: its structure, then each tensor's checksum when it has them.
+
+    Nothing is raised for a bad file: what is wrong goes into the report. A
+    file without checksums is checked for structure only (``ok``, with
+    ``checksum`` None); one whose checksums leave some tensor out has an error
+    naming each.
+
+    Parameters
+    ----------
+    path : str
+        A local file, or a URL.
+    max_header_size : int, default 100,000,000
+        The largest header accepted, in bytes.
+    progress : callable, optional
+        Called with the number of bytes hashed, as they are.
+
+    Returns
+    -------
+    dict
+        ``file`` (`path`), ``ok`` (bool), ``tensors`` (their number),
+        ``bytes`` (their bytes), ``checksum`` (the algorithm, or None),
+        ``checked`` (tensors whose checksum was checked) and ``errors``
+        (``{"tensor": name or None, "error": why}``, None for the file's own).
+
+    Raises
+    ------
+    ImportError
+        When the file has checksums and ``xxhash`` is not installed.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.integrity import verify_file
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"a": np.arange(4, dtype=np.int32)}, path, checksum="xxh3_64")
+    >>> with open(path, "r+b") as file:            # the last byte changed
+    ...     _ = file.seek(-1, os.SEEK_END)
+    ...     _ = file.write(bytes([1]))
+    >>> report = verify_file(path)
+    >>> report["ok"], report["checked"], report["errors"][0]["tensor"]
+    (False, 1, 'a')
+    >>> report["errors"][0]["error"]
+    'checksum mismatch, the data is corrupt (xxh3_64 ..., the metadata says a1d0bd893c9531ac)'
+    """
     report: Dict[str, Any] = {"file": path, "ok": False, "tensors": 0, "bytes": 0,
                               "checksum": None, "checked": 0, "errors": []}
     try:
@@ -88,12 +137,44 @@ def _without_path(message: str, path: str) -> str:
 
 def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                 progress: bool = False) -> Dict[str, Any]:
-    """`verify_file` of a file (or a URL); of every ``*.safetensors`` file of a
-    folder, with each ``*.index.json`` of the folder checked against its shards:
-    every tensor of its weight_map in the shard it names, and no tensor in two
-    shards; or of a sharded checkpoint by its ``*.index.json`` (a path or a
-    URL): the shards it names, and the index against them. A report: ``path``,
-    ``ok``, ``files`` (their reports) and ``errors`` (the index's)."""
+    """Check a file, a folder or a sharded checkpoint: what ``fastst verify`` runs.
+
+    `verify_file` of a file (or a URL); of every ``*.safetensors`` file of a
+    folder, with each ``*.index.json`` of the folder checked against its
+    shards: every tensor of its weight_map in the shard it names, and no
+    tensor in two shards; or of a sharded checkpoint by its ``*.index.json``
+    (a path or a URL): the shards it names, and the index against them.
+    Nothing is raised for bad files.
+
+    Parameters
+    ----------
+    path : str
+        A file, a folder, an ``*.index.json``, or a URL.
+    max_header_size : int, default 100,000,000
+        The largest header, or index, accepted, in bytes.
+    progress : bool, default False
+        Show a progress bar (``tqdm``) on a terminal when there is much to
+        hash.
+
+    Returns
+    -------
+    dict
+        ``path``, ``ok`` (bool), ``files`` (each file's `verify_file` report)
+        and ``errors`` (the indexes' and the folder's: ``{"file": ...,
+        "error": ...}``).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.integrity import verify_path
+    >>> folder = tempfile.mkdtemp()
+    >>> fastst.save_file({"a": np.zeros(100), "b": np.ones(100)}, folder, max_shard_size=800,
+    ...                  checksum="xxh3_64")
+    >>> os.remove(os.path.join(folder, "model-00002-of-00002.safetensors"))
+    >>> report = verify_path(folder)
+    >>> report["ok"], len(report["files"]), report["errors"][0]["error"]
+    (False, 1, "shard 'model-00002-of-00002.safetensors' is missing or unreadable")
+    """
     source = as_source(path)
     folder = source.is_directory()
     if folder:
@@ -180,7 +261,27 @@ def _tensor_names(shards: Dict[str, Source]) -> Dict[str, List[str]]:
 
 
 def report_lines(report: Dict[str, Any]) -> List[str]:
-    """`verify_path`'s report as text, one line per file and per problem."""
+    """`verify_path`'s report as text, one line per file and per problem, as
+    ``fastst verify`` prints it.
+
+    Parameters
+    ----------
+    report : dict
+        What `verify_path` returns.
+
+    Returns
+    -------
+    list of str
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.integrity import report_lines, verify_path
+    >>> path = os.path.join(tempfile.mkdtemp(), "plain.safetensors")
+    >>> fastst.save_file({"a": np.zeros(2)}, path)
+    >>> [line.replace(path, "plain.safetensors") for line in report_lines(verify_path(path))]
+    ['plain.safetensors: ok: 1 tensor, 16 bytes, structure only: the file has no checksums']
+    """
     lines = []
     for file in report["files"]:
         status = "ok" if file["ok"] else "FAILED"

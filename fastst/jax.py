@@ -14,6 +14,17 @@ fastst's ring of pinned buffers into one allocation on the GPU (``fastst._cuda``
 and reaches JAX through DLPack, each array a part of that allocation.
 
 ``fastst.flax`` has the save/load functions.
+
+Examples
+--------
+>>> import numpy as np, fastst, tempfile, os
+>>> import jax
+>>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+>>> fastst.save_file({"x": np.arange(4, dtype=np.float32)}, path)
+>>> with fastst.safe_open(path, framework="jax") as f:
+...     x = f.get_tensor("x")
+>>> type(x).__name__, x.dtype, x.sum().item()
+('ArrayImpl', dtype('float32'), 6.0)
 """
 from __future__ import annotations
 
@@ -33,12 +44,43 @@ __all__ = ["converter", "from_torch"]
 
 
 def converter(device: Any = "cpu") -> Callable[[npt.NDArray[Any], str, TensorInfo], jax.Array]:
-    """The function safe_open(framework="jax") passes each NumPy view through.
+    """The function ``safe_open(framework="jax")`` passes each NumPy view through.
 
-    `device` is ``"cpu"`` (the default), a ``jax.Device``, or a JAX platform name
-    with an optional index (``"gpu"``, ``"cuda:1"``, ``"tpu"``). For a CUDA GPU,
-    when PyTorch with CUDA is installed too, the converter also takes whole files
-    (``convert_file``, used by ``get_tensors``): see ``from_torch``.
+    ``jax.device_put`` of each view onto the device. For a CUDA GPU, when
+    PyTorch with CUDA is installed too, the converter also takes whole files
+    (``convert_file``, used by ``get_tensors``), streamed into one device
+    allocation: see `from_torch`.
+
+    Parameters
+    ----------
+    device : str or jax.Device, default "cpu"
+        ``"cpu"``, a ``jax.Device``, or a JAX platform name with an optional
+        index (``"gpu"``, ``"cuda:1"``, ``"tpu"``).
+
+    Returns
+    -------
+    callable
+        ``convert(array, name, info)``: the ``jax.Array`` of the NumPy array
+        of tensor `name`, described by its ``fastst.TensorInfo``.
+
+    Raises
+    ------
+    SafetensorError
+        When `device` is not a str or a ``jax.Device``, or not a platform
+        name.
+    RuntimeError
+        When the device is not available to JAX.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.jax import converter
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"x": np.arange(3, dtype=np.int16)}, path)
+    >>> with fastst.safe_open(path) as f:
+    ...     array = converter("cpu")(f.get_tensor("x"), "x", f.info("x"))
+    >>> array
+    Array([0, 1, 2], dtype=int16)
     """
     target = _target_device(device)
     chosen = jax.devices()[0] if target is None else target
@@ -86,10 +128,29 @@ class JaxCudaConverter(Converter):
 
 
 def from_torch(tensors: Dict[str, Any]) -> Dict[str, jax.Array]:
-    """``jax.Array``s of the memory of torch tensors (through DLPack): no copy where
-    JAX can use the memory as it is (offsets aligned to 64 bytes: fastst's packed
-    loads), one where it cannot, and for 64-bit dtypes when JAX keeps to 32 bits.
-    Each array keeps its tensor's memory alive."""
+    """``jax.Array``s of the memory of torch tensors, through DLPack.
+
+    No copy where JAX can use the memory as it is (offsets aligned to 64
+    bytes: fastst's packed loads), one where it cannot, and for 64-bit dtypes
+    when JAX keeps to 32 bits. Each array keeps its tensor's memory alive.
+
+    Parameters
+    ----------
+    tensors : dict of str to torch.Tensor
+        The tensors (CPU or CUDA).
+
+    Returns
+    -------
+    dict of str to jax.Array
+        By the same names.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastst.jax import from_torch
+    >>> from_torch({"t": torch.arange(3, dtype=torch.int32)})
+    {'t': Array([0, 1, 2], dtype=int32)}
+    """
     return {name: jax.dlpack.from_dlpack(tensor) for name, tensor in tensors.items()}
 
 

@@ -17,6 +17,17 @@ also held to what it says of itself (status 206, its Content-Range, ETag and
 Last-Modified against the object seen at opening), and its body is read in pieces,
 never past the bytes asked for (``_get_http``, ``_get_s3``). Other stores are
 checked for length only.
+
+Examples
+--------
+Any fsspec URL is read and written as a path is (``memory://`` needs no server):
+
+>>> import numpy as np, fastst, fsspec
+>>> fastst.save_file({"x": np.arange(4, dtype=np.int8)}, "memory://docs/x.safetensors")
+>>> with fastst.safe_open("memory://docs/x.safetensors") as f:
+...     f.backend, f.get_slice("x")[1:3].tolist()
+('ranges', [1, 2])
+>>> fsspec.filesystem("memory").rm("/docs", recursive=True)
 """
 from __future__ import annotations
 
@@ -38,10 +49,20 @@ if TYPE_CHECKING:
 __all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "FileObjectRanges", "SpooledUpload",
            "UrlRanges", "read_object", "save_plan", "with_default_timeouts"]
 
-CONNECT_TIMEOUT = 10.0   # seconds to connect to a store, unless storage_options say otherwise
-READ_TIMEOUT = 60.0      # seconds a store may stay silent while answering a request
+CONNECT_TIMEOUT = 10.0
+"""Seconds to connect to a store (S3, HTTP), unless ``storage_options`` say otherwise
+(``config_kwargs={"connect_timeout": ...}`` for S3, ``client_kwargs={"timeout": ...}``
+for HTTP): a store that does not answer gives an error instead of a hang."""
+READ_TIMEOUT = 60.0
+"""Seconds a store (S3, HTTP) may stay silent while answering a request, unless
+``storage_options`` say otherwise; a call as a whole may take this, plus
+`CONNECT_TIMEOUT`, plus the time its bytes take at 256 KiB a second, retries
+included."""
 SLOWEST_RATE = 256 << 10   # bytes a second below which a call's answer counts as stalled
-MAX_REQUESTS = 16        # requests a URL's reader keeps in flight at once
+MAX_REQUESTS = 16
+"""Requests the reader of a URL keeps in flight at once, on stores fsspec reads
+asynchronously (S3, GCS, HTTP): the byte ranges of a read are fetched in parallel, at
+most this many at a time."""
 READ_PIECE = 1 << 20     # most bytes taken from an answer's body at a time
 HTTP_PROTOCOLS = ("http", "https")
 S3_PROTOCOLS = ("s3", "s3a")
@@ -53,8 +74,46 @@ Range = Tuple[int, int]
 
 def read_object(url: str, storage_options: Optional[Mapping[str, Any]], limit: int,
                 what: str) -> bytes:
-    """The whole (small) object at `url`: a checkpoint's index, say; refused when
-    it is larger than `limit` bytes."""
+    """The whole of a small object at a URL: a checkpoint's index, say.
+
+    Parameters
+    ----------
+    url : str
+        An fsspec URL.
+    storage_options : mapping, optional
+        The options of its fsspec file system.
+    limit : int
+        The most bytes read: a larger object is refused before any is.
+    what : str
+        What messages call the object (``"index"``).
+
+    Returns
+    -------
+    bytes
+
+    Raises
+    ------
+    FileNotFoundError
+        When there is no object at `url`.
+    SafetensorError
+        When the object is larger than `limit`, or the store answers fewer
+        bytes than it holds.
+    OSError
+        When the store fails (`TimeoutError` when it does not answer in time).
+
+    Examples
+    --------
+    >>> import fsspec
+    >>> from fastst.remote import read_object
+    >>> fsspec.filesystem("memory").pipe("/docs/index.json", b'{"weight_map": {}}')
+    >>> read_object("memory://docs/index.json", None, 1000, "index")
+    b'{"weight_map": {}}'
+    >>> read_object("memory://docs/index.json", None, 10, "index")
+    Traceback (most recent call last):
+      ...
+    fastst._core.SafetensorError: memory://docs/index.json: index of 18 bytes exceeds the limit of 10 bytes
+    >>> fsspec.filesystem("memory").rm("/docs", recursive=True)
+    """
     ranges = UrlRanges(url, storage_options)
     if ranges.size > limit:
         raise SafetensorError(f"{url}: {what} of {ranges.size} bytes exceeds the limit of "
@@ -74,8 +133,40 @@ def read_object(url: str, storage_options: Optional[Mapping[str, Any]], limit: i
 
 
 class FileObjectRanges:
-    """Byte ranges of a binary file object, read one at a time under a lock (the
-    object has one position); ``readinto`` is used where the object has it."""
+    """Byte ranges of a binary file object: the ``fetch`` through which
+    ``safe_open`` reads a file object.
+
+    Called with a list of ``(offset, length)``, it returns the bytes of each,
+    read one range at a time under a lock (the object has one position),
+    through ``readinto`` where the object has it. An answer longer than asked,
+    or not bytes, is refused; a short one is returned as it is (the reader
+    reports it, naming the tensor).
+
+    Parameters
+    ----------
+    file : binary file object
+        Open, with ``seek`` and ``read``.
+    label : str
+        What messages call it.
+
+    Attributes
+    ----------
+    size : int
+        The file's size (found by seeking to its end).
+
+    Raises
+    ------
+    SafetensorError
+        When the file object is closed or cannot seek (a pipe, a socket).
+
+    Examples
+    --------
+    >>> import io
+    >>> from fastst.remote import FileObjectRanges
+    >>> ranges = FileObjectRanges(io.BytesIO(b"0123456789"), "<digits>")
+    >>> ranges.size, [bytes(part) for part in ranges([(2, 3), (8, 2)])]
+    (10, [b'234', b'89'])
+    """
 
     def __init__(self, file: Any, label: str) -> None:
         self.file = file
@@ -95,7 +186,14 @@ class FileObjectRanges:
 
     def read(self, offset: int, length: int) -> Any:
         """Up to `length` bytes at `offset`: fewer only at the end of the file (the
-        core then reports the short read). A piece longer than asked for is refused."""
+        core then reports the short read).
+
+        Raises
+        ------
+        SafetensorError
+            When the file object gives more bytes than asked for, or something
+            else than bytes.
+        """
         self.file.seek(offset)
         if self.readinto is None:
             pieces, done = [], 0
@@ -120,7 +218,13 @@ class FileObjectRanges:
 
     def within(self, count: Any, room: int, call: str) -> int:
         """`count`, the bytes the file object's `call` says it gave when asked for at
-        most `room`; more than that (or not a count) is an error."""
+        most `room`.
+
+        Raises
+        ------
+        SafetensorError
+            When `count` is more than `room`, or not a count.
+        """
         if not isinstance(count, int) or count < 0:
             raise SafetensorError(f"{self.source}: the file object's {call} returned "
                                   f"{count!r}, not a count of bytes")
@@ -144,10 +248,56 @@ class ObjectVersion(NamedTuple):
 
 
 class UrlRanges:
-    """Byte ranges of the object a URL names: on async stores fetched in parallel,
-    at most MAX_REQUESTS at once (``_fetch_ranges``), elsewhere by fsspec's
-    ``cat_ranges``; each with the store's precondition on the version seen at
-    opening where it has one."""
+    """Byte ranges of the object a URL names: the ``fetch`` through which
+    ``safe_open`` reads a URL.
+
+    Making one looks the object up (its size, ETag, modification time).
+    Called with a list of ``(offset, length)``, it returns the bytes of each:
+    on async stores fetched in parallel, at most `MAX_REQUESTS` at once,
+    elsewhere by fsspec's ``cat_ranges``; each with the store's precondition
+    on the version seen at opening where it has one, so that an object
+    replaced since gives a `SafetensorError`, never a mix of two versions.
+
+    Parameters
+    ----------
+    url : str
+        An fsspec URL (``s3://``, ``gs://``, ``https://``, ``memory://``...).
+    storage_options : mapping, optional
+        The options of its fsspec file system; fastst's timeouts are added
+        where they give none (see `with_default_timeouts`).
+
+    Attributes
+    ----------
+    size : int
+        The object's size.
+    etag : str or None
+        Its ETag, where the store gives one.
+
+    Raises
+    ------
+    FileNotFoundError
+        When there is no object at `url`.
+    IsADirectoryError
+        When `url` names a folder.
+    SafetensorError
+        When the store gives no size for the object, or (when called) the
+        object changed since.
+    ImportError
+        When fsspec, or the package its protocol needs, is not installed.
+    OSError
+        When the store fails (`TimeoutError` when it does not answer in time).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, fsspec
+    >>> from fastst.remote import UrlRanges
+    >>> fastst.save_file({"x": np.arange(4, dtype=np.int8)}, "memory://docs/x.safetensors")
+    >>> ranges = UrlRanges("memory://docs/x.safetensors", None)
+    >>> size, (header, data) = ranges.size, ranges([(8, 4), (64, 4)])
+    >>> size, bytes(header), list(data)
+    (68, b'{"x"', [0, 1, 2, 3])
+    >>> fsspec.filesystem("memory").rm("/docs", recursive=True)
+    """
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
         self.url = url
@@ -417,8 +567,30 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
 
 
 def with_default_timeouts(protocol: str, options: Dict[str, Any]) -> Dict[str, Any]:
-    """storage_options with fastst's connect and read timeouts where the user gave
-    none: a store that stalls gives an error instead of a hang."""
+    """``storage_options`` with fastst's connect and read timeouts where the user
+    gave none: a store that stalls gives an error instead of a hang.
+
+    Parameters
+    ----------
+    protocol : str
+        The URL's protocol: ``"s3"`` and ``"s3a"`` get botocore's
+        ``config_kwargs``, ``"http"`` and ``"https"`` aiohttp's
+        ``client_kwargs``; others are returned as they are.
+    options : dict
+        The user's ``storage_options`` (not changed).
+
+    Returns
+    -------
+    dict
+
+    Examples
+    --------
+    >>> from fastst.remote import with_default_timeouts
+    >>> with_default_timeouts("s3", {"anon": True})
+    {'anon': True, 'config_kwargs': {'connect_timeout': 10.0, 'read_timeout': 60.0}}
+    >>> with_default_timeouts("s3", {"config_kwargs": {"read_timeout": 5}})["config_kwargs"]
+    {'connect_timeout': 10.0, 'read_timeout': 5}
+    """
     if protocol in S3_PROTOCOLS:
         config = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
                   **options.get("config_kwargs", {})}
@@ -500,13 +672,40 @@ def _precondition_failed(error: BaseException) -> bool:
 
 def save_plan(plan: WritePlan, target: str,
               storage_options: Optional[Mapping[str, Any]] = None) -> None:
-    """Write a WritePlan to the URL `target`.
+    """Write a `WritePlan` to a URL: what ``save_file`` does for one.
 
-    On S3 and Google Cloud Storage the file is streamed up in parts and the object
-    appears only once complete; a failed save aborts the upload and leaves the
-    previous object. A ``file://`` URL is written as ``save_file`` writes a path
-    (atomically). On other stores the file is put whole in one call (atomic where
-    the store's put is).
+    On S3 and Google Cloud Storage the file is streamed up in parts and the
+    object appears only once complete; a failed save aborts the upload and
+    leaves the previous object. A ``file://`` URL is written as ``save_file``
+    writes a path (atomically). On other stores the file is put whole in one
+    call (atomic where the store's put is).
+
+    Parameters
+    ----------
+    plan : WritePlan
+        The file to write; every tensor must have data.
+    target : str
+        An fsspec URL.
+    storage_options : mapping, optional
+        The options of its fsspec file system.
+
+    Raises
+    ------
+    OSError
+        When the store fails (`PermissionError`, `FileNotFoundError` as it
+        gives them; `TimeoutError` when it does not answer in time).
+    ImportError
+        When fsspec, or the package its protocol needs, is not installed.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, fsspec
+    >>> from fastst.remote import save_plan
+    >>> from fastst.writer import plan_write, spec_of_array
+    >>> save_plan(plan_write([spec_of_array("y", np.ones(2))], None), "memory://docs/y.safetensors")
+    >>> fastst.load_file("memory://docs/y.safetensors")
+    {'y': array([1., 1.])}
+    >>> fsspec.filesystem("memory").rm("/docs", recursive=True)
     """
     fs, path = _url_to_fs(target, dict(storage_options or {}))
     try:
@@ -523,13 +722,41 @@ def save_plan(plan: WritePlan, target: str,
 
 
 class SpooledUpload:
-    """A file for a URL, written on local disk first (the streaming writer fills
-    its file in any order, which an upload cannot take) and uploaded when
-    complete: ``path`` is where to write it, ``upload()`` sends it, as
-    ``save_file`` sends a file (in parts where the store stages uploads, so the
-    object appears whole or not at all), and removes it; ``discard()`` removes
-    it. A ``file://`` URL is written in place, with no spool. The spool lies in
-    ``tempfile.gettempdir()`` (``TMPDIR``), which needs room for the file."""
+    """A file for a URL, written on local disk first and uploaded when complete.
+
+    For the streaming writer, which fills its file in any order, which an
+    upload cannot take. `path` is where to write the file; `upload` sends it,
+    as ``save_file`` sends a file (in parts where the store stages uploads, so
+    the object appears whole or not at all), and removes it; `discard`
+    removes it. A ``file://`` URL is written in place, with no spool. The
+    spool lies in ``tempfile.gettempdir()`` (``TMPDIR``), which needs room
+    for the file.
+
+    Parameters
+    ----------
+    url : str
+        The fsspec URL to upload to.
+    storage_options : mapping, optional
+        The options of its fsspec file system.
+
+    Attributes
+    ----------
+    path : str
+        The local file to write.
+    url : str
+        Where it goes.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, fsspec
+    >>> from fastst.remote import SpooledUpload
+    >>> upload = SpooledUpload("memory://docs/z.safetensors", None)
+    >>> fastst.save_file({"z": np.zeros(1)}, upload.path)     # on local disk
+    >>> upload.upload()
+    >>> fastst.load_file("memory://docs/z.safetensors")
+    {'z': array([0.])}
+    >>> fsspec.filesystem("memory").rm("/docs", recursive=True)
+    """
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
         self.url = url
@@ -543,6 +770,15 @@ class SpooledUpload:
                                      or "upload.safetensors")
 
     def upload(self) -> None:
+        """Send the file to the URL, then remove the local spool (also when the
+        upload fails). Does nothing for a ``file://`` URL, written in place.
+
+        Raises
+        ------
+        OSError
+            When the store fails (`TimeoutError` when it does not answer in
+            time); a staged upload leaves the previous object.
+        """
         if self.spool is None:
             return
         try:
@@ -560,6 +796,7 @@ class SpooledUpload:
             self.discard()
 
     def discard(self) -> None:
+        """Remove the local spool without uploading it; again does nothing."""
         if self.spool is not None:
             shutil.rmtree(self.spool, ignore_errors=True)
             self.spool = None

@@ -16,6 +16,8 @@ their repr (``#None``, ``#True``, ``#0.5``), bytes ``#x`` and their hex. Names a
 unique within a tree: the tree in the metadata says which tensor each leaf is, so a
 reader needs none of these rules.
 
+Examples
+--------
 >>> import numpy as np, fastst, tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "state.safetensors")
 >>> state = {"step": 3, "moments": {0: np.zeros(2), 1: (np.ones(1), None)}}
@@ -47,9 +49,16 @@ from .checkpoint import ShardEntry, save_checkpoint
 __all__ = ["STATE_KEY", "STATE_VERSION", "MAX_DEPTH", "save_state", "load_state",
            "state_to_tensors", "state_from_tensors", "tensor_specs"]
 
-STATE_KEY = "fastst.state"     # the __metadata__ key that holds the tree
+STATE_KEY = "fastst.state"
+"""The ``__metadata__`` key that holds a state's tree, as JSON text (in the index's
+``metadata`` for a sharded state); reserved: the `metadata` given to `save_state`
+may not use it."""
 STATE_VERSION = 1
-MAX_DEPTH = 256                # containers nested deeper than this are refused
+"""The version of the state format that `save_state` writes and `load_state` reads; a
+file of another version is refused."""
+MAX_DEPTH = 256
+"""The deepest nesting of containers a state may have: deeper trees are refused when
+saved and when loaded, in bounded time and stack, never a RecursionError."""
 INT_RANGE = (-2**63, 2**64)    # ints JSON holds as numbers; others go as decimal text
 MAX_INT_BITS = 4096            # 1,234 digits at most: far below Python's int/str limit
 SCALARS = (type(None), bool, int, float, str, bytes)
@@ -63,17 +72,53 @@ JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],]')    # strings, and what n
 def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, str]] = None,
                *, fsync: bool = False, checksum: Optional[str] = None,
                max_shard_size: Union[int, str, None] = None) -> None:
-    """Write the nested state `tree` to `filename` atomically (see the module's doc).
+    """Write a nested state (a model's, an optimizer's) to a safetensors file,
+    atomically, never through pickle.
 
-    `metadata` (str to str) goes into ``__metadata__`` beside the tree; `fsync`
-    and `checksum` are those of ``fastst.save_file``.
+    Each array of the tree becomes a tensor named by its path in the tree;
+    the tree, with its scalar leaves, is JSON under `STATE_KEY` in the
+    metadata (see the module's doc). Any safetensors reader opens the file.
 
-    With `max_shard_size` the state is saved as a sharded checkpoint, as
-    ``fastst.save_file(..., max_shard_size=...)`` saves tensors (`filename` is
-    the directory, or ``DIR/NAME.safetensors``): its tensors are cut into shards
-    in tree order, and the tree and `metadata` go into the index's ``metadata``
-    (into the file's, when everything fits in one). ``load_state`` takes the
-    directory or the index.
+    Parameters
+    ----------
+    filename : str or bytes or os.PathLike
+        The file to write (the directory, or ``DIR/NAME.safetensors``, with
+        `max_shard_size`).
+    tree : object
+        Dicts (OrderedDicts too), lists and tuples, nested at most
+        `MAX_DEPTH` deep, whose leaves are arrays (NumPy, torch, JAX), None,
+        bools, ints, floats, strs or bytes; dict keys are such scalars.
+    metadata : mapping of str to str, optional
+        More ``__metadata__``, beside the tree.
+    fsync : bool, default False
+        Flush the file and its directory to disk before returning.
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum (see ``fastst.save_file``).
+    max_shard_size : int or str, optional
+        Save a sharded checkpoint, as ``fastst.save_file(...,
+        max_shard_size=...)`` saves tensors: the tensors are cut into shards
+        in tree order, and the tree and `metadata` go into the index's
+        ``metadata`` (into the file's, when everything fits in one).
+
+    Raises
+    ------
+    SafetensorTypeError
+        When a leaf or a key is of a type a state cannot hold (a set, an
+        object...).
+    SafetensorError
+        When the tree holds itself (a cycle), nests deeper than `MAX_DEPTH`,
+        gives two leaves one tensor name, or `metadata` uses `STATE_KEY`.
+    OSError
+        When the file cannot be written.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "optimizer.safetensors")
+    >>> state = {"step": 10, "lr": 1e-3, "moments": [np.zeros(2), np.ones(2)]}
+    >>> fastst.save_state(path, state, {"framework": "np"})
+    >>> sorted(fastst.load_file(path))
+    ['moments/0', 'moments/1']
     """
     tensors, state_metadata = state_to_tensors(tree, metadata)
     specs = tensor_specs(tensors)
@@ -88,13 +133,51 @@ def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, st
 
 def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
                backend: Backend = "mmap", verify: bool = False) -> Any:
-    """The tree ``save_state`` wrote to `filename`, arrays as `framework`'s tensors
-    (views of the file's map for NumPy and torch on the CPU); `framework`,
-    `device`, `backend` and `verify` are those of ``fastst.safe_open``. A sharded
-    state (its directory or index) is read through one handle over its shards,
-    each shard opened when the tree first needs one of its tensors.
+    """Load the nested state that `save_state` wrote: the same tree, the same
+    container and key types.
 
-    Nothing in the file is run: no pickle, no eval, no import it names.
+    Nothing in the file is run: no pickle, no eval, no import it names; the
+    tree is checked against the format and the file's tensors (each used
+    exactly once). A sharded state (its directory or index) is read through
+    one handle over its shards, each shard opened when the tree first needs
+    one of its tensors.
+
+    Parameters
+    ----------
+    filename : str or bytes or os.PathLike
+        The state file, or a sharded state's directory or index.
+    framework : str, default "np"
+        What the arrays are, as ``fastst.safe_open`` names them (``"np"``,
+        ``"pt"``, ``"jax"``...): views of the file's map for NumPy, and for
+        torch on the CPU.
+    device : str, default "cpu"
+        Where the framework puts them.
+    backend : "mmap" or "pread", default "mmap"
+        How the file is read.
+    verify : bool, default False
+        Check each tensor's checksum as it is read.
+
+    Returns
+    -------
+    object
+        The tree.
+
+    Raises
+    ------
+    SafetensorError
+        When the file is not a state file, its tree is not valid (unknown
+        nodes, a key twice, a tensor used twice, or one of the file's left
+        out), or its format version is not `STATE_VERSION`.
+    FileNotFoundError
+        When the file does not exist.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "state.safetensors")
+    >>> fastst.save_state(path, {"step": 1, "best": (0.5, b"id"), 7: np.arange(3)})
+    >>> fastst.load_state(path)
+    {'step': 1, 'best': (0.5, b'id'), 7: array([0, 1, 2])}
     """
     with safe_open(filename, framework, device,  # type: ignore[call-overload]
                    backend=backend, verify=verify) as handle:
@@ -109,9 +192,42 @@ def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *
 
 def state_to_tensors(tree: Any, metadata: Optional[Mapping[str, str]] = None
                      ) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """Split `tree` into its arrays, {path name: array} (NumPy, torch or JAX, as
-    given), and the ``__metadata__`` that describes the rest: what any writer
-    (one file, or shards) stores to make a state file."""
+    """Split a nested state into its arrays and the metadata that describes the
+    rest: what any writer (one file, or shards) stores to make a state file.
+
+    Parameters
+    ----------
+    tree : object
+        The state (see `save_state`).
+    metadata : mapping of str to str, optional
+        More metadata, kept beside the tree.
+
+    Returns
+    -------
+    tensors : dict of str to array
+        Each array of the tree (NumPy, torch or JAX, as given), by its path
+        name, in tree order.
+    metadata : dict of str to str
+        `metadata` plus the tree, under `STATE_KEY`.
+
+    Raises
+    ------
+    SafetensorTypeError
+        When a leaf or a key is of a type a state cannot hold.
+    SafetensorError
+        When the tree holds itself, nests deeper than `MAX_DEPTH`, gives two
+        leaves one name, or `metadata` uses `STATE_KEY`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastst.state import state_to_tensors
+    >>> tensors, metadata = state_to_tensors({"step": 3, "w": np.zeros(2)})
+    >>> tensors
+    {'w': array([0., 0.])}
+    >>> metadata
+    {'fastst.state': '{"version":1,"tree":{"dict":[["step",3],["w",{"tensor":"w"}]]}}'}
+    """
     import orjson
 
     extra = dict(metadata or {})
@@ -215,9 +331,31 @@ def _where(path: str) -> str:
 
 
 def tensor_specs(tensors: Mapping[str, Any]) -> List[WriteSpec]:
-    """The WriteSpecs that write `tensors` (NumPy arrays and scalars, torch
-    tensors through ``fastst.torch``, anything else NumPy can view, like JAX
-    arrays)."""
+    """The `WriteSpec` of each tensor of a state, whatever its framework.
+
+    Parameters
+    ----------
+    tensors : mapping of str to array
+        NumPy arrays and scalars, torch tensors (through its adapter),
+        anything else NumPy can view (JAX arrays, buffers).
+
+    Returns
+    -------
+    list of WriteSpec
+        In the order of `tensors`.
+
+    Raises
+    ------
+    SafetensorTypeError
+        When a dtype has no safetensors code.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastst.state import tensor_specs
+    >>> tensor_specs({"w": np.ones(2, np.float16)})
+    [WriteSpec(name='w', dtype='F16', shape=(2,), data=array([1., 1.], dtype=float16))]
+    """
     return [spec_of(name, value) for name, value in tensors.items()]
 
 
@@ -228,9 +366,39 @@ def tensor_specs(tensors: Mapping[str, Any]) -> List[WriteSpec]:
 
 def state_from_tensors(metadata: Optional[Mapping[str, str]], get_tensor: Callable[[str], Any],
                        names: Iterable[str], source: str = "<state>") -> Any:
-    """The tree that `metadata` (a file's ``__metadata__``) describes, each tensor
-    leaf taken with `get_tensor(name)`; `names` are the tensors the file holds,
-    each of which the tree must use exactly once."""
+    """The nested state that a file's metadata describes, its arrays taken from
+    the file: what `load_state` does with an open file.
+
+    Parameters
+    ----------
+    metadata : mapping of str to str or None
+        The file's ``__metadata__`` (or a sharded state index's
+        ``metadata``).
+    get_tensor : callable
+        ``get_tensor(name)``: the tensor of a leaf.
+    names : iterable of str
+        The tensors the file holds: the tree must use each exactly once.
+    source : str, default "<state>"
+        What messages call the file.
+
+    Returns
+    -------
+    object
+        The tree.
+
+    Raises
+    ------
+    SafetensorError
+        When the metadata holds no state, or its tree is not valid.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastst.state import state_from_tensors, state_to_tensors
+    >>> tensors, metadata = state_to_tensors({"step": 3, "w": np.zeros(2)})
+    >>> state_from_tensors(metadata, tensors.__getitem__, tensors)
+    {'step': 3, 'w': array([0., 0.])}
+    """
     document = _state_document(metadata, source)
     decoder = _Decoder(get_tensor, set(names), source)
     tree = decoder.node(document["tree"], "", 0)

@@ -5,6 +5,16 @@ Loading goes through fastst's NumPy views: a CPU tensor shares the file's privat
 map (``torch.from_numpy``, through a same-width integer view for bfloat16 and
 float8), so loading copies nothing. Saving hands each tensor's memory to fastst's
 writer through a NumPy view of it, one tensor at a time.
+
+Examples
+--------
+>>> import torch, tempfile, os
+>>> from fastst.torch import load_file, save_file
+>>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+>>> save_file({"w": torch.ones(2, 2, dtype=torch.bfloat16)}, path)
+>>> load_file(path)["w"]
+tensor([[1., 1.],
+        [1., 1.]], dtype=torch.bfloat16)
 """
 from __future__ import annotations
 
@@ -34,8 +44,11 @@ __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model",
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# header code -> torch dtype; None where torch (or this version of it) lacks one
 TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = torch_dtypes()
+"""Header dtype code -> torch dtype, for every code of ``fastst.DTYPES``: None where
+torch, or this version of it, has none (the F6 codes, which load as their packed bytes,
+``torch.uint8``). ``"F4"`` is ``torch.float4_e2m1fn_x2``, whose elements hold two
+values each."""
 
 # The reference's own tables under its names, which libraries import from
 # safetensors.torch (vLLM, torch's distributed checkpoint): header code -> torch dtype
@@ -69,14 +82,49 @@ def _streamed_cuda_device(device: Any, filename: Any) -> Optional[torch.device]:
 
 def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *,
               backend: Backend = "mmap") -> Dict[str, torch.Tensor]:
-    """Load every tensor of a file, or of a sharded checkpoint (its directory or
-    ``*.index.json``), as torch tensors.
+    """Load every tensor of a file, or of a sharded checkpoint, as torch tensors.
 
-    On the CPU (the default) the tensors view the file's private map: nothing is
-    copied or read until used, writes stay in this process, and the tensors stay
-    valid however long they live. On another device each tensor is moved there.
-    ``backend="pread"`` reads each tensor into memory of its own instead.
-    A CUDA device gets one allocation holding every tensor, streamed from the file.
+    The drop-in for ``safetensors.torch.load_file``. On the CPU (the default)
+    the tensors view the file's private map: nothing is copied or read until
+    used, writes stay in this process, and the tensors stay valid however
+    long they live. On another device each tensor is moved there; a CUDA
+    device gets one allocation holding every tensor, streamed from the file
+    through a ring of pinned buffers.
+
+    Parameters
+    ----------
+    filename : str or os.PathLike
+        A ``.safetensors`` file, or a sharded checkpoint (its directory or
+        ``*.index.json``); a URL or file object as ``fastst.safe_open`` takes.
+    device : str or int or torch.device, default "cpu"
+        Where the tensors go (``"cuda:0"``, ``0``, ``"meta"``...).
+    backend : "mmap" or "pread", default "mmap"
+        ``"pread"`` reads each tensor into memory of its own instead of
+        viewing the map.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        Every tensor, in the order of its bytes in the file.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the file does not exist.
+    SafetensorError
+        When the file breaks a rule of the format, or this torch has no dtype
+        for a tensor's; when `device` is not a device.
+    RuntimeError
+        When `device` is not available (no CUDA).
+
+    Examples
+    --------
+    >>> import torch, fastst.torch, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.torch.save_file({"b": torch.arange(3), "w": torch.eye(2)}, path)
+    >>> fastst.torch.load_file(path)
+    {'b': tensor([0, 1, 2]), 'w': tensor([[1., 0.],
+            [0., 1.]])}
     """
     target = _streamed_cuda_device(device, filename)
     if target is not None:
@@ -88,10 +136,34 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:
-    """Load tensors from the bytes of a safetensors file.
+    """Load the tensors of a safetensors file held in memory.
 
-    Tensors from read-only data (``bytes``) are copies; from a writable buffer
-    (``bytearray``) they view it, as ``fastst.load``'s arrays do.
+    The drop-in for ``safetensors.torch.load``. Tensors from read-only data
+    (``bytes``) are copies, since torch tensors are always writable; from a
+    writable buffer (``bytearray``) they view it, as ``fastst.load``'s arrays
+    do.
+
+    Parameters
+    ----------
+    data : bytes-like object
+        The whole file.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        Every tensor, in the order of its bytes in `data`.
+
+    Raises
+    ------
+    SafetensorError
+        When the bytes break a rule of the format.
+
+    Examples
+    --------
+    >>> import torch, fastst.torch
+    >>> data = fastst.torch.save({"x": torch.tensor([1.5, 2.5])})
+    >>> fastst.torch.load(data)
+    {'x': tensor([1.5000, 2.5000])}
     """
     reader = Reader()
     reader.open_buffer(data)
@@ -107,12 +179,43 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
 
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None, *,
          checksum: Optional[str] = None) -> bytes:
-    """The bytes of a safetensors file holding `tensors`, identical to what
-    ``safetensors.torch.save`` gives for the same tensors.
+    """Serialize torch tensors into the bytes of a safetensors file.
 
-    Tensors may live on any device and need not be contiguous; tensors that share
-    memory raise RuntimeError (see ``save_model``). `checksum` is that of
-    ``fastst.save``.
+    The drop-in for ``safetensors.torch.save``, with the same bytes. Tensors
+    may live on any device and need not be contiguous.
+
+    Parameters
+    ----------
+    tensors : dict of str to torch.Tensor
+        The tensors, by name.
+    metadata : dict of str to str, optional
+        The header's ``__metadata__``.
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata (see ``fastst.save``).
+
+    Returns
+    -------
+    bytes
+        The whole file.
+
+    Raises
+    ------
+    RuntimeError
+        When tensors share memory (tied weights: see `save_model`), as the
+        reference raises.
+    ValueError
+        When `tensors` is not a dict of tensors, or a tensor is sparse.
+    SafetensorNotImplementedError
+        For a tensor on the meta device, which has no data.
+    SafetensorTypeError
+        For a dtype the format has no code for.
+
+    Examples
+    --------
+    >>> import torch, fastst.torch
+    >>> data = fastst.torch.save({"x": torch.zeros(2)}, {"format": "pt"})
+    >>> len(data), fastst.torch.load(data)
+    (104, {'x': tensor([0., 0.])})
     """
     return _plan(tensors, metadata, checksum).to_bytes()
 
@@ -121,16 +224,50 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
               metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False,
               max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None
               ) -> None:
-    """Write `tensors` to `filename` atomically (as ``fastst.save_file`` does, with
-    its `fsync` and `checksum` options), in the bytes ``safetensors.torch.save_file``
-    writes. Each tensor is written straight from its memory.
+    """Write torch tensors to a safetensors file, atomically.
 
-    With `max_shard_size` (bytes, or a size such as ``"5GB"``), `filename` is a
-    directory (or ``DIR/NAME.safetensors``) and the files are those
-    ``huggingface_hub.save_torch_state_dict`` writes there, byte for byte: shards
-    cut as it cuts them, each with ``{"format": "pt"}`` as metadata, and an index
-    whose metadata is ``total_size`` then `metadata` (one file and no index when
-    everything fits in one shard). See ``fastst.checkpoint``.
+    The drop-in for ``safetensors.torch.save_file``, with the same bytes;
+    written as ``fastst.save_file`` writes (beside the target, then renamed
+    over it). Each tensor is written straight from its memory.
+
+    Parameters
+    ----------
+    tensors : dict of str to torch.Tensor
+        The tensors, by name (see `save`).
+    filename : str or os.PathLike
+        The file to write.
+    metadata : dict of str to str, optional
+        The header's ``__metadata__``.
+    fsync : bool, default False
+        Flush the file and its directory to disk before returning.
+    max_shard_size : int or str, optional
+        Bytes, or a size such as ``"5GB"``: `filename` is then a directory
+        (or ``DIR/NAME.safetensors``) and the files are those
+        ``huggingface_hub.save_torch_state_dict`` writes there, byte for
+        byte: shards cut as it cuts them, each with ``{"format": "pt"}`` as
+        metadata, and an index whose metadata is ``total_size`` then
+        `metadata` (one file and no index when everything fits in one shard).
+        See ``fastst.checkpoint``.
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata.
+
+    Raises
+    ------
+    RuntimeError
+        When tensors share memory (see `save_model`).
+    ValueError
+        When `tensors` is not a dict of tensors, or a tensor is sparse.
+    OSError
+        When the file cannot be written; the old file stays.
+
+    Examples
+    --------
+    >>> import torch, fastst.torch, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.torch.save_file({"w": torch.ones(3)}, path, metadata={"epoch": "2"})
+    >>> with fastst.safe_open(path, framework="pt") as f:
+    ...     f.metadata(), f.get_tensor("w")
+    ({'epoch': '2'}, tensor([1., 1., 1.]))
     """
     if max_shard_size is not None:
         _check_for_save(tensors)
@@ -183,7 +320,27 @@ def _check_for_save(tensors: Any) -> None:
 
 
 def storage_ptr(tensor: torch.Tensor) -> int:
-    """Address of the storage under `tensor`; 0 when it has none (meta, sparse)."""
+    """The address of the storage under a tensor, as ``safetensors.torch`` has it.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+
+    Returns
+    -------
+    int
+        0 when the tensor has no storage data (meta, sparse).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastst.torch import storage_ptr
+    >>> x = torch.arange(4)
+    >>> storage_ptr(x[2:]) == storage_ptr(x) == x.data_ptr()
+    True
+    >>> storage_ptr(torch.empty(2, device="meta"))
+    0
+    """
     try:
         return int(tensor.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):
@@ -191,7 +348,25 @@ def storage_ptr(tensor: torch.Tensor) -> int:
 
 
 def storage_size(tensor: torch.Tensor) -> int:
-    """Bytes of the storage under `tensor` (a meta tensor's storage has a size too)."""
+    """The bytes of the storage under a tensor (a meta tensor's storage has a size
+    too), as ``safetensors.torch`` has it.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastst.torch import storage_size
+    >>> x = torch.arange(4, dtype=torch.int32)
+    >>> storage_size(x), storage_size(x[:1])
+    (16, 16)
+    """
     return int(tensor.untyped_storage().nbytes())
 
 
@@ -288,16 +463,47 @@ def save_model(model: torch.nn.Module, filename: PathLike,
     """Save a model's state dict, keeping one name for tensors that share memory
     (tied weights).
 
-    Each dropped name goes into `metadata` as ``dropped: kept`` (unless it
-    already has that key), as ``safetensors.torch.save_model`` does: the caller's
-    dict itself gains those keys, or a new one is made when it is None;
-    ``load_model`` ties the names back. With `force_contiguous` (the default)
-    tensors are made contiguous first, which changes nothing in the file:
-    non-contiguous tensors are written as C-ordered data either way.
+    The drop-in for ``safetensors.torch.save_model``. Each dropped name goes
+    into `metadata` as ``dropped: kept`` (unless it already has that key), as
+    the reference does: the caller's dict itself gains those keys, or a new
+    one is made when it is None; `load_model` ties the names back.
 
-    With `max_shard_size`, `filename` is a directory and the model is saved in
-    shards, as ``huggingface_hub.save_torch_model`` saves it (see ``save_file``).
-    `checksum` is that of ``fastst.save_file``.
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model.
+    filename : str or os.PathLike
+        The file to write (a directory with `max_shard_size`).
+    metadata : dict of str to str, optional
+        The header's ``__metadata__``; gains the dropped names.
+    force_contiguous : bool, default True
+        Make tensors contiguous first, which changes nothing in the file:
+        non-contiguous tensors are written as C-ordered data either way.
+    max_shard_size : int or str, optional
+        Save in shards, as ``huggingface_hub.save_torch_model`` saves (see
+        `save_file`).
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata.
+
+    Raises
+    ------
+    RuntimeError
+        When tensors share memory but none of them covers the whole storage
+        (nothing to keep in its place), as the reference raises.
+    OSError
+        When the file cannot be written.
+
+    Examples
+    --------
+    >>> import torch, fastst.torch, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> model = torch.nn.Module()
+    >>> model.a, model.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    >>> model.b.weight = model.a.weight                         # tied
+    >>> metadata = {}
+    >>> fastst.torch.save_model(model, path, metadata)
+    >>> metadata
+    {'b.weight': 'a.weight'}
     """
     state_dict = model.state_dict()
     for kept, dropped in _remove_duplicate_names(state_dict).items():
@@ -315,18 +521,54 @@ def save_model(model: torch.nn.Module, filename: PathLike,
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
                device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap"
                ) -> Tuple[List[str], List[str]]:
-    """Load a file, or a sharded checkpoint's directory, into `model`, as saved
-    by ``save_model``.
+    """Load a file, or a sharded checkpoint's directory, into a model, as saved
+    by `save_model`.
 
-    Returns ``(missing, unexpected)``: names of the model the file did not fill,
-    and names in the file the model has no place for. Names the model ties to
-    another (sharing its memory) count as filled when that other is. With `strict`
-    (the default) either being non-empty raises RuntimeError.
+    The drop-in for ``safetensors.torch.load_model``. On a CUDA device, the
+    file's tensors stream straight into the model's parameters and buffers
+    that live there with the same dtype and shape, with no second copy on the
+    device; the others load as `load_file` loads them, then into the model as
+    ``load_state_dict`` does.
 
-    On a CUDA device, the file's tensors stream straight into the model's
-    parameters and buffers that live there with the same dtype and shape, with
-    no second copy on the device; the others load as ``load_file`` loads them,
-    then into the model as ``load_state_dict`` does.
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model to fill.
+    filename : str or os.PathLike
+        The file, or a sharded checkpoint's directory or index.
+    strict : bool, default True
+        Raise when names are missing or unexpected.
+    device : str or int or torch.device, default "cpu"
+        Where the tensors are loaded.
+    backend : "mmap" or "pread", default "mmap"
+        How the file is read.
+
+    Returns
+    -------
+    missing : list of str
+        Names of the model the file did not fill. Names the model ties to
+        another (sharing its memory) count as filled when that other is.
+    unexpected : list of str
+        Names in the file the model has no place for.
+
+    Raises
+    ------
+    RuntimeError
+        With `strict`, when a name is missing or unexpected (as
+        ``load_state_dict`` words it); when a shape does not match.
+    FileNotFoundError
+        When the file does not exist.
+
+    Examples
+    --------
+    >>> import torch, fastst.torch, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> source, target = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    >>> fastst.torch.save_model(source, path)
+    >>> fastst.torch.load_model(target, path)
+    ([], [])
+    >>> torch.equal(source.weight, target.weight)
+    True
     """
     target = _streamed_cuda_device(device, filename)
     if target is not None:

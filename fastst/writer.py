@@ -11,6 +11,14 @@ Three ways in, all byte-identical to ``save_file`` for the same tensors:
   pieces, or in place through a writable view; the file appears atomically.
 * ``save_file_from``: specs plus a producer of tensors, one at a time.
 
+Below them, the plan every writer writes through: ``spec_of_array`` and
+``WriteSpec`` describe a tensor, ``plan_write`` places them and builds the header
+(a ``WritePlan``), ``write_atomically`` puts a plan in place of a file.
+
+Examples
+--------
+A dtype NumPy has no type for, written from its packed bytes:
+
 >>> import numpy as np, fastst
 >>> packed = np.array([0x21, 0x43], dtype=np.uint8)      # four 4-bit floats
 >>> data = fastst.writer.serialize([fastst.writer.WriteSpec("f4", "F4", (4,), packed)])
@@ -48,13 +56,9 @@ SHOWN_GAPS = 4   # tensors, and ranges per tensor, listed when some are left unw
 class StreamWriter:
     """A safetensors file declared whole, then filled in any order, in pieces.
 
-    ``StreamWriter(filename, specs, metadata=None, *, fsync=False, header_padding=0,
-    checksum=None)``:
-    `specs` declares every tensor, as a mapping ``name -> (dtype, shape)`` or as
-    ``(name, dtype, shape)`` triples, a dtype being a header code ("F32"), a NumPy
-    dtype, or a torch dtype. The header and every tensor's place are computed at
-    once; the file is preallocated beside `filename` under a temporary name, and
-    filled by
+    Every tensor is declared first: the header and every tensor's place are
+    computed at once, and the file is preallocated beside `filename` under a
+    temporary name, then filled by
 
     * ``write(name, array, start_row=0)``: a whole tensor, or rows
       ``[start_row, start_row + len(array))`` of it, from a NumPy array, anything
@@ -89,6 +93,60 @@ class StreamWriter:
     filled on local disk (in ``tempfile.gettempdir()``, which needs room for it)
     and uploaded at ``close``, as ``save_file`` uploads (on S3 and GCS in parts,
     the object appearing whole or not at all); an aborted writer uploads nothing.
+
+    Parameters
+    ----------
+    filename : str or bytes or os.PathLike or URL
+        The file to write.
+    specs : mapping or iterable
+        Every tensor, as a mapping ``name -> (dtype, shape)`` or as
+        ``(name, dtype, shape)`` triples; a dtype is a header code
+        (``"F32"``), a NumPy dtype or a torch dtype (see
+        ``declared_specs``).
+    metadata : mapping of str to str, optional
+        The header's ``__metadata__``.
+    fsync : bool, default False
+        Flush the file and its directory to disk at ``close``.
+    header_padding : int, default 0
+        Bytes of spaces reserved after the header (see ``fastst.save_file``).
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum, computed from the file at ``close``.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system.
+
+    Attributes
+    ----------
+    name : str
+        The target's path (or URL), as messages give it.
+
+    Raises
+    ------
+    SafetensorError
+        When the declared tensors are not valid (a name twice, a bad shape);
+        `SafetensorTypeError` for a dtype with no code.
+    OSError
+        When the file cannot be created (its directory is missing, no
+        permission, no room to preallocate it).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.writer import StreamWriter
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> with StreamWriter(path, {"x": ("F32", (4, 2)), "y": (np.int8, (3,))}) as writer:
+    ...     writer.write("x", np.ones((2, 2), np.float32), start_row=2)   # rows 2 and 3
+    ...     writer.write("x", np.zeros((2, 2), np.float32))               # rows 0 and 1
+    ...     writer.view("y")[:] = [7, 8, 9]                               # in place
+    >>> fastst.load_file(path)["x"][:, 0].tolist(), fastst.load_file(path)["y"].tolist()
+    ([0.0, 0.0, 1.0, 1.0], [7, 8, 9])
+
+    A tensor left unwritten: nothing is saved.
+
+    >>> writer = StreamWriter(path, {"z": ("I8", (2,))})
+    >>> writer.close()
+    Traceback (most recent call last):
+      ...
+    fastst._core.SafetensorError: ...: not written, so not saved: tensor 'z' bytes [0, 2)
     """
 
     def __init__(self, filename: PathLike, specs: Declared,
@@ -142,29 +200,147 @@ class StreamWriter:
 
     @property
     def closed(self) -> bool:
+        """Whether the writer is done: committed, aborted or detached."""
         return self._file is None
 
     def names(self) -> List[str]:
-        """The declared tensors, in file order."""
+        """The declared tensors' names, in file order.
+
+        Returns
+        -------
+        list of str
+        """
         return self._plan.names()
 
     def info(self, name: str) -> TensorInfo:
-        """Tensor `name` as declared: dtype code, shape, data_offsets, array_shape."""
+        """Tensor `name` as declared: dtype code, shape, data offsets, array shape.
+
+        Returns
+        -------
+        TensorInfo
+
+        Raises
+        ------
+        TensorNotFoundError
+            When no tensor `name` was declared.
+        """
         return self._plan.info(name, self.name)
 
     def write(self, name: str, array: Any, start_row: int = 0) -> None:
-        """Write `array` as tensor `name` whole, or as its rows from `start_row` on."""
+        """Write `array` as tensor `name` whole, or as its rows from `start_row` on.
+
+        Parameters
+        ----------
+        name : str
+            A declared tensor.
+        array : array_like
+            A NumPy array (or anything with the buffer protocol, or a CPU
+            tensor NumPy can view: torch's) of the tensor's NumPy dtype, whose
+            rows have the tensor's row shape; either byte order.
+        start_row : int, default 0
+            The row of the tensor where `array`'s first row goes.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When no tensor `name` was declared.
+        SafetensorTypeError
+            When the array's dtype is not the tensor's.
+        SafetensorIndexError
+            When the rows reach outside the tensor.
+        SafetensorError
+            When the writer is closed, or the row shape is not the tensor's.
+        OSError
+            When the write fails.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.writer import StreamWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> with StreamWriter(path, {"x": ("I16", (3,))}) as writer:
+        ...     writer.write("x", np.array([5, 6], np.int16), start_row=1)
+        ...     writer.write("x", np.array([4], np.int16))
+        >>> fastst.load_file(path)["x"].tolist()
+        [4, 5, 6]
+        """
         piece = as_array(self.name, name, array)
         fd = self._open_fd()
         self._mark(name, self._plan.write_rows(fd, name, start_row, piece, self.name))
 
     def write_bytes(self, name: str, data: Any, start: int = 0) -> None:
-        """Write the raw bytes of `data` at byte `start` of tensor `name`."""
+        """Write the raw bytes of `data` at byte `start` of tensor `name`: for
+        dtypes the caller has no array type for (F4, F6, float8 without ml_dtypes).
+
+        Parameters
+        ----------
+        name : str
+            A declared tensor.
+        data : bytes-like object
+            Any C-contiguous buffer.
+        start : int, default 0
+            The byte of the tensor where `data` goes.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When no tensor `name` was declared.
+        SafetensorError
+            When the bytes reach outside the tensor, or the writer is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.writer import StreamWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> with StreamWriter(path, {"f4": ("F4", (4,))}) as writer:   # 4 values, 2 bytes
+        ...     writer.write_bytes("f4", bytes([0x21, 0x43]))
+        >>> fastst.load_file(path)["f4"].tolist()
+        [33, 67]
+        """
         fd = self._open_fd()
         self._mark(name, self._plan.write_bytes(fd, name, start, data, self.name))
 
     def view(self, name: str) -> np.ndarray:
-        """A writable array over tensor `name`'s bytes in the file, to fill in place."""
+        """A writable array over tensor `name`'s bytes in the file, to fill in place.
+
+        A shared map of the file, as ``np.lib.format.open_memmap`` gives: what
+        is written to the array is written to the file. The tensor counts as
+        written once the view is taken. The view stays a window onto the file
+        after ``close``: drop it first if later writes to the array must not
+        reach the file.
+
+        Parameters
+        ----------
+        name : str
+            A declared tensor.
+
+        Returns
+        -------
+        numpy.ndarray
+            Of the tensor's NumPy dtype and array shape.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When no tensor `name` was declared.
+        SafetensorError
+            When NumPy cannot hold the tensor's shape, or the writer is closed.
+        SafetensorNotImplementedError
+            When the file system cannot map the file for writing.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.writer import StreamWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> with StreamWriter(path, {"x": (np.float64, (2, 2))}) as writer:
+        ...     x = writer.view("x")
+        ...     x[:] = np.eye(2)
+        >>> del x
+        >>> fastst.load_file(path)["x"].tolist()
+        [[1.0, 0.0], [0.0, 1.0]]
+        """
         fd = self._open_fd()
         info = self._plan.info(name, self.name)
         if info.array_shape is None:
@@ -193,7 +369,25 @@ class StreamWriter:
         return array
 
     def unwritten(self) -> Dict[str, List[Tuple[int, int]]]:
-        """For each tensor not fully written, its unwritten byte ranges."""
+        """For each tensor not fully written, its unwritten byte ranges.
+
+        Returns
+        -------
+        dict of str to list of (int, int)
+            ``[begin, end)`` byte ranges, relative to each tensor's start;
+            empty once every tensor is written.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.writer import StreamWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> writer = StreamWriter(path, {"x": ("F32", (4,))})
+        >>> writer.write("x", np.ones(2, np.float32), start_row=1)
+        >>> writer.unwritten()
+        {'x': [(0, 4), (12, 16)]}
+        >>> writer.abort()
+        """
         gaps = {}
         with self._lock:
             for name, ranges in self._written.items():
@@ -204,8 +398,18 @@ class StreamWriter:
         return gaps
 
     def close(self) -> None:
-        """Commit: rename the filled file over the target. Raises, and removes the
-        file, when some tensor is not fully written. Closing again does nothing."""
+        """Commit: rename the filled file over the target (flushed to disk first
+        with `fsync`, checksums computed first with `checksum`, uploaded after
+        for a URL). Closing again does nothing.
+
+        Raises
+        ------
+        SafetensorError
+            When some tensor is not fully written, naming the byte ranges left
+            unwritten: the file is removed, and any old file stays as it was.
+        OSError
+            When the file cannot be renamed or flushed.
+        """
         if self._file is None:
             return
         gaps = self.unwritten()
@@ -235,8 +439,31 @@ class StreamWriter:
 
     def region(self, name: str) -> TensorRegion:
         """A picklable target for tensor `name`'s bytes in the temporary file, that
-        another process sharing the file system fills (see ``TensorRegion``); the
-        tensor counts as written once the region is taken, as with ``view``."""
+        another process sharing the file system fills.
+
+        The tensor counts as written once the region is taken, as with
+        `view`: filling it is the taker's job (see `detach`).
+
+        Parameters
+        ----------
+        name : str
+            A declared tensor.
+
+        Returns
+        -------
+        TensorRegion
+
+        Raises
+        ------
+        TensorNotFoundError
+            When no tensor `name` was declared.
+        SafetensorError
+            When NumPy cannot hold the tensor's shape, or the writer is closed.
+
+        Examples
+        --------
+        See `detach`.
+        """
         fd = self._open_fd()
         os.fstat(fd)    # the file is still there
         info = self._plan.info(name, self.name)
@@ -251,9 +478,39 @@ class StreamWriter:
 
     def detach(self) -> PendingFile:
         """Hand the temporary file over, as it is, to whoever finishes filling it
-        (through regions, from other processes): the writer closes, and the
-        returned ``PendingFile`` commits the file (renames it over the target) or
-        aborts it. Not with `checksum`, whose digests are computed at ``close``."""
+        (through regions, from other processes).
+
+        The writer closes; the returned `PendingFile` commits the file (renames
+        it over the target) or aborts it. This is how ``fastst.dask`` writes
+        chunks from many workers.
+
+        Returns
+        -------
+        PendingFile
+
+        Raises
+        ------
+        SafetensorNotImplementedError
+            With `checksum`, whose digests are computed at `close`, or for a
+            URL.
+        SafetensorError
+            When the writer is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.writer import StreamWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> import pickle
+        >>> writer = StreamWriter(path, {"x": ("I32", (4,))})
+        >>> region = pickle.loads(pickle.dumps(writer.region("x")))   # as a worker gets it
+        >>> pending = writer.detach()
+        >>> region[0:2] = np.array([1, 2], np.int32)
+        >>> region.write(np.array([3, 4], np.int32), 2)
+        >>> pending.commit()
+        >>> fastst.load_file(path)["x"].tolist()
+        [1, 2, 3, 4]
+        """
         if self._checksum is not None or self._upload is not None:
             raise SafetensorNotImplementedError(
                 f"{self.name}: a file with checksums, or for a URL, is committed by "
@@ -266,7 +523,8 @@ class StreamWriter:
         return PendingFile(file.temp, file.target, fsync=self._fsync)
 
     def abort(self) -> None:
-        """Drop the file being written; any old file stays as it was."""
+        """Drop the file being written; any old file stays as it was. Aborting a
+        closed writer does nothing."""
         file, self._file = self._file, None
         if file is not None:
             self._release_maps(flush=False)
@@ -312,6 +570,27 @@ class TensorRegion:
 
     ``region[first:last] = rows`` (or ``region[first:last, :, ...]``, as
     ``dask.array.store`` writes, whole rows only) is ``region.write(rows, first)``.
+
+    Parameters
+    ----------
+    path : str
+        The temporary file being written.
+    target : str
+        The file it will become, as messages name it.
+    name : str
+        The tensor.
+    dtype : str
+        Its header dtype code.
+    shape : tuple of int
+        Its NumPy array shape.
+    offset : int
+        Where its bytes start in the file.
+    size : int
+        Its bytes.
+
+    Examples
+    --------
+    See ``StreamWriter.detach``.
     """
 
     __slots__ = ("path", "target", "name", "dtype", "shape", "offset", "size")
@@ -328,7 +607,25 @@ class TensorRegion:
 
     def write(self, array: Any, start_row: int = 0) -> None:
         """Write `array` as rows ``[start_row, start_row + len(array))`` of the tensor
-        (the whole tensor when it has no axis)."""
+        (the whole tensor when it has no axis).
+
+        Parameters
+        ----------
+        array : array_like
+            Rows of the tensor's dtype and row shape.
+        start_row : int, default 0
+            The row where `array`'s first row goes.
+
+        Raises
+        ------
+        SafetensorTypeError
+            When the array's dtype is not the tensor's.
+        SafetensorError
+            When the rows do not fit the tensor, or the file is gone
+            (committed or aborted).
+        OSError
+            When the write fails.
+        """
         piece = self._checked(as_array(self.target, self.name, array), start_row)
         rows = len(piece) if self.shape else 1
         row_bytes = self.size // self.shape[0] if self.shape and self.shape[0] else self.size
@@ -406,9 +703,25 @@ class TensorRegion:
 
 
 class PendingFile:
-    """A ``StreamWriter``'s temporary file handed over by ``StreamWriter.detach``:
-    its path, its target, and whether to flush it to disk. It pickles as those,
-    so that the process that sees the last piece written commits it."""
+    """A ``StreamWriter``'s temporary file, handed over by ``StreamWriter.detach``,
+    for whoever finishes it to commit or abort.
+
+    It pickles as its path, its target and whether to flush it to disk, so
+    that the process that sees the last piece written commits it.
+
+    Parameters
+    ----------
+    temp : str
+        The temporary file.
+    target : str
+        The file it becomes when committed.
+    fsync : bool, default False
+        Flush it, and its directory, to disk at commit.
+
+    Examples
+    --------
+    See ``StreamWriter.detach``.
+    """
 
     __slots__ = ("temp", "target", "fsync")
 
@@ -420,7 +733,13 @@ class PendingFile:
 
     def commit(self) -> None:
         """Rename the file over the target (flushed to disk first with `fsync`, and
-        the directory after)."""
+        the directory after).
+
+        Raises
+        ------
+        SafetensorError
+            When the file is gone: committed or aborted already.
+        """
         try:
             AtomicFile.written(self.temp, self.target).commit(fsync=self.fsync)
         except FileNotFoundError:
@@ -428,7 +747,8 @@ class PendingFile:
                                   f"(committed or aborted already)") from None
 
     def abort(self) -> None:
-        """Remove the file; any old file at the target stays as it was."""
+        """Remove the file; any old file at the target stays as it was. Aborting
+        again does nothing."""
         AtomicFile.written(self.temp, self.target).abort()
 
     def __repr__(self) -> str:
@@ -479,18 +799,58 @@ def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
                    storage_options: Optional[Mapping[str, Any]] = None) -> None:
     """Save tensors produced one at a time, holding one in memory at once.
 
-    `tensors` is an iterable of ``(name, tensor)`` pairs, in any order, or a lazy
-    mapping (anything with ``keys()`` and ``[name]``, such as an open file), read
-    one name at a time in file order; from a mapping only the declared tensors
-    are taken, so that specs can pick some tensors of a file. Why `specs` as well: a safetensors file
-    starts with its header, which gives every tensor's dtype, shape and byte range,
-    so every tensor's dtype and shape must be known before the first data byte has
-    a place; without them the writer would have to hold every tensor (or write the
-    data twice). ``specs_of(open_file)`` gives them for a copy of a file.
+    Why `specs` as well: a safetensors file starts with its header, which gives
+    every tensor's dtype, shape and byte range, so every tensor's dtype and
+    shape must be known before the first data byte has a place; without them
+    the writer would have to hold every tensor (or write the data twice).
+    ``specs_of(open_file)`` gives them for a copy of a file.
 
-    The file is written as ``StreamWriter`` writes it: atomically, and identical to
-    ``save_file`` of the same tensors (`checksum` included); to a URL, through a
-    local spool, uploaded when complete.
+    The file is written as `StreamWriter` writes it: atomically, and identical
+    to ``save_file`` of the same tensors (`checksum` included); to a URL,
+    through a local spool, uploaded when complete.
+
+    Parameters
+    ----------
+    specs : mapping or iterable
+        Every tensor, as a mapping ``name -> (dtype, shape)`` or as
+        ``(name, dtype, shape)`` triples (see ``declared_specs``).
+    tensors : iterable of (str, array) or mapping
+        ``(name, tensor)`` pairs, in any order, or a lazy mapping (anything
+        with ``keys()`` and ``[name]``, such as an open file), read one name at
+        a time in file order; from a mapping only the declared tensors are
+        taken, so that specs can pick some tensors of a file.
+    filename : str or bytes or os.PathLike or URL
+        The file to write.
+    metadata : mapping of str to str, optional
+        The header's ``__metadata__``.
+    fsync : bool, default False
+        Flush the file and its directory to disk before returning.
+    header_padding : int, default 0
+        Bytes of spaces reserved after the header (see ``fastst.save_file``).
+    checksum : "xxh3_64" or "xxh3_128", optional
+        Store each tensor's checksum in the metadata.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system.
+
+    Raises
+    ------
+    SafetensorError
+        When a tensor is produced twice, or a declared one is never
+        produced (nothing is saved then), or a tensor does not match its
+        declaration (`SafetensorTypeError` for its dtype).
+    OSError
+        When the file cannot be written.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.writer import save_file_from
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> specs = {f"layer{i}": ("F32", (2,)) for i in range(3)}
+    >>> produced = ((name, np.full(2, i, np.float32)) for i, name in enumerate(specs))
+    >>> save_file_from(specs, produced, path)
+    >>> fastst.load_file(path)["layer2"].tolist()
+    [2.0, 2.0]
     """
     with StreamWriter(filename, specs, metadata, fsync=fsync, header_padding=header_padding,
                       checksum=checksum, storage_options=storage_options) as writer:

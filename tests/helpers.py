@@ -2,7 +2,9 @@
 and a runner of hostile inputs in a bounded child process."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -70,3 +72,41 @@ def run_bounded(code: str, *, timeout: float = 30, memory: int = 1 << 30,
         raise AssertionError(f"still running after {timeout} s") from None
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+# What an example needs beyond fastst's own dependencies, by what it imports...
+FRAMEWORK_OF_IMPORT = {"torch": "torch", "fastst.torch": "torch", "jax": "jax",
+                       "fastst.flax": "jax", "fastst.jax": "jax", "fastst.dask": "dask",
+                       "dask": "dask", "fsspec": "fsspec"}
+# ... by the URLs it opens (fsspec serves them), and by the checksums it writes (xxhash)
+URL = re.compile(r"""["'](?:memory|s3|gs|https?)://""")
+CHECKSUM = re.compile(r"""["']xxh3_(?:64|128)["']""")
+
+
+def imported_modules(code: str) -> list:
+    """The modules that the Python `code` imports (``import a, b as c``, ``from a import
+    b``), by name."""
+    names = []
+    for line in code.splitlines():
+        statement = line.strip()
+        if statement.startswith("import "):
+            names += [part.split(" as ")[0].strip() for part in statement[7:].split(",")]
+        elif statement.startswith("from ") and " import " in statement:
+            names.append(statement[5:].split(" import ")[0].strip())
+    return names
+
+
+def frameworks_needed(code: str) -> list:
+    """The optional packages that the example `code` needs."""
+    imported = [name for full in imported_modules(code) for name in (full, full.split(".")[0])]
+    needed = {FRAMEWORK_OF_IMPORT[name] for name in imported if name in FRAMEWORK_OF_IMPORT}
+    if URL.search(code):
+        needed.add("fsspec")
+    if CHECKSUM.search(code):
+        needed.add("xxhash")
+    return sorted(needed)
+
+
+def missing_frameworks(code: str) -> list:
+    """The optional packages that the example `code` needs and this Python lacks."""
+    return [name for name in frameworks_needed(code) if importlib.util.find_spec(name) is None]

@@ -121,13 +121,6 @@ def test_help_shows_the_real_signature_and_every_framework():
         assert f"'{name}'" in signature
 
 
-@pytest.mark.parametrize("module", ["fastst._handle", "fastst._slicing"])
-def test_docstring_examples(module, docstring_examples):
-    import importlib
-    failures, tried = docstring_examples(importlib.import_module(module))
-    assert failures == 0
-
-
 def test_numpy_handles_are_readers_with_the_compiled_methods(path):
     from fastst._core import Reader
     with fastst.safe_open(path) as f:

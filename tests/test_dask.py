@@ -476,11 +476,6 @@ def test_a_changed_file_is_refused_on_the_cluster(client, tmp_path, tensors):
         client.compute(x).result(timeout=TIMEOUT)
 
 
-def test_docstring_examples(docstring_examples):
-    failures, tried = docstring_examples(fastst_dask)
-    assert tried > 0 and failures == 0
-
-
 # ---------------------------------------------------------------------------
 # From object stores on the loopback interface
 # ---------------------------------------------------------------------------

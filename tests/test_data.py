@@ -166,12 +166,6 @@ def test_importing_fastst_data_needs_no_framework():
     assert done.stdout.split() == ["[]", "Rows"]
 
 
-def test_docstring_example(docstring_examples):
-    import fastst.data
-    failures, tried = docstring_examples(fastst.data)
-    assert failures == 0 and tried > 0
-
-
 def test_rows_gather_every_named_tensor(path, features):
     from fastst.data import Rows
     for backend in BACKENDS:

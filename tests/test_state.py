@@ -391,12 +391,6 @@ def test_optax_state_reloads_and_steps_identically(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_module_examples(docstring_examples):
-    import fastst.state
-    failures, tried = docstring_examples(fastst.state)
-    assert tried > 0 and failures == 0
-
-
 def test_a_sharded_state_keeps_its_tree_in_the_index_and_loads_lazily(tmp_path):
     tree = {"layers": [{"w": np.full((8, 8), k, np.float32), "scale": 0.5 * k}
                        for k in range(4)], "step": 7, "name": "run"}

@@ -172,7 +172,9 @@ def _add_convert(commands: Any) -> None:
                     "running the checkpoint's pickle. A directory converts every checkpoint "
                     "in it (a sharded pytorch_model.bin.index.json keeps its split) and "
                     "copies the other files. No dtype is cast. Exit status: 0 when every "
-                    "file converted, 1 when one could not be, 2 for a usage error.")
+                    "file converted, 1 when one could not be or when there is nothing to "
+                    "convert (a .safetensors file, a folder without a checkpoint), 2 for a "
+                    "usage error.")
     convert.add_argument("src", metavar="SRC", help="a checkpoint file or a directory")
     convert.add_argument("dst", metavar="DST", nargs="?", default=None,
                          help="the output file or directory (default: beside SRC, "

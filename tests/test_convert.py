@@ -112,6 +112,34 @@ def test_tied_weights_are_kept_once_and_recorded(tmp_path, legacy):
     assert file_bytes(tmp_path / "tied.safetensors") == file_bytes(reference)
 
 
+def test_tied_gpt2_embeddings_keep_the_name_both_models_load(tmp_path, caplog):
+    """GPT-2 ties lm_head.weight to transformer.wte.weight: the converted folder
+    keeps wte, as ``save_pretrained`` does, so that the base model (which has no
+    head) loads its embeddings instead of initialising them at random."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1,
+                                     n_head=2, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+    source, out = tmp_path / "source", tmp_path / "converted"
+    source.mkdir()
+    config.save_pretrained(source)
+    torch.save(model.state_dict(), source / "pytorch_model.bin")
+    (report,) = convert(source, out)
+    assert report.dropped == {"lm_head.weight": "transformer.wte.weight"}
+    caplog.set_level("WARNING")
+    base, base_info = transformers.GPT2Model.from_pretrained(out, output_loading_info=True)
+    head, head_info = transformers.GPT2LMHeadModel.from_pretrained(out,
+                                                                   output_loading_info=True)
+    assert base_info["missing_keys"] == set() == head_info["missing_keys"]
+    assert "newly initialized" not in caplog.text
+    expected = model.transformer.wte.weight
+    assert torch.equal(base.wte.weight, expected) and torch.equal(head.lm_head.weight, expected)
+    for name, tensor in model.transformer.state_dict().items():
+        assert torch.equal(base.state_dict()[name], tensor), name
+
+
 def test_views_sharing_a_storage_that_differ_are_each_written(tmp_path):
     base = torch.randn(4, 4)
     state = {"whole": base, "row": base[1], "rows": base[1:3]}

@@ -133,3 +133,25 @@ def test_a_link_out_of_the_folder_exits_1(tmp_path, capsys):
     assert f"{folder / 'tokenizer.json'}: a symbolic link to {tmp_path / 'private_key.txt'}, " \
            f"outside {folder}: refused" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_nothing_to_convert_exits_1_and_writes_nothing(tmp_path, capsys):
+    empty, converted, out = tmp_path / "empty", tmp_path / "converted", tmp_path / "out"
+    empty.mkdir()
+    assert main(["convert", str(empty), str(out)]) == 1
+    assert f"{empty}: nothing to convert: no torch checkpoint" in capsys.readouterr().err
+    assert not out.exists()
+    converted.mkdir()
+    (converted / "config.json").write_text("{}")
+    fastst.save_file({"w": np.ones(3)}, converted / "model.safetensors")
+    assert main(["convert", str(converted), str(out)]) == 1
+    assert "holds 1 .safetensors file(s) already" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_safetensors_file_is_already_converted(tmp_path, capsys):
+    src = tmp_path / "weights.bin"     # the contents tell, not the name
+    fastst.save_file({"w": np.ones(3)}, src)
+    assert main(["convert", str(src), str(tmp_path / "out.safetensors")]) == 1
+    assert f"{src}: already a safetensors file, nothing to convert" in capsys.readouterr().err
+    assert not (tmp_path / "out.safetensors").exists()

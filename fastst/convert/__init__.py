@@ -283,10 +283,14 @@ def convert(src: Any, dst: Any = None, **options: Any) -> List[ConversionReport]
     (torch or NumPy) is told by its contents. `dst` defaults to `src` with the
     ``.safetensors`` suffix (``pytorch_model.bin`` -> ``model.safetensors``).
     `options` are those of ``torch_to_safetensors`` (``max_expansion`` included;
-    ``key``, ``verify_torch`` and ``max_shard_size`` do not apply to NumPy files)."""
+    ``key``, ``verify_torch`` and ``max_shard_size`` do not apply to NumPy files).
+    A safetensors file is refused (SafetensorError): there is nothing to convert."""
     source = os.fsdecode(src)
     if os.path.isdir(source):
         return convert_directory(source, dst, **options)
+    if is_safetensors_file(source):
+        raise SafetensorError(f"{source}: already a safetensors file, nothing to convert "
+                              f"(`fastst verify` checks it, `fastst inspect` lists it)")
     target = os.fsdecode(dst) if dst is not None else os.path.join(
         os.path.dirname(source), safetensors_name(os.path.basename(source)))
     if os.path.isdir(target):
@@ -307,6 +311,15 @@ def _convert_file(source: str, target: str, budget: OutputBudget, options: Dict[
         options.pop("verify_torch", None)   # no torch.load to compare with
         return _numpy_file(source, target, budget, **options)
     return _torch_file(source, target, budget, **options)
+
+
+def is_safetensors_file(path: str) -> bool:
+    """Whether `path` begins as a safetensors file does: the little-endian length
+    of a JSON header that fits in the file, then ``{``."""
+    with open(path, "rb") as fh:
+        head = fh.read(9)
+        size = os.fstat(fh.fileno()).st_size
+    return len(head) == 9 and head[8:] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
 
 
 def safetensors_name(name: str) -> str:
@@ -331,7 +344,9 @@ def convert_directory(src: str, dst: Optional[str] = None, **options: Any
     is another directory. A ``*.bin.index.json`` becomes a
     ``*.safetensors.index.json`` naming the converted shards. `options` are those
     of ``convert``; the output of all the checkpoints together may hold at most
-    `max_expansion` times their bytes, plus 16 MiB.
+    `max_expansion` times their bytes, plus 16 MiB. A folder without a
+    checkpoint (empty, or already converted) is refused with a SafetensorError
+    before anything is written.
 
     A symbolic link in `src` counts as the file it points to when that file lies
     in `src` (or, for a snapshot of the Hugging Face cache,
@@ -351,6 +366,8 @@ def convert_directory(src: str, dst: Optional[str] = None, **options: Any
     checkpoints = [(path, name) for name, path in files if not name.endswith(INDEX_SUFFIX)
                    and name.endswith(CHECKPOINT_SUFFIXES) and name not in in_shards
                    and (is_torch_checkpoint(path) or is_numpy_file(path))]
+    if not checkpoints and not indexes:
+        raise SafetensorError(_nothing_to_convert(source, files))
     converted = {name for _, name in checkpoints} | in_shards | {name for _, name, _ in indexes}
     budget = OutputBudget.of_files(
         [path for path, _ in checkpoints] + [paths[shard] for shard in in_shards
@@ -370,6 +387,13 @@ def convert_directory(src: str, dst: Optional[str] = None, **options: Any
         if copy and name not in converted:
             shutil.copy2(path, os.path.join(target, name))
     return reports
+
+
+def _nothing_to_convert(folder: str, files: List[Tuple[str, str]]) -> str:
+    found = sum(name.endswith(".safetensors") for name, _ in files)
+    return (f"{folder}: nothing to convert: no torch checkpoint (.bin, .pt, .pth, .ckpt) "
+            f"and no .npy/.npz file in this folder"
+            + (f"; it holds {found} .safetensors file(s) already" if found else ""))
 
 
 def _convert_sharded(path: str, index: CheckpointIndex, paths: Dict[str, str], target: str,

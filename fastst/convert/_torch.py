@@ -154,8 +154,14 @@ def _keys(tree: Any) -> str:
 
 def tied_names(tensors: List[Tuple[str, TensorRef]]) -> Dict[str, str]:
     """Names whose tensor is another's exactly (same storage, dtype, offset, shape
-    and stride: tied weights) -> the name kept, the first in sorted order, as
-    ``save_model`` keeps it."""
+    and stride: tied weights) -> the name kept, the first in the checkpoint's order.
+
+    A module registers the weight it owns before the heads tied to it
+    (``transformer.wte.weight`` before ``lm_head.weight``, ``shared.weight``
+    before T5's ``encoder.embed_tokens.weight``): keeping the first is keeping
+    the name that ``save_pretrained`` keeps, the one the model without a head
+    (``GPT2Model``) loads as well as the model with it. (``save_model`` keeps the
+    first in sorted order, ``lm_head.weight``, which the base model lacks.)"""
     # keyed by text: the hash of a tuple of ints a pickle chose can be made to collide
     by_layout: Dict[str, List[str]] = {}
     for name, ref in tensors:
@@ -163,7 +169,7 @@ def tied_names(tensors: List[Tuple[str, TensorRef]]) -> Dict[str, str]:
             by_layout.setdefault(repr(ref.layout()), []).append(name)
     dropped: Dict[str, str] = {}
     for names in by_layout.values():
-        kept, *others = sorted(names)
+        kept, *others = names
         for name in others:
             dropped[name] = kept
     return dropped

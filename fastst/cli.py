@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "file or of an index")
     verify.add_argument("--json", action="store_true",
                         help="print the reports as a JSON list, one object per PATH")
+    _add_no_progress(verify)
     _add_max_header_size(verify)
 
     _add_convert(commands)
@@ -150,7 +151,8 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     from .integrity import report_lines, verify_path   # imported on use
 
-    reports = [verify_path(path, max_header_size=args.max_header_size, progress=not args.json)
+    progress = not (args.json or args.no_progress)
+    reports = [verify_path(path, max_header_size=args.max_header_size, progress=progress)
                for path in args.paths]
     if args.json:
         out.write(json.dumps(reports, indent=2) + "\n")
@@ -193,8 +195,13 @@ def _add_convert(commands: Any) -> None:
                          help="refuse to write more than RATIO times the bytes of the input, "
                               "plus 16 MiB (default: %(default)g; 'none': no bound): a small "
                               "checkpoint can describe a huge tensor")
-    convert.add_argument("--no-progress", action="store_true",
-                         help="no progress bar (it is shown when stderr is a terminal)")
+    _add_no_progress(convert)
+
+
+def _add_no_progress(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--no-progress", action="store_true",
+                         help="no progress bar (one is drawn on stderr when it is a terminal "
+                              "and the work is 64 MiB or more; never in a pipe)")
 
 
 def _expansion(text: str) -> Optional[float]:

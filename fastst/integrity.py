@@ -27,14 +27,12 @@ from ._checksums import (ALGORITHMS, CHECKSUM_KEY, checksum_metadata, checksums_
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 from ._handle import NumpyHandle, VerifyingHandle, open_handle
 from ._index import is_index_name, read_index
-from ._progress import byte_bar
+from ._progress import byte_bar, is_terminal
 from ._source import Source, as_source
 
 __all__ = ["CHECKSUM_KEY", "ALGORITHMS", "digest_of", "digests_of", "with_checksums",
            "checksum_metadata", "reserved_checksums", "digests_in_file", "plan_with_checksums",
            "checksums_of", "VerifyingHandle", "verify_file", "verify_path", "report_lines"]
-
-PROGRESS_MIN_BYTES = 256 << 20
 
 
 def verify_file(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
@@ -153,8 +151,8 @@ def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
     max_header_size : int, default 100,000,000
         The largest header, or index, accepted, in bytes.
     progress : bool, default False
-        Show a progress bar (``tqdm``) on a terminal when there is much to
-        hash.
+        Draw a progress bar on stderr when it is a terminal and there is much
+        to hash (64 MiB or more).
 
     Returns
     -------
@@ -190,10 +188,12 @@ def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
     if indexes and not folder:    # a checkpoint given by its index: the shards it names
         files = [shard.label for _, shards in checked for shard in shards]
     bar = _progress_bar(files, max_header_size) if progress else None
-    reports = [verify_file(file, max_header_size=max_header_size,
-                           progress=None if bar is None else bar.update) for file in files]
-    if bar is not None:
-        bar.close()
+    try:
+        reports = [verify_file(file, max_header_size=max_header_size,
+                               progress=None if bar is None else bar.update) for file in files]
+    finally:
+        if bar is not None:
+            bar.close()
     if folder and not files:
         index_errors.append({"file": path, "error": "no .safetensors file in this folder"})
     return {"path": path, "ok": not index_errors and all(r["ok"] for r in reports),
@@ -202,10 +202,9 @@ def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
 
 def _progress_bar(files: List[str], max_header_size: int) -> Any:
     """A bar over the bytes to hash when the work is large (see ``byte_bar``)."""
-    if not sys.stderr.isatty():
+    if not is_terminal(sys.stderr):     # no file opened twice for a bar not drawn
         return None
-    total = sum(_checksummed_bytes(file, max_header_size) for file in files)
-    return byte_bar(total, "verify") if total >= PROGRESS_MIN_BYTES else None
+    return byte_bar(sum(_checksummed_bytes(file, max_header_size) for file in files), "verify")
 
 
 def _checksummed_bytes(path: str, max_header_size: int) -> int:

@@ -165,7 +165,7 @@ TESTS = pathlib.Path(__file__).resolve().parent
 # test that imports anything else outside the standard library (PyTorch, JAX, dask, moto,
 # MkDocs...: minutes to install) is left out of the quick check.
 CORE_MODULES = {"numpy", "ml_dtypes", "orjson", "pytest", "_pytest", "hypothesis",
-                "safetensors", "xxhash", "tqdm", "mypy", "fsspec", "aiohttp", "fastst"}
+                "safetensors", "xxhash", "mypy", "fsspec", "aiohttp", "fastst"}
 # fastst's modules that import a framework when they are imported.
 FRAMEWORK_OF_MODULE = {"fastst.torch": "torch", "fastst.flax": "jax", "fastst.jax": "jax",
                        "fastst.dask": "dask"}

@@ -128,10 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(commands)
 
     demo = commands.add_parser(
-        "demo", help="save, open and time a sample checkpoint against pickle and np.savez",
+        "demo", help="a tour of fastst on a sample checkpoint, timed against pickle and "
+                     "np.savez",
         description="Build a sample transformer-shaped checkpoint in NumPy, save it with "
-                    "fastst, open it zero-copy, show what is in it and time fastst "
-                    "against pickle and np.savez.")
+                    "fastst, and show in a line each, with its figures, what fastst does "
+                    "that the reference does not: zero-copy opening, atomic and sharded "
+                    "saves, checksums and verify, conversion, object stores (with fsspec), "
+                    "the streaming writer and row gathers; then time fastst against pickle "
+                    "and np.savez. A few seconds, no network. The exit status is 1 when a "
+                    "step did not hold.")
     demo.add_argument("--size-mb", type=_positive_size, default=64.0, metavar="N",
                       help="approximate checkpoint size in MiB (default: 64)")
     demo.add_argument("--dir", metavar="DIR", default=None,

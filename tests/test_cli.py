@@ -2,6 +2,7 @@
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -431,21 +432,51 @@ def test_human_size(nbytes, text):
 # demo
 # ---------------------------------------------------------------------------
 
+STEP_LABELS = ["zero-copy open", "atomic save", "sharded save", "checksums", "convert a .npz",
+               "object store", "streaming writer", "row gather", "inspect"]
+
+
+def _demo_steps(out):
+    """The tour's lines: label -> text."""
+    lines = out.splitlines()
+    first = lines.index("what fastst does that the reference (huggingface safetensors) does not:")
+    steps = {}
+    for line in lines[first + 1:first + 1 + len(STEP_LABELS)]:
+        label, text = line.split(":", 1)
+        steps[label.strip()] = text.strip()
+    return steps
+
+
 def _check_demo_output(out, path):
     lines = out.splitlines()
     assert lines[0].startswith(f"fastst {fastst.__version__} demo: a 36-tensor")
     assert f"saved with fastst.save_file -> {path}" in lines
-    assert "  two get_tensor() calls share memory (np.shares_memory): True" in lines
-    assert "  every tensor round-trips byte for byte: True" in lines
-    assert "  writing to a view leaves the file unchanged (private map): True" in lines
-    # The inspect table of the checkpoint, exactly as `fastst inspect` prints it.
-    table = _inspect.render_inspect(_inspect.describe(str(path)))
-    start = lines.index(f"file: {path}")
-    assert lines[start:start + len(table)] == table
-    assert "tensors      36" in lines
-    assert any(line.startswith("lm_head.weight ") and " F8_E4M3 " in line for line in lines)
-    assert any(" BF16 " in line for line in lines)
-    assert "  hidden_size  " + str(_demo.demo_checkpoint(2)["norm.weight"].shape[0]) in lines
+    steps = _demo_steps(out)
+    assert list(steps) == STEP_LABELS
+    assert re.fullmatch(r"36 tensors opened in [\d.]+ [mu]?s: 2\.0 MiB mapped, nothing copied, "
+                        r"BF16 and F8_E4M3 kept, byte for byte", steps["zero-copy open"])
+    assert steps["atomic save"] == ("a save over the file stopped after 3 of 36 tensors: the "
+                                    "old file intact, no temporary file left")
+    assert re.fullmatch(r"\d shards \+ index in [\d.]+ [mu]?s, the index last \(a killed save "
+                        r"leaves the old checkpoint\); opened as one handle: 36 tensors in "
+                        r"[\d.]+ [mu]?s", steps["sharded save"])
+    assert re.fullmatch(r"verify found the 1 corrupt tensor of 36 \(layers\.2\.self_attn\."
+                        r"k_proj\.weight\); 2\.0 MiB hashed in [\d.]+ [mu]?s", steps["checksums"])
+    assert re.fullmatch(r"27 arrays \([\d.]+ MiB\) to safetensors in [\d.]+ [mu]?s, without "
+                        r"pickle, each read back and compared", steps["convert a .npz"])
+    embed = _inspect.human_size(_demo.demo_checkpoint(2)["embed_tokens.weight"].nbytes)
+    store = re.fullmatch(rf"saved to fsspec's memory store; one {re.escape(embed)} tensor of the "
+                         r"2\.0 MiB file read with ([\d.]+)x its bytes, (\d+) requests?",
+                         steps["object store"])
+    assert store and 1 <= float(store[1]) < 1.5 and int(store[2]) <= 2, steps["object store"]
+    stream = re.fullmatch(r"8\.0 MiB written in 64 pieces of 128\.0 KiB in [\d.]+ [mu]?s; peak "
+                          r"memory traced ([\d.]+) KiB", steps["streaming writer"])
+    assert stream and float(stream[1]) < 1024, steps["streaming writer"]     # not the file
+    assert re.fullmatch(r"4096 random rows of embed_tokens\.weight in one call: [\d.]+ [mu]?s, "
+                        r"[\d,]+ rows/s", steps["row gather"])
+    header = _inspect.describe(str(path))["header_size"]
+    assert steps["inspect"] == (f"`fastst inspect demo.safetensors`: 36 tensors and 5 metadata "
+                                f"entries, from the {_inspect.human_size(header)} header alone")
     # The timing table, ratios relative to fastst.
     head = next(i for i, line in enumerate(lines) if line.startswith("format "))
     assert lines[head].split() == ["format", "save", "ratio", "load", "ratio", "load+read",
@@ -457,6 +488,36 @@ def _check_demo_output(out, path):
     for line in rows.values():
         cells = line.split()
         assert len(cells) >= 11 and all(cell.endswith("x") for cell in cells[3:10:3])
+    assert "did not hold" not in out
+
+
+def test_demo_skips_the_steps_whose_library_is_missing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "xxhash", None)     # import xxhash: ImportError
+    monkeypatch.setitem(sys.modules, "fsspec", None)
+    assert cli.main(["demo", "--size-mb", "1", "--dir", str(tmp_path)]) == 0
+    steps = _demo_steps(capsys.readouterr().out)
+    assert steps["checksums"] == "skipped: xxhash is not installed (the checksum extra)"
+    assert steps["object store"] == "skipped: fsspec is not installed (the remote extra)"
+    assert steps["row gather"].startswith("4096 random rows")
+
+
+def test_the_demo_tells_copies_from_views(tmp_path, capsys, monkeypatch):
+    def reading_copies(path, framework="np", **options):
+        return fastst.safe_open(path, framework, backend="pread")
+
+    monkeypatch.setattr(_demo, "safe_open", reading_copies)
+    assert cli.main(["demo", "--size-mb", "1", "--dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ", 36 tensors copied, " in _demo_steps(out)["zero-copy open"]
+    assert "did not hold: zero-copy open\n" in out
+
+
+def test_a_step_that_does_not_hold_makes_the_demo_exit_1(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(_demo, "_same_bytes", lambda a, b: False)
+    assert cli.main(["demo", "--size-mb", "1", "--dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert _demo_steps(out)["zero-copy open"].endswith("36 not as saved")
+    assert "did not hold: zero-copy open, atomic save, sharded save" in out
 
 
 def test_timing_rows_are_ratios_to_the_first_row():

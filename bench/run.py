@@ -471,6 +471,7 @@ class Bench:
     # (6) import time -------------------------------------------------------------
     def w6_import(self) -> None:
         a = self.args
+        os.makedirs(self.root, exist_ok=True)   # the children run there
         targets = [
             (Peer("fastst", "import fastst", "fastst", (), None), "numpy", "fastst"),
             (Peer("st", "import safetensors", "peer", ("safetensors",), None), "numpy",
@@ -502,8 +503,10 @@ class Bench:
                 code = (f"import time{', ' + before if before else ''}\n"
                         f"t = time.perf_counter()\nimport {module}\n"
                         f"print(time.perf_counter() - t)")
+                # from the data folder: `python -c` puts the working directory first
+                # on sys.path, where a checkout's fastst would shadow --fastst DIR
                 done = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                      text=True, env=env)
+                                      text=True, env=env, cwd=self.root)
                 if done.returncode:
                     errors[peer.key] = done.stderr.strip().splitlines()[-1][:160]
                 elif round_:
@@ -517,7 +520,7 @@ class Bench:
                 summarise(table, peer, results[peer.key])
             else:
                 skipped_row(table, peer, self.disabled)
-        heavy = import_breakdown("fastst", "numpy", env)
+        heavy = import_breakdown("fastst", "numpy", env, self.root)
         if heavy:
             table.notes.append("Largest parts of `import fastst` after numpy (-X importtime, "
                                "cumulative): " + ", ".join(heavy))
@@ -580,14 +583,14 @@ def import_env(root: str) -> Dict[str, str]:
     return env
 
 
-def import_breakdown(module: str, before: str, env: Dict[str, str],
+def import_breakdown(module: str, before: str, env: Dict[str, str], cwd: str,
                      top: int = 5) -> List[str]:
-    """What `import module` spends its time on after `before` (-X importtime): the
-    package's own modules by self time, and the outside modules it pulls in by
-    cumulative time."""
+    """What `import module` spends its time on after `before` (-X importtime), run in
+    `cwd`: the package's own modules by self time, and the outside modules it pulls
+    in by cumulative time."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-c",
                            f"import {before}; import {module}"], capture_output=True, text=True,
-                          env=env)
+                          env=env, cwd=cwd)
     if done.returncode:
         return []
     # importtime prints each module after its children; rebuild the tree from depths

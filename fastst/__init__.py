@@ -17,7 +17,6 @@ Examples
 """
 from typing import TYPE_CHECKING
 
-from ._api import load, load_file, load_into, safe_open, save, save_file
 from ._core import (
     DEFAULT_MAX_HEADER_SIZE,
     DTYPE_CODES,
@@ -30,34 +29,43 @@ from ._core import (
     TensorInfo,
     TensorNotFoundError,
 )
-from ._handle import FrameworkHandle, NumpyHandle
-from ._slicing import SafeSlice
-from ._version import __version__
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first use
     from . import numpy, writer
+    from ._api import _safe_open_handle as _safe_open_handle
+    from ._api import load, load_file, load_into, safe_open, save, save_file
     from ._edit import update_metadata
+    from ._handle import FrameworkHandle, NumpyHandle
     from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
+    from ._slicing import SafeSlice
+    from ._version import __version__
     from .state import load_state, save_state
     from .writer import StreamWriter, save_file_from
 
-# name -> the module that holds it, imported on first use (None: the module itself)
-LAZY = {"StreamWriter": "writer", "save_file_from": "writer", "update_metadata": "_edit",
+# name -> the module that holds it, imported on first use (None: the module itself).
+# `import fastst` loads the compiled core alone; the first name used from here loads
+# its module, and the name is then an attribute like any other.
+LAZY = {"safe_open": "_api", "_safe_open_handle": "_api", "load": "_api",
+        "load_file": "_api", "load_into": "_api", "save": "_api", "save_file": "_api",
+        "NumpyHandle": "_handle", "FrameworkHandle": "_handle", "SafeSlice": "_slicing",
+        "StreamWriter": "writer", "save_file_from": "writer", "update_metadata": "_edit",
         "TensorSpec": "_lowlevel", "serialize": "_lowlevel", "serialize_file": "_lowlevel",
         "deserialize": "_lowlevel", "save_state": "state", "load_state": "state",
-        "numpy": None, "writer": None}
+        "__version__": "_version", "numpy": None, "writer": None}
 
 
 def __getattr__(name: str) -> object:
     if name not in LAZY:
         raise AttributeError(f"module 'fastst' has no attribute {name!r}")
-    import importlib
+    from importlib import import_module
 
-    module = importlib.import_module(f"fastst.{LAZY[name] or name}")
-    return module if LAZY[name] is None else getattr(module, name)
+    module = import_module(f"fastst.{LAZY[name] or name}")
+    value = module if LAZY[name] is None else getattr(module, name)
+    globals()[name] = value   # found directly from now on
+    return value
 
 
-def __dir__() -> list:
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(LAZY))
 
 

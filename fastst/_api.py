@@ -2,6 +2,8 @@
 ``safetensors.numpy`` (and ``load_into``), over safe_open and the write plan."""
 from __future__ import annotations
 
+import os
+import sys
 from typing import (TYPE_CHECKING, Any, Dict, Literal, Mapping, Optional, Protocol, Union,
                     overload)
 
@@ -9,7 +11,8 @@ from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framew
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, plan_write,
                     spec_of_array)
 from ._files import PathLike
-from ._handle import ArrayHandle, Backend, Handle, Openable, open_handle
+from ._handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
+                      open_handle)
 from ._index import is_checkpoint
 from ._source import NOT_LOCAL, as_source
 
@@ -144,19 +147,23 @@ def load_into(filename: Openable, arrays: Mapping[str, npt.NDArray[Any]], *,
         reader.read_into(dict(arrays))
 
 
-def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+def load(data: Any, *, copy: bool = False, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
          ) -> Dict[str, npt.NDArray[Any]]:
     """Load the tensors of a safetensors file held in memory, without copying.
 
-    The drop-in for ``safetensors.numpy.load``. The arrays view `data` and
-    keep it alive; they are read-only when `data` is (``bytes``), writable
-    when it is (``bytearray``), and then share its memory.
+    The arrays view `data` and keep it alive; they are read-only when `data`
+    is (``bytes``), writable when it is (``bytearray``), and then share its
+    memory. With ``copy=True`` each tensor is read into writable memory of
+    its own, as ``safetensors.numpy.load`` returns them (``fastst.numpy.load``
+    does so).
 
     Parameters
     ----------
     data : bytes-like object
         The whole file: bytes, bytearray, memoryview, mmap, or a 1-d uint8
         NumPy array.
+    copy : bool, default False
+        Read each tensor into memory of its own instead of viewing `data`.
     max_header_size : int, default 100,000,000
         The largest header accepted, in bytes.
 
@@ -181,7 +188,7 @@ def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE
     """
     reader = Reader()
     reader.open_buffer(data, max_header_size=max_header_size)
-    return reader.get_tensors()
+    return reader.copy_tensors() if copy else reader.get_tensors()
 
 
 def save(tensor_dict: Mapping[str, npt.NDArray[Any]],
@@ -358,34 +365,32 @@ def _as_dict(tensors: Mapping[str, Any]) -> Dict[str, Any]:
     raise TypeError(f"tensors must be a dict of str to numpy.ndarray, got {type(tensors).__name__}")
 
 
-@overload
-def safe_open(filename: Openable, framework: Literal["np", "numpy"] = "np",
-              device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              storage_options: Optional[Mapping[str, Any]] = None) -> ArrayHandle: ...
-@overload
-def safe_open(filename: Openable, framework: Literal["pt", "torch", "pytorch"],
-              device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              storage_options: Optional[Mapping[str, Any]] = None) -> Handle[torch.Tensor]: ...
-@overload
-def safe_open(filename: Openable, framework: Literal["jax", "flax"],
-              device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              storage_options: Optional[Mapping[str, Any]] = None) -> Handle[jax.Array]: ...
-def safe_open(filename: Openable,
-              framework: Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax"] = "np",
-              device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
-              max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-              storage_options: Optional[Mapping[str, Any]] = None
-              ) -> Union[ArrayHandle, Handle[Any]]:
+class _OpensHandles(type):
+    """The type of `safe_open`: ``isinstance(f, safe_open)`` holds for what it
+    returns (a ``NumpyHandle``, a ``FrameworkHandle``, a checkpoint's
+    ``ShardedHandle``), as for the reference's ``safe_open`` objects."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return cls.__subclasscheck__(type(instance))
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        if subclass is cls or issubclass(subclass, (NumpyHandle, FrameworkHandle)):
+            return True
+        # a checkpoint's handles exist only once their module is imported
+        checkpoint = sys.modules.get("fastst.checkpoint")
+        return checkpoint is not None and issubclass(subclass, checkpoint.ShardedHandle)
+
+
+class safe_open(metaclass=_OpensHandles):
     """Open a safetensors file lazily: validate its header, map it, and hand out
     its tensors, zero-copy where the framework allows.
 
     The drop-in for ``safetensors.safe_open``, and a context manager. Nothing
     but the header is read until a tensor is asked for; the whole header is
     checked against the file first, so that no tensor of a malformed file is
-    ever handed out. Arrays stay valid after the handle is closed.
+    ever handed out. Arrays stay valid after the handle is closed. Calling it
+    gives the handle the file needs (see Returns), of which
+    ``isinstance(f, safe_open)`` is true, as of the reference's objects.
 
     Parameters
     ----------
@@ -399,15 +404,19 @@ def safe_open(filename: Openable,
         ``"ranges"``; see ``fastst.remote``).
     framework : str, default "np"
         One of ``"np"``, ``"numpy"``, ``"pt"``, ``"torch"``, ``"pytorch"``,
-        ``"jax"``, ``"flax"``.
+        ``"jax"``, ``"flax"``, ``"mlx"``, ``"tf"``, ``"tensorflow"``,
+        ``"paddle"``.
         ``"np"``/``"numpy"`` (default): NumPy arrays, from a ``NumpyHandle``.
         ``"pt"``/``"torch"``/``"pytorch"``: ``torch.Tensor``s (``fastst.torch``).
         ``"jax"``/``"flax"``: ``jax.Array``s (``fastst.jax``).
-        torch and JAX tensors come from a ``FrameworkHandle``, with the same
+        ``"mlx"``, ``"tf"``/``"tensorflow"``, ``"paddle"``: MLX arrays,
+        TensorFlow and PaddlePaddle tensors, made from the NumPy arrays (copies).
+        Other frameworks' tensors come from a ``FrameworkHandle``, with the same
         reading methods; only these import their framework. For typing, the
         result is an ``ArrayHandle`` for NumPy and a ``Handle`` of the
-        framework's tensors otherwise: what one file's handle and a sharded
-        checkpoint's have in common.
+        framework's tensors otherwise (of ``Any`` for a framework held in a
+        ``str``): what one file's handle and a sharded checkpoint's have in
+        common.
     device : str or int or torch.device or jax.Device, default "cpu"
         ``"cpu"`` (default; the only one for NumPy), or where the framework should
         put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).
@@ -432,7 +441,7 @@ def safe_open(filename: Openable,
     NumpyHandle or FrameworkHandle or fastst.checkpoint.ShardedHandle
         The open file: a `NumpyHandle` for NumPy (a
         ``fastst.integrity.VerifyingHandle`` with `verify`), a
-        `FrameworkHandle` for torch and JAX, a ``ShardedHandle`` (its
+        `FrameworkHandle` for other frameworks, a ``ShardedHandle`` (its
         ``NumpyShardedHandle`` for NumPy) for a sharded checkpoint.
 
     Raises
@@ -447,7 +456,8 @@ def safe_open(filename: Openable,
     TypeError
         When `filename` is neither a path, a URL nor a binary file object.
     ImportError
-        When the framework, or fsspec for a URL, is not installed.
+        When the framework (its message names the package to install), or
+        fsspec for a URL, is not installed.
 
     See Also
     --------
@@ -470,16 +480,96 @@ def safe_open(filename: Openable,
     ...     f.backend, f.get_tensor("x").tolist()
     ('ranges', [0, 1, 2])
     """
-    if framework in NUMPY_FRAMEWORKS:
-        check_numpy_device(device)
-        convert = None
-    else:
-        convert = framework_converter(framework, device)
-    source = as_source(filename, storage_options, backend=backend)
-    if is_checkpoint(source):
-        from .checkpoint import open_checkpoint   # a capability: imported when used
 
-        return open_checkpoint(source, convert, max_header_size=max_header_size,
-                               verify=verify, opened_as=(framework, device))
-    return open_handle(source, convert, max_header_size=max_header_size, verify=verify,
-                       opened_as=(framework, device))
+    @overload
+    def __new__(  # type: ignore[misc]  # a handle, not a safe_open: see _OpensHandles
+            cls, filename: Openable, framework: Literal["np", "numpy"] = "np",
+            device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
+            max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+            storage_options: Optional[Mapping[str, Any]] = None) -> ArrayHandle: ...
+    @overload
+    def __new__(  # type: ignore[misc]
+            cls, filename: Openable, framework: Literal["pt", "torch", "pytorch"],
+            device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
+            max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+            storage_options: Optional[Mapping[str, Any]] = None
+            ) -> Handle[torch.Tensor]: ...
+    @overload
+    def __new__(  # type: ignore[misc]
+            cls, filename: Openable, framework: Literal["jax", "flax"],
+            device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
+            max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+            storage_options: Optional[Mapping[str, Any]] = None) -> Handle[jax.Array]: ...
+    @overload
+    def __new__(  # type: ignore[misc]
+            cls, filename: Openable, framework: str, device: Any = "cpu", *,
+            backend: Backend = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+            verify: bool = False, storage_options: Optional[Mapping[str, Any]] = None
+            ) -> Handle[Any]: ...
+    def __new__(  # type: ignore[misc]
+            cls, filename: Openable,
+            framework: Union[Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax",
+                                     "mlx", "tf", "tensorflow", "paddle"], str] = "np",
+            device: Any = "cpu", *, backend: Literal["mmap", "pread"] = "mmap",
+            max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
+            storage_options: Optional[Mapping[str, Any]] = None
+            ) -> Union[ArrayHandle, Handle[Any]]:
+        if framework in NUMPY_FRAMEWORKS:
+            check_numpy_device(device)
+            convert = None
+        else:
+            convert = framework_converter(framework, device)
+        source = as_source(filename, storage_options, backend=backend)
+        if is_checkpoint(source):
+            from .checkpoint import open_checkpoint   # a capability: imported when used
+
+            return open_checkpoint(source, convert, max_header_size=max_header_size,
+                                   verify=verify, opened_as=(framework, device))
+        return open_handle(source, convert, max_header_size=max_header_size, verify=verify,
+                           opened_as=(framework, device))
+
+
+def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *,
+                      backend: Backend = "mmap") -> Handle[Any]:
+    """Open the file behind an open file object, as ``safetensors._safe_open_handle``
+    (0.6.2 and later) does.
+
+    A file object with a ``fileno`` and a ``name`` (a built-in file, fsspec's
+    local files) is opened again by its name, so that it is mapped; any other
+    binary file object with ``seek`` and ``read`` (a remote file) is read by byte
+    ranges, as `safe_open` reads it.
+
+    Parameters
+    ----------
+    f : file object
+        An open file, in text or binary mode.
+    framework : str
+        As for `safe_open`.
+    device : str or int or torch.device or jax.Device, default "cpu"
+        As for `safe_open`.
+    backend : "mmap" or "pread", default "mmap"
+        How a file opened by its name is read (see `safe_open`).
+
+    Returns
+    -------
+    NumpyHandle or FrameworkHandle
+        The open file, as `safe_open` gives it.
+
+    Raises
+    ------
+    TypeError
+        When `f` has neither a name to open nor ``seek`` and ``read``.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> fastst.save_file({"x": np.arange(3)}, path)
+    >>> with open(path) as f, fastst._safe_open_handle(f, "np") as g:
+    ...     g.backend, g.get_tensor("x").tolist()
+    ('mmap', [0, 1, 2])
+    """
+    name = getattr(f, "name", None)
+    if hasattr(f, "fileno") and isinstance(name, (str, bytes, os.PathLike)):
+        return safe_open(name, framework, device, backend=backend)
+    return safe_open(f, framework, device, backend=backend)

@@ -158,7 +158,7 @@ class SafetensorIndexError(SafetensorError, IndexError):
     ...         f.get_slice("x")[5]
     ... except IndexError as error:
     ...     print(type(error).__name__, "-", error)
-    SafetensorIndexError - ...x.safetensors: tensor 'x': index 5 is out of bounds for axis 0 with size 3
+    SafetensorIndexError - ...x.safetensors: tensor 'x': index 5 out of bounds for tensor dimension #0 of size 3
     """
 
 class SafetensorTypeError(SafetensorError, TypeError):
@@ -189,6 +189,23 @@ class SafetensorNotImplementedError(SafetensorError, NotImplementedError):
     >>> import fastst
     >>> issubclass(fastst.SafetensorNotImplementedError, NotImplementedError)
     True
+    """
+
+class NoSuchFileError(FileNotFoundError):
+    """A file to open that does not exist.
+
+    The `FileNotFoundError` the system gives (its ``errno``, ``strerror`` and
+    ``filename``), whose message is worded as the reference's:
+    ``No such file or directory: PATH``.
+
+    Examples
+    --------
+    >>> import fastst
+    >>> try:
+    ...     fastst.safe_open("missing.safetensors")
+    ... except FileNotFoundError as error:
+    ...     print(error, error.errno)
+    No such file or directory: missing.safetensors 2
     """
 
 class TensorNotFoundError(SafetensorError, KeyError):

@@ -25,6 +25,17 @@ class SafetensorNotImplementedError(SafetensorError, NotImplementedError):
     (also the NotImplementedError, a RuntimeError, the reference raises)."""
 
 
+class NoSuchFileError(FileNotFoundError):
+    """A file to open that does not exist: the FileNotFoundError the system
+    gives (errno, strerror, filename), worded as the reference words it:
+    ``No such file or directory: PATH``."""
+
+    def __str__(self):
+        if self.filename is None or self.strerror is None:
+            return super().__str__()
+        return f"{self.strerror}: {os.fsdecode(self.filename)}"
+
+
 
 cdef inline _fail(str source, str message):
     raise SafetensorError(f"{source}: {message}")

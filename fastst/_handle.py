@@ -11,7 +11,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterator, List,
                     Optional, Protocol, Set, Tuple, Union, overload, runtime_checkable)
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
-from ._core import DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, TensorInfo
+from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
+                    TensorInfo)
 from ._files import PathLike
 from ._slicing import Converter, SafeSlice, T
 from ._source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
@@ -369,7 +370,7 @@ class FrameworkHandle(Generic[T]):
         tensor([[1, 2],
                 [4, 5]])
         """
-        return SafeSlice(self._reader, name, self._convert)
+        return SafeSlice(self._reader, name, self._convert, handle=self)
 
     def keys(self) -> List[str]:
         """The names of the file's tensors, sorted (see ``NumpyHandle.keys``).
@@ -478,7 +479,8 @@ class FrameworkHandle(Generic[T]):
     def __reduce__(self) -> Tuple[Any, ...]:
         """Pickled, a handle reopens the same file (see ``_reopened``)."""
         if self._opened_as is None:
-            raise SafetensorError(f"{self.source}: only a handle from safe_open can be pickled")
+            raise SafetensorTypeError(f"{self.source}: only a handle from safe_open can be "
+                                      f"pickled")
         return _pickled(self._reader, *self._opened_as)
 
     def __repr__(self) -> str:
@@ -495,7 +497,7 @@ def _pickled(reader: NumpyHandle, framework: str, device: Any) -> Tuple[Any, ...
                               f"pickled")
     seen = identity_of(reader)
     if seen is None:
-        raise SafetensorError(f"{reader.source}: {reader.origin.cannot_reopen()}")
+        raise SafetensorTypeError(f"{reader.source}: {reader.origin.cannot_reopen()}")
     return (_reopened, (reader.origin, seen, reader.data_start - 8, framework, device,
                         type(reader)))
 

@@ -52,7 +52,10 @@ cdef class Reader:
             import threading    # large pread copies share the work among threads
         path = os.fspath(filename)
         self.source = os.fsdecode(path)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError as error:
+            raise NoSuchFileError(error.errno, error.strerror, error.filename) from None
         try:
             self._open_fd(fd, use_pread, limit)
         except BaseException:

@@ -6,6 +6,7 @@ the rows it needs, and only those rows are read.
 """
 from __future__ import annotations
 
+import re
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple, TypeVar, Union
 
@@ -56,6 +57,11 @@ class SafeSlice(Generic[T]):
     convert : callable, optional
         A framework's converter, ``convert(array, name, info)``, for the
         selected part; None for NumPy arrays.
+    handle : object, optional
+        The handle that made it (by default `reader`, for NumPy arrays): a
+        slice pickles as this handle and the tensor's name, and is unpickled
+        as ``handle.get_slice(name)`` on the handle unpickled, which opens the
+        file again (see ``NumpyHandle``).
 
     Raises
     ------
@@ -72,22 +78,30 @@ class SafeSlice(Generic[T]):
     ...     x.shape, x.get_dtype(), x[::2, 1].tolist(), x[[3, 0]].tolist()
     ((4, 3), 'I64', [1, 7], [[9, 10, 11], [0, 1, 2]])
 
-    An index outside the tensor is an error, as in NumPy:
+    An index outside the tensor is an error, as in NumPy (worded as in the reference):
 
     >>> with fastst.safe_open(path) as f:
     ...     f.get_slice("x")[4]
     Traceback (most recent call last):
       ...
-    fastst._core.SafetensorIndexError: ...: tensor 'x': index 4 is out of bounds for axis 0 with size 4
+    fastst._core.SafetensorIndexError: ...: tensor 'x': index 4 out of bounds for tensor dimension #0 of size 4
     """
 
-    def __init__(self, reader: Reader, name: str,
-                 convert: Optional[Converter[T]] = None) -> None:
+    def __init__(self, reader: Reader, name: str, convert: Optional[Converter[T]] = None,
+                 handle: Any = None) -> None:
         self._reader = reader
         self._name = name
         self._info = reader.info(name)
         self._convert = convert
+        self._handle = reader if handle is None and convert is None else handle
         self._packed = dtype_bits(self._info.dtype) < 8
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        if self._handle is None:
+            raise TypeError(f"{self._reader.source}: tensor {self._name!r}: a slice made "
+                            f"with a converter but no handle cannot be pickled; pickle the "
+                            f"handle, and call get_slice on it again")
+        return _slice_of, (self._handle, self._name)
 
     def get_shape(self) -> List[int]:
         """The tensor's shape as the header gives it.
@@ -136,7 +150,8 @@ class SafeSlice(Generic[T]):
             raise
         except (IndexError, ValueError) as error:   # NumPy's, for this index
             kind = SafetensorIndexError if isinstance(error, IndexError) else SafetensorError
-            raise kind(f"{self._reader.source}: tensor {self._name!r}: {error}") from None
+            raise kind(f"{self._reader.source}: tensor {self._name!r}: "
+                       f"{_in_reference_words(str(error))}") from None
         if self._convert is None:
             return array  # type: ignore[return-value]  # T is the NumPy array here
         return self._convert(array, self._name, self._info)
@@ -147,6 +162,8 @@ class SafeSlice(Generic[T]):
             return self._reader.get_tensor(self._name)
         if self._packed and self._selects_all_packed(index):
             index = Ellipsis   # the whole tensor, however many axes the index named
+        if _selects_nothing(index if isinstance(index, tuple) else (index,)):
+            _check_arrays_in_range(index, array_shape)
         if self._reader.backend in ("pread", "ranges"):   # reads into fresh memory
             return self._read_selected(index, array_shape)
         result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
@@ -199,6 +216,12 @@ class SafeSlice(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<fastst.SafeSlice {self._name!r} {self._info.dtype} {self._info.shape}>"
+
+
+def _slice_of(handle: Any, name: str) -> SafeSlice[Any]:
+    """A pickled SafeSlice, unpickled: its handle's (unpickled: opened again)."""
+    made: SafeSlice[Any] = handle.get_slice(name)
+    return made
 
 
 def _selects_everything(part: Any) -> bool:
@@ -279,20 +302,66 @@ def _selects_nothing(parts: Tuple[Any, ...]) -> bool:
                 return False
         if isinstance(part, np.ndarray):
             shapes.append((int(np.count_nonzero(part)),) if part.dtype == np.bool_ else part.shape)
+    if not shapes:
+        return False
     try:
         return 0 in np.broadcast_shapes(*shapes)
     except ValueError:   # shapes that do not broadcast: NumPy raises for the index
         return False
 
 
-def _rows_in_range(rows: npt.NDArray[Any], n: int) -> npt.NDArray[Any]:
-    """Integer row indices with negatives counted from the end, as intp (so that
-    adding n cannot wrap a narrow dtype); IndexError when one falls outside [0, n)."""
+def _rows_in_range(rows: npt.NDArray[Any], n: int, axis: int = 0) -> npt.NDArray[Any]:
+    """Integer indices along `axis` (of size `n`) with negatives counted from the end,
+    as intp (so that adding n cannot wrap a narrow dtype); IndexError when one falls
+    outside [0, n)."""
     if rows.dtype.kind == "u" and rows.size and rows.max() > np.iinfo(np.intp).max:
-        raise IndexError(f"index {int(rows.max())} is out of bounds for axis 0 with size {n}")
+        raise IndexError(f"index {int(rows.max())} is out of bounds for axis {axis} with "
+                         f"size {n}")
     as_intp = rows.astype(np.intp)
     as_intp = np.where(as_intp < 0, as_intp + n, as_intp)
     if as_intp.size and (as_intp.min() < 0 or as_intp.max() >= n):
         bad = rows.reshape(-1)[int(np.argmax((as_intp < 0) | (as_intp >= n)))]
-        raise IndexError(f"index {int(bad)} is out of bounds for axis 0 with size {n}")
+        raise IndexError(f"index {int(bad)} is out of bounds for axis {axis} with size {n}")
     return as_intp
+
+
+def _check_arrays_in_range(index: Any, shape: Tuple[int, ...]) -> None:
+    """IndexError when a value of an integer array of `index` falls outside its axis.
+    NumPy checks them only when the arrays select something (before 2.3 it warned
+    otherwise); checked here, an index says the same whatever the backend and
+    NumPy's version."""
+    parts = [np.asarray(part) if isinstance(part, list) else part
+             for part in (index if isinstance(index, tuple) else (index,))]
+    taken = [0 if part is None or part is Ellipsis else
+             part.ndim if isinstance(part, np.ndarray) and part.dtype == np.bool_ else 1
+             for part in parts]
+    if sum(taken) > len(shape):
+        return   # NumPy says how many indices are too many
+    axis = 0
+    for place, part in enumerate(parts):
+        if part is Ellipsis:
+            axis = len(shape) - sum(taken[place + 1:])
+            continue
+        if isinstance(part, np.ndarray) and part.dtype.kind in "iu":
+            _rows_in_range(part.reshape(-1), shape[axis], axis)
+        axis += taken[place]
+
+
+# NumPy's words for an index outside a tensor, and the reference's (which code
+# written for it looks for): one for an index past the end, one for a negative one
+NUMPY_OUT_OF_BOUNDS = re.compile(r"index (-?\d+) is out of bounds for axis (\d+) with size (\d+)")
+TOO_MANY_INDICES = "too many indices for array"
+
+
+def _in_reference_words(message: str) -> str:
+    """NumPy's message for an index that does not fit a tensor, as the reference
+    words it."""
+    found = NUMPY_OUT_OF_BOUNDS.search(message)
+    if found:
+        index, axis, size = found.groups()
+        if index.startswith("-"):
+            return f"Invalid index {index} for dimension {axis} of size {size}"
+        return f"index {index} out of bounds for tensor dimension #{axis} of size {size}"
+    if message.startswith(TOO_MANY_INDICES):
+        return f"more slicing indexes than dimensions in tensor ({message})"
+    return message

@@ -184,8 +184,10 @@ def spec_of_tensor(name: Any, tensor: torch.Tensor) -> WriteSpec:
     ('BF16', [2], dtype('int16'))
     """
     if tensor.device.type == "meta":
+        # the reference's words (torch's own), which code written for it looks for
         raise SafetensorNotImplementedError(
-            f"tensor {name!r} is on the meta device and has no data to save")
+            f"tensor {name!r} is on the meta device and has no data to save (Cannot copy out "
+            f"of meta tensor; no data!)")
     code = codes_of_torch().get(tensor.dtype)
     if code is None:
         raise SafetensorTypeError(f"tensor {name!r}: {tensor.dtype} has no safetensors dtype")

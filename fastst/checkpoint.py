@@ -34,8 +34,8 @@ from typing import (Any, Callable, Dict, Generic, Hashable, Iterator, List, Mapp
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
 from ._checksums import plan_with_checksums
-from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, TensorInfo, TensorNotFoundError,
-                    WriteSpec, spec_of_array, usable_cpus)
+from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
+                    TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
 from ._files import PathLike
 from ._handle import FrameworkHandle, NumpyHandle, open_handle
 from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
@@ -437,8 +437,8 @@ class ShardedHandle(Generic[T]):
         of its index and shards (see ``_reopened_checkpoint``)."""
         opening = self._opening
         if opening is None:
-            raise SafetensorError(f"{self._index.path}: only a checkpoint from safe_open can "
-                                  f"be pickled")
+            raise SafetensorTypeError(f"{self._index.path}: only a checkpoint from safe_open "
+                                      f"can be pickled")
         self._check_open()
         shards = {shard: self._identity_of(shard) for shard in self._index.shards}
         seen = {shard: identity for shard, identity in shards.items() if identity is not None}
@@ -675,8 +675,9 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
     opening = None if opened_as is None else Opening(source, *opened_as, max_header_size,
                                                      verify)
 
-    def open_shard(shard: Source) -> Shard:
-        return open_handle(shard, convert, max_header_size=max_header_size, verify=verify)
+    def open_shard(shard: Source) -> Shard:   # (framework, device): a shard's slices pickle
+        return open_handle(shard, convert, max_header_size=max_header_size, verify=verify,
+                           opened_as=opened_as)
 
     kind = NumpyShardedHandle if convert is None else ShardedHandle
     return kind(index, source, open_shard, opening, shards_seen)

@@ -34,7 +34,8 @@ import binascii
 import math
 import re
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Mapping,
+                    Optional, Protocol, Set, Tuple, TypeVar, Union, overload)
 
 import numpy as np
 
@@ -46,8 +47,28 @@ from ._handle import Backend
 from ._specs import is_tensor, spec_of
 from .checkpoint import ShardEntry, save_checkpoint
 
+if TYPE_CHECKING:
+    import jax  # type: ignore[import-not-found, unused-ignore]
+    import numpy.typing as npt
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
 __all__ = ["STATE_KEY", "STATE_VERSION", "MAX_DEPTH", "save_state", "load_state",
            "state_to_tensors", "state_from_tensors", "tensor_specs"]
+
+class Array(Protocol):
+    """What the arrays of a state to save have: NumPy's, torch's, JAX's..."""
+
+    @property
+    def shape(self) -> object: ...
+    @property
+    def dtype(self) -> object: ...
+
+
+Leaf = TypeVar("Leaf")
+Scalar = Union[None, bool, int, float, str, bytes]
+# A state whose arrays are Leafs: scalars, and dicts, lists and tuples of states.
+State = Union[Leaf, Scalar, Dict[Scalar, "State[Leaf]"], List["State[Leaf]"],
+              Tuple["State[Leaf]", ...]]
 
 STATE_KEY = "fastst.state"
 """The ``__metadata__`` key that holds a state's tree, as JSON text (in the index's
@@ -69,7 +90,7 @@ SCALAR_TAGS = ("float", "int", "bytes")    # scalars that JSON numbers and strin
 JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],]')    # strings, and what nests
 
 
-def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, str]] = None,
+def save_state(filename: PathLike, tree: State[Array], metadata: Optional[Mapping[str, str]] = None,
                *, fsync: bool = False, checksum: Optional[str] = None,
                max_shard_size: Union[int, str, None] = None) -> None:
     """Write a nested state (a model's, an optimizer's) to a safetensors file,
@@ -131,8 +152,23 @@ def save_state(filename: PathLike, tree: Any, metadata: Optional[Mapping[str, st
     write_atomically(plan_with_checksums(specs, state_metadata, checksum), filename, fsync=fsync)
 
 
+@overload
+def load_state(filename: PathLike, framework: Literal["np", "numpy"] = "np",
+               device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
+               verify: bool = False) -> State[npt.NDArray[Any]]: ...
+@overload
+def load_state(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
+               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
+               verify: bool = False) -> State[torch.Tensor]: ...
+@overload
+def load_state(filename: PathLike, framework: Literal["jax", "flax"],
+               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
+               verify: bool = False) -> State[jax.Array]: ...
+@overload
+def load_state(filename: PathLike, framework: str, device: Any = "cpu", *,
+               backend: Backend = "mmap", verify: bool = False) -> State[Any]: ...
 def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
-               backend: Backend = "mmap", verify: bool = False) -> Any:
+               backend: Backend = "mmap", verify: bool = False) -> State[Any]:
     """Load the nested state that `save_state` wrote: the same tree, the same
     container and key types.
 
@@ -160,7 +196,9 @@ def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *
     Returns
     -------
     object
-        The tree.
+        The tree. For typing, a ``State`` of the framework's arrays (a
+        union of its leaves and containers: narrow it with ``isinstance``, or
+        ``typing.cast`` it to the tree you saved).
 
     Raises
     ------
@@ -179,8 +217,7 @@ def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *
     >>> fastst.load_state(path)
     {'step': 1, 'best': (0.5, b'id'), 7: array([0, 1, 2])}
     """
-    with safe_open(filename, framework, device,  # type: ignore[call-overload]
-                   backend=backend, verify=verify) as handle:
+    with safe_open(filename, framework, device, backend=backend, verify=verify) as handle:
         return state_from_tensors(handle.metadata(), handle.get_tensor, handle.keys(),
                                   handle.source)
 
@@ -190,7 +227,7 @@ def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *
 # ---------------------------------------------------------------------------
 
 
-def state_to_tensors(tree: Any, metadata: Optional[Mapping[str, str]] = None
+def state_to_tensors(tree: State[Array], metadata: Optional[Mapping[str, str]] = None
                      ) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """Split a nested state into its arrays and the metadata that describes the
     rest: what any writer (one file, or shards) stores to make a state file.
@@ -365,7 +402,7 @@ def tensor_specs(tensors: Mapping[str, Any]) -> List[WriteSpec]:
 
 
 def state_from_tensors(metadata: Optional[Mapping[str, str]], get_tensor: Callable[[str], Any],
-                       names: Iterable[str], source: str = "<state>") -> Any:
+                       names: Iterable[str], source: str = "<state>") -> State[Any]:
     """The nested state that a file's metadata describes, its arrays taken from
     the file: what `load_state` does with an open file.
 

@@ -520,7 +520,7 @@ def save_model(model: torch.nn.Module, filename: PathLike,
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
                device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap"
-               ) -> Tuple[List[str], List[str]]:
+               ) -> Tuple[Set[str], List[str]]:
     """Load a file, or a sharded checkpoint's directory, into a model, as saved
     by `save_model`.
 
@@ -545,9 +545,10 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
 
     Returns
     -------
-    missing : list of str
-        Names of the model the file did not fill. Names the model ties to
-        another (sharing its memory) count as filled when that other is.
+    missing : set of str
+        Names of the model the file did not fill (a set, as the reference
+        returns it). Names the model ties to another (sharing its memory)
+        count as filled when that other is.
     unexpected : list of str
         Names in the file the model has no place for.
 
@@ -566,7 +567,7 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     >>> source, target = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     >>> fastst.torch.save_model(source, path)
     >>> fastst.torch.load_model(target, path)
-    ([], [])
+    (set(), [])
     >>> torch.equal(source.weight, target.weight)
     True
     """
@@ -580,8 +581,7 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     removals = _remove_duplicate_names(model.state_dict(),
                                        preferred_names=[*placed, *state_dict])
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    filled = set(placed)
-    missing = [name for name in missing if name not in filled]
+    missing = set(missing) - set(placed)
     unexpected = list(unexpected)
     for dropped in removals.values():
         for name in dropped:

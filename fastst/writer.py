@@ -198,6 +198,11 @@ class StreamWriter:
         if getattr(self, "_file", None) is not None or getattr(self, "_upload", None):
             self.abort()
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        raise TypeError(f"{self.name}: a StreamWriter cannot be pickled: it owns the file it "
+                        f"fills in this process; pass another process writer.region(name) "
+                        f"(or writer.detach() to hand the whole file over)")
+
     @property
     def closed(self) -> bool:
         """Whether the writer is done: committed, aborted or detached."""

@@ -13,9 +13,10 @@ every entry point and checks that they agree:
 * for the first few tensors, ``get_slice(name)[index]`` with indices derived from the
   input (ints, slices with steps, Ellipsis, None, small integer arrays, tuples of
   these) must equal ``get_tensor(name)[index]``, or raise ``IndexError`` where NumPy
-  raises it for the whole tensor. Sub-byte tensors (F4, F6) may refuse an index into
-  their packed axes with ``SafetensorError``; an index that selects everything gives
-  the whole packed array.
+  raises it for the whole tensor, and where an integer array's value falls outside
+  its axis though the arrays select nothing (which NumPy lets pass). Sub-byte
+  tensors (F4, F6) may refuse an index into their packed axes with
+  ``SafetensorError``; an index that selects everything gives the whole packed array.
 
 ``SafetensorError`` (and ``IndexError`` from indexing, under the rules above) are the
 only exceptions expected. Any other exception, a disagreement between entry points
@@ -364,9 +365,33 @@ def _take(array: Optional[np.ndarray], whole_error: Optional[SafetensorError],
     if array is None:
         return None, whole_error
     try:
-        return array[index], None
+        taken = array[index]
     except IndexError as error:
         return None, error
+    if _array_value_outside(index, array.shape):
+        return None, IndexError("an integer array's value is outside its axis")
+    return taken, None
+
+
+def _array_value_outside(index: Any, shape: Tuple[int, ...]) -> bool:
+    """Whether a value of an integer array of `index` falls outside its axis: NumPy
+    lets that pass when the arrays broadcast to no element, fastst refuses it."""
+    parts = [np.asarray(part) if isinstance(part, list) else part
+             for part in (index if isinstance(index, tuple) else (index,))]
+    widths = [0 if part is None or part is Ellipsis else
+              part.ndim if isinstance(part, np.ndarray) and part.dtype == np.bool_ else 1
+              for part in parts]
+    axis = 0
+    for place, part in enumerate(parts):
+        if part is Ellipsis:
+            axis = len(shape) - sum(widths[place + 1:])
+            continue
+        if isinstance(part, np.ndarray) and part.dtype.kind in "iu" and part.size:
+            values = part.astype(object).reshape(-1)    # no wrapping, whatever the dtype
+            if any(not -shape[axis] <= value < shape[axis] for value in values):
+                return True
+        axis += widths[place]
+    return False
 
 
 def _check_slices(reader: fastst.safe_open, backend: str, name: str,

@@ -1,4 +1,8 @@
 """The handle's API: reference methods plus the mapping protocol."""
+import ast
+import errno
+import io
+import re
 import subprocess
 import sys
 
@@ -62,10 +66,82 @@ def test_closed_handle_refuses_every_read(path):
             call()
 
 
-@pytest.mark.parametrize("framework", ["tf", "tensorflow", "mlx", "paddle", "nope"])
-def test_frameworks_without_an_adapter_are_refused(path, framework):
+@pytest.mark.parametrize("framework", ["nope", "Torch", ""])
+def test_unknown_frameworks_are_refused(path, framework):
     with pytest.raises(fastst.SafetensorError, match=f"unknown framework '{framework}'"):
         fastst.safe_open(path, framework=framework)
+
+
+@pytest.mark.parametrize("framework, package, install", [
+    ("tf", "tensorflow", "pip install tensorflow"),
+    ("tensorflow", "tensorflow", "pip install tensorflow"),
+    ("paddle", "paddle", "pip install paddlepaddle"),
+    ("mlx", "mlx", "pip install mlx"),
+    ("pt", "torch", "pip install torch")])
+def test_a_framework_not_installed_names_its_package(path, framework, package, install):
+    code = (f"import sys; sys.modules[{package!r}] = None\n"     # `import package` fails
+            f"import fastst\n"
+            f"try:\n    fastst.safe_open(sys.argv[1], framework={framework!r})\n"
+            f"except ImportError as error:\n    print(error.name, '-', error)")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, check=True)
+    assert re.fullmatch(f"{package} - framework='{framework}' needs .*: {install}.*\n",
+                        done.stdout)
+
+
+def stand_in_module(name, **functions):
+    """A module called `name` with these functions (a framework not installed here)."""
+    import types
+    module = types.ModuleType(name)
+    module.__dict__.update(functions)
+    return module
+
+
+def test_tensorflow_tensors_are_made_from_the_arrays_on_the_device(path, monkeypatch):
+    import contextlib
+    made = []
+
+    @contextlib.contextmanager
+    def device(name):
+        made.append(("device", name))
+        yield
+
+    monkeypatch.setitem(sys.modules, "tensorflow", stand_in_module(
+        "tensorflow", device=device,
+        convert_to_tensor=lambda array: made.append(("tensor", array.tolist())) or "tensor"))
+    with fastst.safe_open(path, framework="tf", device="gpu:0") as f:
+        assert f.get_tensor("a") == "tensor"
+    assert made == [("device", "gpu:0"), ("tensor", [1, 1, 1])]
+
+
+def test_paddle_tensors_are_made_from_the_arrays_in_the_place(path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "paddle", stand_in_module(
+        "paddle", to_tensor=lambda array, place: (array.tolist(), place)))
+    with fastst.safe_open(path, framework="paddle", device="gpu:1") as f:
+        assert f.get_tensor("a") == ([1, 1, 1], "gpu:1")
+        assert f.get_slice("a")[1:] == ([1, 1], "gpu:1")
+
+
+def test_mlx_arrays_keep_each_dtype(tmp_path):
+    import ml_dtypes
+    import mlx.core as mx
+    tensors = {"f64": np.arange(3.0), "bf16": np.ones(2, ml_dtypes.bfloat16),
+               "u8": np.arange(4, dtype=np.uint8).reshape(2, 2), "b": np.array(True)}
+    path = tmp_path / "mlx.safetensors"
+    fastst.save_file(tensors, path)
+    with fastst.safe_open(path, framework="mlx") as f:
+        arrays = f.get_tensors()
+        assert {name: array.dtype for name, array in arrays.items()} == {
+            "f64": mx.float64, "bf16": mx.bfloat16, "u8": mx.uint8, "b": mx.bool_}
+        assert np.array(arrays["f64"]).tolist() == [0.0, 1.0, 2.0]
+        assert np.array(f.get_slice("u8")[1]).tolist() == [2, 3]
+        assert isinstance(f, fastst.safe_open)
+    fastst.save_file({"f8": np.ones(2, ml_dtypes.float8_e4m3fn)}, path)
+    with fastst.safe_open(path, framework="mlx") as f:
+        with pytest.raises(fastst.SafetensorError, match="'f8': MLX has no dtype for F8_E4M3"):
+            f.get_tensor("f8")
+    with pytest.raises(fastst.SafetensorError, match="MLX arrays go to 'cpu' or 'gpu'"):
+        fastst.safe_open(path, framework="mlx", device="cuda:0")
 
 
 def test_unknown_framework_device_and_backend(path):
@@ -82,6 +158,31 @@ def test_errors_are_value_errors_and_not_found_is_a_key_error():
     assert str(fastst.TensorNotFoundError("x: no tensor named 'a'")) == "x: no tensor named 'a'"
 
 
+# What `import fastst` may load beyond NumPy: the compiled core (with the runtime
+# Cython shares between modules); the rest is loaded on first use.
+IMPORT_LOADS = ["cython_runtime", "fastst", "fastst._core"]
+
+
+def test_import_loads_only_the_core():
+    code = ("import sys, numpy; before = set(sys.modules); import fastst; "
+            "print(sorted(set(sys.modules) - before))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    loaded = [name for name in ast.literal_eval(done.stdout.strip())
+              if not re.fullmatch(r"_cython_\d+_\d+(_\d+)?\w*", name)]
+    assert loaded == IMPORT_LOADS
+
+
+def test_names_used_from_the_package_load_their_module_once():
+    code = ("import sys, fastst; assert 'fastst._api' not in sys.modules; "
+            "f = fastst.safe_open; assert 'safe_open' in vars(fastst); "
+            "print(f is fastst.safe_open is sys.modules['fastst._api'].safe_open, "
+            "'fastst.writer' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["True", "False"]
+
+
 def test_import_pulls_in_no_framework_or_store_library():
     assert modules_loaded_by("import fastst, fastst.numpy", (
         "torch", "jax", "tensorflow", "flax", "fsspec", "s3fs", "aiohttp", "botocore",
@@ -93,6 +194,41 @@ def test_missing_file_is_file_not_found(tmp_path):
         fastst.safe_open(tmp_path / "nope.safetensors")
     with pytest.raises(FileNotFoundError):
         fastst.load_file(tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_missing_file_is_worded_as_the_reference_words_it(tmp_path, monkeypatch, backend):
+    monkeypatch.chdir(tmp_path)
+    for call in (lambda: fastst.safe_open("notafile", backend=backend),
+                 lambda: fastst.load_file("notafile", backend=backend)):
+        with pytest.raises(FileNotFoundError) as caught:
+            call()
+        assert str(caught.value) == "No such file or directory: notafile"
+        assert (caught.value.errno, caught.value.filename) == (errno.ENOENT, "notafile")
+
+
+def test_safe_open_is_what_isinstance_checks(path, tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    fastst.save_file({"a": np.zeros(100), "b": np.ones(100)}, checkpoint, max_shard_size=800)
+    for opened in (fastst.safe_open(path), fastst.safe_open(path, backend="pread"),
+                   fastst.safe_open(checkpoint)):
+        with opened as f:
+            assert isinstance(f, fastst.safe_open) and issubclass(type(f), fastst.safe_open)
+    assert not isinstance(path, fastst.safe_open) and not isinstance(None, fastst.safe_open)
+    assert issubclass(fastst.NumpyHandle, fastst.safe_open)
+    assert not issubclass(dict, fastst.safe_open)
+
+
+def test_safe_open_handle_opens_the_file_behind_a_file_object(path):
+    with open(path) as text, fastst._safe_open_handle(text, framework="np", device="cpu") as g:
+        assert g.backend == "mmap" and g.keys() == ["a", "b", "c"]
+        assert g.get_tensor("a").tolist() == [1, 1, 1]
+    with open(path, "rb") as raw, fastst._safe_open_handle(raw, "np", backend="pread") as g:
+        assert g.backend == "pread"
+    with fastst._safe_open_handle(io.BytesIO(path.read_bytes()), "np") as g:
+        assert g.backend == "ranges" and g.metadata() == {"author": "me"}
+    with pytest.raises(TypeError, match="binary file object"):
+        fastst._safe_open_handle(3, "np")
 
 
 @pytest.mark.parametrize("framework, module", [("torch", "fastst.torch"), ("jax", "fastst.jax"),
@@ -114,10 +250,15 @@ def test_help_shows_the_real_signature_and_every_framework():
     assert parameters["framework"].default == "np" and parameters["device"].default == "cpu"
     assert parameters["backend"].kind is inspect.Parameter.KEYWORD_ONLY
     text = pydoc.render_doc(fastst.safe_open, renderer=pydoc.plaintext)
-    # from the third line to the return annotation (Python 3.13 puts one parameter a line)
-    signature = " ".join(text.split("\n", 2)[2].split(") -> ", 1)[0].split())
+    # safe_open is shown as a class, its signature on the line after the class's (from
+    # there to the return annotation; Python 3.13 puts one parameter a line, each after
+    # the "|" of the class's text)
+    lines = text.splitlines()
+    assert lines[2].startswith("class safe_open(")
+    signature = " ".join(" ".join(lines[3:]).split(") -> ", 1)[0].replace("|", " ").split())
     assert signature.replace("( ", "(").startswith("safe_open(filename")
-    for name in ("np", "numpy", "pt", "torch", "pytorch", "jax", "flax", "mmap", "pread"):
+    for name in ("np", "numpy", "pt", "torch", "pytorch", "jax", "flax", "mlx", "tf",
+                 "tensorflow", "paddle", "mmap", "pread"):
         assert f"'{name}'" in signature
 
 

@@ -403,7 +403,7 @@ def test_per_tensor_handle_and_load_model_on_the_device(tmp_path, every_dtype):
     path = tmp_path / "model.safetensors"
     ft.save_model(model, path)
     fresh = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2)).cuda()
-    assert ft.load_model(fresh, path, device="cuda") == ([], [])
+    assert ft.load_model(fresh, path, device="cuda") == (set(), [])
     for name, tensor in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name].cpu(), tensor)
 
@@ -496,7 +496,7 @@ def test_a_sharded_checkpoint_and_its_model_on_the_device(tmp_path, ring_buffers
     assert_same(got, ft.load_file(tmp_path))
     assert all(tensor.device.type == "cuda" for tensor in got.values())
     fresh = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)).cuda()
-    assert ft.load_model(fresh, tmp_path, device="cuda") == ([], [])
+    assert ft.load_model(fresh, tmp_path, device="cuda") == (set(), [])
     for name, tensor in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name].cpu(), tensor)
 
@@ -666,7 +666,7 @@ def test_load_model_on_the_device_makes_no_second_copy(tmp_path):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    assert ft.load_model(fresh, path, device="cuda") == ([], [])
+    assert ft.load_model(fresh, path, device="cuda") == (set(), [])
     assert torch.cuda.max_memory_allocated() - before < 1 * MiB      # the file is 32 MiB
     for name, tensor in model.state_dict().items():
         assert fresh.state_dict()[name].data_ptr() == addresses[name]

@@ -1,5 +1,8 @@
 """Handles pickle by reopening the same file, so that they pass to spawned workers
 and process pools; a forked child reads correctly through an inherited handle."""
+import importlib
+import importlib.util
+import io
 import multiprocessing
 import os
 import pickle
@@ -191,3 +194,128 @@ def test_a_handle_passes_to_joblib_workers(path, tensors, backend):
     rows = np.concatenate([np.asarray(part) for part, _ in results])
     np.testing.assert_array_equal(rows, tensors["x"])
     assert os.getpid() not in {pid for _, pid in results}
+
+
+# --- every public object: where its class lives, and whether it pickles -----------------
+
+PUBLIC_MODULES = ["fastst", "fastst.numpy", "fastst.torch", "fastst.writer", "fastst.checkpoint",
+                  "fastst.integrity", "fastst.state", "fastst.data", "fastst.flax", "fastst.jax",
+                  "fastst.dask"]
+NEEDS = {"fastst.torch": "torch", "fastst.flax": "jax", "fastst.jax": "jax",
+         "fastst.dask": "dask"}
+
+
+def public_names(module_name):
+    module = importlib.import_module(module_name)
+    names = list(module.__all__)
+    if module_name == "fastst.data" and importlib.util.find_spec("torch"):
+        names.append("RowDataset")    # made on first use, with torch
+    return [(f"{module_name}.{name}", getattr(module, name)) for name in names]
+
+
+def found_at(obj):
+    """What pickle finds under the name an object says it has."""
+    found = importlib.import_module(obj.__module__)
+    for part in obj.__qualname__.split("."):
+        found = getattr(found, part)
+    return found
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_every_public_class_says_which_fastst_module_holds_it(module_name):
+    if module_name in NEEDS:
+        pytest.importorskip(NEEDS[module_name])
+    wrong = [f"{path}: {obj.__module__}" for path, obj in public_names(module_name)
+             if callable(obj) and obj.__module__ != "builtins"
+             and not (obj.__module__.partition(".")[0] == "fastst" and found_at(obj) is obj)]
+    assert wrong == []
+
+
+def made_objects(tmp_path):
+    """(what, object) for the objects users get from fastst: handles, slices, infos,
+    specs, writers and what they hand out, errors."""
+    from fastst import checkpoint, data, writer
+    path = tmp_path / "objects.safetensors"
+    fastst.save_file({"x": np.arange(12.0).reshape(4, 3), "y": np.ones(4, np.int8)}, path,
+                     checksum="xxh3_64")
+    folder = tmp_path / "checkpoint"
+    fastst.save_file({"a": np.zeros(100), "b": np.ones(100)}, folder, max_shard_size=800)
+    numpy_handle = fastst.safe_open(path)
+    sharded = fastst.safe_open(folder)
+    stream = writer.StreamWriter(tmp_path / "streamed.safetensors",
+                                 writer.declared_specs({"s": ("F32", (2, 3))}))
+    made = [("NumpyHandle", numpy_handle),
+            ("pread handle", fastst.safe_open(path, backend="pread")),
+            ("VerifyingHandle", fastst.safe_open(path, verify=True)),
+            ("SafeSlice", numpy_handle.get_slice("x")),
+            ("pread SafeSlice", fastst.safe_open(path, backend="pread").get_slice("x")),
+            ("TensorInfo", numpy_handle.info("x")), ("DtypeInfo", fastst.DTYPES[0]),
+            ("NumpyShardedHandle", sharded), ("a shard's SafeSlice", sharded.get_slice("b")),
+            ("CheckpointIndex", sharded.index),
+            ("file object handle", fastst.safe_open(io.BytesIO(path.read_bytes()))),
+            ("TensorSpec", fastst.TensorSpec(dtype="float32", shape=[1], data_ptr=0, data_len=4)),
+            ("WriteSpec", writer.WriteSpec("w", "F32", [2], None)),
+            ("WritePlan", writer.plan_write([writer.spec_of_array("w", np.zeros(2))], None)),
+            ("TensorRegion", stream.region("s")), ("StreamWriter", stream),
+            ("ShardEntry", checkpoint.ShardEntry(writer.WriteSpec("w", "F32", [2], None), 8,
+                                                 None)),
+            ("Rows", data.Rows(path, ["x"])),
+            ("SafetensorIndexError", fastst.SafetensorIndexError("x: index 9")),
+            ("missing file", _missing_file_error(tmp_path))]
+    if importlib.util.find_spec("torch"):
+        torch_handle = fastst.safe_open(path, framework="pt")
+        torch_checkpoint = fastst.safe_open(folder, framework="pt")
+        made += [("FrameworkHandle", torch_handle),
+                 ("torch SafeSlice", torch_handle.get_slice("x")),
+                 ("torch ShardedHandle", torch_checkpoint),
+                 ("torch shard's SafeSlice", torch_checkpoint.get_slice("a")),
+                 ("RowDataset", data.RowDataset(path, ["x"]))]
+    return made, stream
+
+
+def _missing_file_error(tmp_path):
+    try:
+        fastst.safe_open(tmp_path / "missing.safetensors")
+    except FileNotFoundError as error:
+        return error
+
+
+def test_what_users_get_pickles_or_says_why_not(tmp_path):
+    made, stream = made_objects(tmp_path)
+    refused = {}
+    try:
+        for what, obj in made:
+            assert type(obj).__module__.partition(".")[0] in ("fastst", "builtins"), what
+            try:
+                payload = pickle.dumps(obj)
+            except TypeError as error:
+                refused[what] = str(error)
+                continue
+            copy = pickle.loads(payload)
+            assert type(copy) is type(obj), what
+            if hasattr(obj, "shape") and hasattr(obj, "__getitem__") and not isinstance(obj, tuple):
+                np.testing.assert_array_equal(np.asarray(copy[1:3]), np.asarray(obj[1:3]))
+            elif isinstance(obj, (tuple, BaseException)):
+                assert repr(copy) == repr(obj), what
+    finally:
+        stream.abort()
+    # what cannot be pickled says so, and why
+    assert sorted(refused) == ["StreamWriter", "file object handle"]
+    assert "a StreamWriter cannot be pickled: it owns the file" in refused["StreamWriter"]
+    assert "a handle on a file object cannot be pickled" in refused["file object handle"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_slice_pickles_as_its_handle_and_reads_the_same(path, tensors, backend):
+    with fastst.safe_open(path, backend=backend) as f:
+        part = f.get_slice("x")
+        copy = pickle.loads(pickle.dumps(part))
+    assert copy.get_shape() == [4096, 8] and copy._reader.backend == backend
+    np.testing.assert_array_equal(copy[10:20, ::2], tensors["x"][10:20, ::2])
+
+
+def test_a_slice_made_with_a_converter_and_no_handle_says_why_it_does_not_pickle(path):
+    with fastst.safe_open(path) as f:
+        part = fastst.SafeSlice(f, "x", lambda array, name, info: array)
+        with pytest.raises(TypeError, match="pickle the handle, and call get_slice on it"):
+            pickle.dumps(part)

@@ -118,6 +118,22 @@ def test_golden_numpy_module_is_the_same_api():
     assert fastst.numpy.save(tensors) == fastst.save(tensors) == reference.save(tensors)
 
 
+def test_numpy_load_gives_writable_arrays_of_their_own_as_the_reference():
+    data = reference.save({"a": np.arange(4, dtype=np.int16), "b": np.ones(2)})
+    ours, theirs = fastst.numpy.load(data), reference.load(data)
+    for arrays in (ours, theirs):
+        held = np.frombuffer(data, np.uint8)
+        assert all(array.flags.writeable and not np.shares_memory(array, held)
+                   for array in arrays.values())
+        arrays["a"] += 1
+    assert {name: array.tolist() for name, array in ours.items()} == \
+        {name: array.tolist() for name, array in theirs.items()}
+    held = bytearray(data)      # the reference takes bytes alone; fastst copies from any buffer
+    fastst.numpy.load(held)["a"][0] = 99
+    assert held == data
+    assert not fastst.load(data)["a"].flags.writeable     # fastst.load views the bytes
+
+
 # ---------------------------------------------------------------------------
 # Metadata ordering: the reference writes several metadata keys in an order
 # that changes from run to run; fastst sorts them.

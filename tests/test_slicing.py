@@ -68,15 +68,32 @@ def test_out_of_range_and_odd_indices_match_numpy(opened, data):
 @pytest.mark.parametrize("index", [
     (np.array([-9]), -2, np.array([], np.int64), Ellipsis),
     (np.array([7]), slice(None), np.array([], np.int64)),
-    (np.array([], np.int64), np.array([0])),
     (np.array([7]), np.zeros((2, 5), bool)),
     (np.array([7]), np.array([], np.int64).reshape(0, 1)),
+    (np.array([], np.int64), 0, np.array([5])),
+    ([[7]], np.zeros((0, 1), np.int64)),
+    (Ellipsis, np.array([9]), np.array([], np.int64)),
+], ids=repr)
+def test_arrays_out_of_range_are_refused_even_when_they_select_nothing(opened, index):
+    """NumPy checks no value of an index's arrays when they broadcast to no element
+    (2.3 and later), or warns (before): fastst checks them, so that every backend
+    says the same whatever NumPy's version."""
+    _, handles = opened
+    for backend, handle in handles.items():
+        with pytest.raises(fastst.SafetensorIndexError,
+                           match="out of bounds for tensor dimension|Invalid index"):
+            handle.get_slice("t3")[index]
+
+
+@pytest.mark.parametrize("index", [
+    (np.array([], np.int64), np.array([0])),
+    (np.array([2]), slice(None), np.array([], np.int64)),
+    (np.array([-3]), np.zeros((1, 5), bool)),
     (np.array([7, 1]), np.array([0, 1])),
     (np.array([1, 2]), [0]),
+    (Ellipsis, np.array([0]), np.array([], np.int64)),
 ], ids=repr)
-def test_arrays_that_broadcast_to_nothing_check_no_bounds(opened, index):
-    """NumPy checks no value of an index's arrays when they broadcast to no element
-    (and does when they select some)."""
+def test_arrays_in_range_that_select_nothing_give_numpys_answer(opened, index):
     check(opened, "t3", index)
 
 
@@ -280,3 +297,21 @@ def test_index_into_a_0d_tensor_raises_safetensor_index_error(tmp_path, backend)
         for index in (0, slice(None), np.array([0])):
             with pytest.raises(fastst.SafetensorIndexError, match="'scalar'"):
                 f.get_slice("scalar")[index]
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_out_of_range_indices_are_worded_as_the_reference_words_them(tmp_path, backend):
+    """The reference's message (which code written for it matches) is in fastst's,
+    after the file and the tensor."""
+    safetensors = pytest.importorskip("safetensors")
+    path = tmp_path / "words.safetensors"
+    fastst.save_file({"t": np.zeros((10, 5), np.float32)}, path)
+    with safetensors.safe_open(str(path), framework="np") as theirs, \
+            fastst.safe_open(path, backend=backend) as ours:
+        for index in [(slice(2, None), 20), (slice(2, None), -6), 10, (0, 5)]:
+            with pytest.raises(Exception) as expected:
+                theirs.get_slice("t")[index]
+            with pytest.raises(fastst.SafetensorIndexError) as got:
+                ours.get_slice("t")[index]
+            reference_words = str(expected.value).rpartition("]: ")[2]
+            assert str(got.value).endswith(f"tensor 't': {reference_words}"), index

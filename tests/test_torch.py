@@ -472,7 +472,7 @@ def test_model_round_trip_with_tied_weights(tmp_path, reference):
     fresh = _model(1)
     with torch.no_grad():
         before = fresh(tokens)
-    assert ft.load_model(fresh, path) == ([], [])
+    assert ft.load_model(fresh, path) == (set(), [])
     with torch.no_grad():
         assert not torch.equal(before, fresh(tokens))
         assert torch.equal(fresh(tokens), model(tokens))
@@ -486,7 +486,7 @@ def test_model_round_trip_with_tied_weights(tmp_path, reference):
     missing, unexpected = reference.load_model(theirs_loaded, str(path))
     assert not missing and not unexpected
     ours_loaded = _model(3)
-    assert ft.load_model(ours_loaded, reference_path) == ([], [])
+    assert ft.load_model(ours_loaded, reference_path) == (set(), [])
     with torch.no_grad():
         want = model(tokens)
         assert torch.equal(theirs_loaded(tokens), want)
@@ -526,7 +526,17 @@ def test_load_model_reports_missing_and_unexpected_as_the_reference(tmp_path, re
                                                '"b.bias", "b.weight"'):
             load_model(Shared(), str(separate_path))
     missing, unexpected = ft.load_model(Shared(), separate_path, strict=False)
-    assert missing == [] and sorted(unexpected) == ["b.bias", "b.weight"]
+    assert missing == set() and sorted(unexpected) == ["b.bias", "b.weight"]
+
+
+def test_load_model_returns_what_the_reference_returns(tmp_path, reference):
+    """A set of missing names and a list of unexpected ones, as the reference's."""
+    path = tmp_path / "partial.safetensors"
+    ft.save_file({"a.weight": torch.zeros(4, 4), "extra": torch.ones(1)}, path)
+    ours = ft.load_model(Separate(), path, strict=False)
+    theirs = reference.load_model(Separate(), str(path), strict=False)
+    assert ours == theirs == ({"a.bias", "b.weight", "b.bias"}, ["extra"])
+    assert [type(part) for part in ours] == [type(part) for part in theirs] == [set, list]
 
 
 def test_save_model_of_non_contiguous_weights(tmp_path):
@@ -536,5 +546,5 @@ def test_save_model_of_non_contiguous_weights(tmp_path):
         path = tmp_path / f"nc{force}.safetensors"
         ft.save_model(model, path, force_contiguous=force)
         fresh = torch.nn.Linear(5, 3)
-        assert ft.load_model(fresh, path) == ([], [])
+        assert ft.load_model(fresh, path) == (set(), [])
         assert torch.equal(fresh.weight, model.weight)

@@ -1,3 +1,5 @@
+import torch
+
 import fastst
 import fastst.flax
 import fastst.torch
@@ -17,3 +19,5 @@ reveal_type(fastst.safe_open("model.safetensors", "torch", 0).get_tensor("w"))
 reveal_type(fastst.torch.load_file("model.safetensors"))
 reveal_type(fastst.flax.load_file("model.safetensors"))
 reveal_type(fastst.torch.TORCH_DTYPES)
+reveal_type(fastst.load_state("state.safetensors", "pt"))
+reveal_type(fastst.torch.load_model(torch.nn.Linear(2, 2), "model.safetensors"))

@@ -438,3 +438,39 @@ def test_convert_refuses_a_bad_alignment_as_a_usage_error(tmp_path, value, capsy
     assert main(["convert", str(tmp_path / "a.npy"), "--align", value]) == 2
     assert "--align" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["a.npy"]
+
+
+# -- inspect ------------------------------------------------------------------------
+
+
+def test_inspect_counts_the_aligned_tensors(tmp_path, rng, capsys):
+    from fastst.cli import main
+
+    arrays = gpt2_like_arrays(rng)
+    path = tmp_path / "m.safetensors"
+    fastst.save_file(arrays, path, align=4096)
+    assert main(["inspect", "--json", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    data = path.read_bytes()
+    assert report["aligned"] == {str(n): len(aligned_names(data, n)) for n in (64, 256, 4096)}
+    assert main(["inspect", str(path)]) == 0
+    line = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("aligned")]
+    counts = [len(aligned_names(data, align)) for align in (64, 256, 4096)]
+    assert counts == [11, 11, 6]       # the two 8-byte step tensors last, unaligned
+    assert line == ["aligned      11/13 at 64 B, 11/13 at 256 B, 6/13 at 4.0 KiB "
+                    "(tensors starting at multiples of it)"]
+
+
+def test_inspect_counts_aligned_tensors_of_every_shard(tmp_path, rng, capsys):
+    from fastst.cli import main
+
+    arrays = gpt2_like_arrays(rng, layers=4)
+    fastst.save_file(arrays, tmp_path, max_shard_size=40_000, align=4096)
+    assert main(["inspect", "--json", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    shards = {path.name: path.read_bytes() for path in tmp_path.glob("*.safetensors")}
+    assert len(shards) > 1
+    assert report["aligned"] == {str(n): sum(len(aligned_names(data, n))
+                                             for data in shards.values())
+                                 for n in (64, 256, 4096)}

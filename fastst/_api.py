@@ -192,8 +192,8 @@ def load(data: Any, *, copy: bool = False, max_header_size: int = DEFAULT_MAX_HE
 
 
 def save(tensor_dict: Mapping[str, npt.NDArray[Any]],
-         metadata: Optional[Mapping[str, str]] = None, *, checksum: Optional[str] = None
-         ) -> bytes:
+         metadata: Optional[Mapping[str, str]] = None, *, checksum: Optional[str] = None,
+         align: Optional[int] = None) -> bytes:
     """Serialize NumPy arrays into the bytes of a safetensors file.
 
     The drop-in for ``safetensors.numpy.save``. The bytes are those huggingface
@@ -212,6 +212,12 @@ def save(tensor_dict: Mapping[str, npt.NDArray[Any]],
     checksum : "xxh3_64" or "xxh3_128", optional
         Store each tensor's checksum in the metadata (see
         ``fastst.integrity``; needs the ``xxhash`` package).
+    align : int, optional
+        Start the tensor data, and as many tensors as can, at multiples of
+        this many bytes (a power of two, at most 1 MiB): the header is padded
+        with spaces and the tensors ordered to fit (an aligned file, which
+        every safetensors reader reads; its bytes are no longer the
+        reference's). None or 0: the reference's layout.
 
     Returns
     -------
@@ -227,7 +233,8 @@ def save(tensor_dict: Mapping[str, npt.NDArray[Any]],
         When an array's dtype has no safetensors code (strings, objects...).
     ValueError
         When `checksum` is not a known algorithm, or `metadata` holds the
-        key the checksums use.
+        key the checksums use; `SafetensorError` when `align` is not a power
+        of two up to 1 MiB.
 
     See Also
     --------
@@ -243,15 +250,15 @@ def save(tensor_dict: Mapping[str, npt.NDArray[Any]],
     >>> len(data) == 8 + header_size + 8
     True
     """
-    return _plan(tensor_dict, metadata, checksum).to_bytes()
+    return _plan(tensor_dict, metadata, checksum, align=align).to_bytes()
 
 
 def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
               filename: Union[PathLike, WritableFile],
               metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
               max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
-              header_padding: int = 0, storage_options: Optional[Mapping[str, Any]] = None
-              ) -> None:
+              header_padding: int = 0, storage_options: Optional[Mapping[str, Any]] = None,
+              align: Optional[int] = None) -> None:
     """Write NumPy arrays to a safetensors file, atomically.
 
     The drop-in for ``safetensors.numpy.save_file``, with the same bytes (see
@@ -294,6 +301,10 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
         without copying the tensors. Not with `max_shard_size`.
     storage_options : dict, optional
         For a URL: the options of its fsspec file system.
+    align : int, optional
+        Start the tensor data, and as many tensors as can, at multiples of
+        this many bytes in the file (each shard's, for a checkpoint); see
+        `save`.
 
     Raises
     ------
@@ -307,7 +318,8 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
         When an array's dtype has no safetensors code.
     SafetensorError
         When `max_shard_size` is not a size, or is given for a URL or a file
-        object; when `header_padding` is out of range.
+        object; when `header_padding` is out of range, or `align` is not a
+        power of two up to 1 MiB.
     ValueError
         When `checksum` is not known, or `header_padding` is given with
         `max_shard_size`.
@@ -342,19 +354,22 @@ def save_file(tensor_dict: Mapping[str, npt.NDArray[Any]],
         from .checkpoint import save_array_checkpoint   # a capability: imported when used
 
         save_array_checkpoint(_as_dict(tensor_dict), source.local_path, metadata=metadata,
-                              max_shard_size=max_shard_size, fsync=fsync, checksum=checksum)
+                              max_shard_size=max_shard_size, fsync=fsync, checksum=checksum,
+                              align=align)
         return
-    source.write(_plan(tensor_dict, metadata, checksum, header_padding), fsync=fsync)
+    source.write(_plan(tensor_dict, metadata, checksum, header_padding, align), fsync=fsync)
 
 
 def _plan(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[str, str]],
-          checksum: Optional[str] = None, header_padding: int = 0) -> WritePlan:
+          checksum: Optional[str] = None, header_padding: int = 0,
+          align: Optional[int] = None) -> WritePlan:
     specs = [spec_of_array(name, array) for name, array in _as_dict(tensors).items()]
     if checksum is None:
-        return plan_write(specs, metadata, header_padding=header_padding)
+        return plan_write(specs, metadata, header_padding=header_padding, align=align)
     from ._checksums import plan_with_checksums   # imported when checksums are written
 
-    return plan_with_checksums(specs, metadata, checksum, header_padding=header_padding)
+    return plan_with_checksums(specs, metadata, checksum, header_padding=header_padding,
+                               align=align)
 
 
 def _as_dict(tensors: Mapping[str, Any]) -> Dict[str, Any]:

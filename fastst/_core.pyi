@@ -24,6 +24,20 @@ Examples
 100000000
 """
 
+MAX_ALIGN: Final[int]
+"""The largest alignment the writers take (``align=``), in bytes: 1 MiB.
+
+Examples
+--------
+>>> from fastst.writer import MAX_ALIGN
+>>> MAX_ALIGN
+1048576
+"""
+
+ALIGNED_HEADER_SPACES: Final[int]
+"""The least number of spaces an aligned file's header ends in (8): more than the
+format's own layout leaves, so that ``update_metadata`` keeps such a file aligned."""
+
 DTYPE_CODES: Final[tuple[str, ...]]
 """The header codes of the format's dtypes (``"F32"``, ``"BF16"``...), in the order the
 format ranks them: the codes of `DTYPES`, in its order.
@@ -675,7 +689,7 @@ class WriteSpec(NamedTuple):
 class WritePlan:
     """A file to write, as ``plan_write`` builds it: the 8-byte prefix and the
     padded header, then each tensor's place in the data, in the order the
-    format's writers use.
+    format's writers use (or, with ``align=``, the aligned order).
 
     Every writer of fastst writes through a plan: whole (`to_bytes`,
     `write_to`, `write_stream`), or, for a plan of declared tensors, the header
@@ -836,12 +850,26 @@ def plan_write(
     header_padding: int = ...,
     header_size: int | None = ...,
     keep_order: bool = ...,
+    align: int | None = ...,
 ) -> WritePlan:
     """Check tensors to write, place them, and build the header: a `WritePlan`.
 
     The tensors are ordered as the format's writers order them (by dtype rank,
     descending, then by name) unless `keep_order`, and the header is the one
     the reference writes for them, byte for byte.
+
+    With `align`, the header is padded with spaces so that the data starts at
+    a multiple of `align` in the file, and (unless `keep_order`) the tensors
+    are ordered so that as many as can start at a multiple of it too: first
+    those whose size is a multiple of `align`; then groups, each led by the
+    largest tensor left, followed by the fewest (at most three), smallest
+    others whose sizes bring the group's end to a multiple of `align` (the
+    format leaves no gap between tensors); then the tensors no group could
+    close, largest first; then those whose size is not a multiple of 8, in
+    the format's order, so that every tensor still starts at a multiple of
+    its element's size. The format's order is kept where it aligns as many
+    tensors. The order depends only on the tensors, not on the order they
+    are given in; the header lists them in the order of their data.
 
     Parameters
     ----------
@@ -858,6 +886,9 @@ def plan_write(
         a file's header in place.
     keep_order : bool, default False
         Place the tensors in the order given.
+    align : int, optional
+        A power of two from 1 to `MAX_ALIGN` (1 MiB), in bytes; None or 0
+        for the format's layout.
 
     Returns
     -------
@@ -868,7 +899,9 @@ def plan_write(
     SafetensorError
         When a name is given twice, a shape is not a list of unsigned
         integers, or a tensor's data has not the bytes its dtype and shape
-        need; when the header does not fit in `header_size`.
+        need; when the header does not fit in `header_size`, or
+        ``8 + header_size`` is not a multiple of `align`; when `align` is
+        not a power of two up to `MAX_ALIGN`.
     SafetensorTypeError
         When a dtype code is not known.
     TypeError
@@ -880,4 +913,12 @@ def plan_write(
     >>> plan = plan_write([("b", "F32", (2,), None), ("a", "I8", (1,), None)], {"k": "v"})
     >>> plan.names(), plan.info("a")
     (['b', 'a'], TensorInfo(dtype='I8', shape=[1], data_offsets=(8, 9), array_shape=(1,)))
+
+    Aligned to 64 bytes: the data starts at byte 192, and the 8 bytes of
+    ``step`` fill the gap the 56 of ``b`` leave.
+
+    >>> specs = [("w", "F32", (64,)), ("b", "F32", (14,)), ("step", "I64", ())]
+    >>> plan = plan_write(specs, None, align=64)
+    >>> plan.data_start, [(name, plan.info(name).data_offsets) for name in plan.names()]
+    (192, [('w', (0, 256)), ('b', (256, 312)), ('step', (312, 320))])
     """

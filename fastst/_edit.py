@@ -8,7 +8,8 @@ import os
 from typing import List, Mapping, Optional
 
 from ._checksums import CHECKSUM_KEY
-from ._core import Reader, SafetensorError, WritePlan, WriteSpec, plan_write
+from ._core import (ALIGNED_HEADER_SPACES, MAX_ALIGN, Reader, SafetensorError, WritePlan,
+                    WriteSpec, plan_write)
 from ._files import AtomicFile, PathLike, copy_range
 from ._specs import specs_of
 
@@ -26,6 +27,12 @@ def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *
     tensors are not touched. Otherwise the file is rewritten atomically: the
     new header with `header_padding` spaces of room for later edits, then the
     tensor bytes copied in bounded memory.
+
+    A file saved with ``align=`` stays aligned: its header ends in 8 spaces
+    or more (the format's layout leaves fewer), an edit in place keeps 8 of
+    them, and a rewrite starts the data at a multiple of the largest power of
+    two (up to 1 MiB) that the old data start was. Other files are rewritten
+    as ``save`` writes them.
 
     An in-place edit is one write of the header bytes, not atomic: a reader,
     or a crash, in the middle of it may see a header part old, part new. Where
@@ -83,17 +90,33 @@ def update_metadata(filename: PathLike, metadata: Optional[Mapping[str, str]], *
         metadata = _keeping_checksums(reader.metadata(), metadata)
         specs = specs_of(reader)
         old_room = reader.data_start - 8
+        align = _alignment_kept(filename, reader.data_start)
         plan = plan_write(specs, metadata, keep_order=True)
         _check_same_layout(reader, plan, specs)
-        if in_place and len(plan.prefix.rstrip(b" ")) - 8 + header_padding <= old_room:
+        room = max(header_padding, ALIGNED_HEADER_SPACES) if align else header_padding
+        if in_place and len(plan.prefix.rstrip(b" ")) - 8 + room <= old_room:
             _rewrite_header(plan_write(specs, metadata, keep_order=True, header_size=old_room),
                             filename, fsync)
             return True
-        plan = plan_write(specs, metadata, keep_order=True, header_padding=header_padding)
+        plan = plan_write(specs, metadata, keep_order=True, header_padding=header_padding,
+                          align=align)
         _rewrite_file(plan, reader, filename, fsync)
         return False
     finally:
         reader.close()
+
+
+def _alignment_kept(filename: PathLike, data_start: int) -> int:
+    """The alignment a rewrite of the file keeps: for a header that ends in
+    ALIGNED_HEADER_SPACES spaces or more, as an aligned file's does, the largest power
+    of two above 8, up to MAX_ALIGN, that divides its data start; else 0."""
+    alignment = min(data_start & -data_start, MAX_ALIGN)
+    if alignment <= 8 or data_start - 8 < ALIGNED_HEADER_SPACES:
+        return 0
+    with open(filename, "rb") as file:
+        file.seek(data_start - ALIGNED_HEADER_SPACES)
+        tail = file.read(ALIGNED_HEADER_SPACES)
+    return alignment if tail == b" " * ALIGNED_HEADER_SPACES else 0
 
 
 def _keeping_checksums(old: Optional[Mapping[str, str]],

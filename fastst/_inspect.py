@@ -19,6 +19,10 @@ from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path
 __all__ = ["describe", "describe_checkpoint", "diagnose", "format_table", "human_size",
            "inspect_file", "json_lines", "printable", "render_checkpoint", "render_inspect"]
 
+# The alignments the report counts tensors at: a cache line, a GPU's widest loads, a
+# page (direct I/O). See ``align=`` on the writers.
+SHOWN_ALIGNMENTS = (64, 256, 4096)
+
 
 def human_size(nbytes: int) -> str:
     """``1536`` -> ``"1.5 KiB"``; sizes under 1 KiB stay in bytes."""
@@ -39,6 +43,21 @@ def printable(text: str) -> str:
 
 def _shape_text(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def aligned_counts(starts: Sequence[int]) -> Dict[str, int]:
+    """How many of the tensors starting at file offsets `starts` start at a multiple
+    of each of SHOWN_ALIGNMENTS, by alignment (as a JSON key)."""
+    return {str(align): sum(start % align == 0 for start in starts)
+            for align in SHOWN_ALIGNMENTS}
+
+
+def _aligned_line(info: Dict[str, Any]) -> List[str]:
+    if not info["tensor_count"]:
+        return []
+    counts = ", ".join(f"{count}/{info['tensor_count']} at {human_size(int(align))}"
+                       for align, count in info["aligned"].items())
+    return [f"aligned      {counts} (tensors starting at multiples of it)"]
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
@@ -83,6 +102,7 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
         "total_bytes": sum(t["nbytes"] for t in tensors),
         "header_size": data_start - 8,
         "data_start": data_start,
+        "aligned": aligned_counts([data_start + t["data_offsets"][0] for t in tensors]),
         "file_size": file_size,
         "metadata": metadata,
     }
@@ -103,10 +123,11 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
             tensors.append({"name": name, "dtype": info.dtype, "shape": info.shape,
                             "nbytes": end - begin, "data_offsets": [begin, end],
                             "shard": os.path.basename(handle.shard_file(name))})
+        opened_shards = list(zip(handle.index.shards.items(), handle.shards()))
         shards = [{"file": shard, "tensor_count": len(names),
                    "file_size": opened.data_start + data_bytes(opened)}
-                  for (shard, names), opened in zip(handle.index.shards.items(),
-                                                    handle.shards())]
+                  for (shard, names), opened in opened_shards]
+        data_starts = {shard: opened.data_start for (shard, _), opened in opened_shards}
         return {
             "file": os.fsdecode(path),
             "index": handle.source,
@@ -114,6 +135,8 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
             "tensor_count": len(tensors),
             "total_bytes": sum(t["nbytes"] for t in tensors),
             "shards": shards,
+            "aligned": aligned_counts([data_starts[t["shard"]] + t["data_offsets"][0]
+                                       for t in tensors]),
             "file_size": sum(shard["file_size"] for shard in shards),
             "metadata": handle.metadata(),
         }
@@ -131,7 +154,7 @@ def render_checkpoint(info: Dict[str, Any]) -> List[str]:
         lines.append("(no tensors)")
     total, size = info["total_bytes"], info["file_size"]
     lines += ["", f"tensors      {info['tensor_count']}",
-              f"total bytes  {total} ({human_size(total)})",
+              f"total bytes  {total} ({human_size(total)})", *_aligned_line(info),
               f"files size   {size} ({human_size(size)})",
               "", f"shards       {len(info['shards'])}"]
     lines += format_table(["  file", "tensors", "size"],
@@ -239,6 +262,7 @@ def render_inspect(info: Dict[str, Any]) -> List[str]:
         f"total bytes  {total} ({human_size(total)})",
         f"header       {info['header_size']} bytes (tensor data starts at byte "
         f"{info['data_start']})",
+        *_aligned_line(info),
         f"file size    {info['file_size']} ({human_size(info['file_size'])})",
     ]
     metadata = info["metadata"]

@@ -35,7 +35,8 @@ def spec_of_array(name, array):
 
 cdef class WritePlan:
     """A file to write: the 8-byte prefix and padded header, then the tensors' data in
-    the order the format's writers use (dtype rank descending, then name).
+    the order the format's writers use (dtype rank descending, then name), or in
+    the aligned order (see _aligned_order).
 
     A plan of declared specs (data None) has a layout but no data: a streaming
     writer fills it with `write_rows` and `write_bytes`, which check each piece
@@ -263,7 +264,7 @@ cdef _write_pieces(object stream, cnp.ndarray array, str target):
 
 
 def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
-               bint keep_order=False):
+               bint keep_order=False, align=None):
     """Validate WriteSpecs (or tuples of the same fields; data left out or None
     declares a tensor to be written later), order them as the format's writers do (or keep
     their order with `keep_order`), and build the header: a WritePlan.
@@ -271,7 +272,10 @@ def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
     `header_padding` reserves that many more bytes of spaces after the header
     (rounded so the data stays 8-byte aligned), room for later metadata edits;
     `header_size` asks for a header of exactly that size, padded with spaces
-    (an in-place edit of an existing file's header)."""
+    (an in-place edit of an existing file's header). `align` (a power of two)
+    pads the header so that the data starts at a multiple of it, and orders the
+    tensors so that the most start at one (see _aligned_order)."""
+    cdef Py_ssize_t alignment = _checked_align(align)
     entries = []
     seen = set()
     for spec in specs:
@@ -280,6 +284,8 @@ def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
         entries.append((-rank, name, tuple([int(dim) for dim in shape]), data, nbytes))
     if not keep_order:
         entries.sort(key=_rank_and_name)
+        if alignment > 1:
+            entries = _aligned_order(entries, alignment)
 
     header = {}
     if metadata is not None:
@@ -294,7 +300,8 @@ def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
     cdef WritePlan plan = WritePlan.__new__(WritePlan)
     plan.prefix = _prefix_and_header(header, _checked_size("header_padding", header_padding),
                                      -1 if header_size is None
-                                     else _checked_size("header_size", header_size))
+                                     else _checked_size("header_size", header_size),
+                                     alignment)
     plan.data = arrays
     plan.total_size = len(plan.prefix) + offset
     return plan
@@ -366,17 +373,27 @@ cdef tuple _checked_spec(object name, object code, object shape, object data, se
     return rank, nbytes
 
 
-cdef bytes _prefix_and_header(dict header, Py_ssize_t padding, Py_ssize_t exact_size):
+cdef bytes _prefix_and_header(dict header, Py_ssize_t padding, Py_ssize_t exact_size,
+                              Py_ssize_t align):
+    """The 8-byte length and the header, padded with spaces so that the data starts
+    at a multiple of 8 and of `align`, `padding` spaces at least (or to exactly
+    `exact_size` bytes)."""
     import orjson
     try:
         text = orjson.dumps(header)
     except TypeError as error:   # e.g. a name with a lone surrogate
         raise SafetensorError(f"header cannot be written as UTF-8 JSON: {error}") from None
-    cdef Py_ssize_t padded = (len(text) + padding + 7) // 8 * 8
+    cdef Py_ssize_t unit = max(align, 8)
+    if align > 8:   # an aligned header ends in 8 spaces or more: see ALIGNED_HEADER_SPACES
+        padding = max(padding, ALIGNED_HEADER_SPACES)
+    cdef Py_ssize_t padded = (8 + len(text) + padding + unit - 1) // unit * unit - 8
     if exact_size >= 0:
         if len(text) > exact_size:
             raise SafetensorError(f"header of {len(text)} bytes does not fit in "
                                   f"{exact_size} bytes")
+        if align and (8 + exact_size) % align:
+            raise SafetensorError(f"a header of {exact_size} bytes cannot start the data "
+                                  f"at a multiple of {align}")
         padded = exact_size
     if padded > DEFAULT_MAX_HEADER_SIZE:
         raise SafetensorError(f"header of {padded} bytes exceeds the format's limit of "

@@ -825,7 +825,8 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
                     max_shard_size: Union[int, str],
                     metadata: Optional[Mapping[str, str]] = None,
                     shard_metadata: Optional[Mapping[str, str]] = None,
-                    fsync: bool = False, checksum: Optional[str] = None) -> List[str]:
+                    fsync: bool = False, checksum: Optional[str] = None,
+                    align: Optional[int] = None) -> List[str]:
     """Write tensors as a checkpoint cut into shards, with its index, as the
     Hugging Face tools write one.
 
@@ -867,6 +868,10 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
     checksum : "xxh3_64" or "xxh3_128", optional
         Each file holds the checksums of its own tensors (see
         ``fastst.integrity``).
+    align : int, optional
+        Each file is aligned (see ``fastst.save``): its data, and as many of
+        its tensors as can, start at multiples of this many bytes. The shards
+        are cut as without it.
 
     Returns
     -------
@@ -902,10 +907,10 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
         single = {**(shard_metadata or {}), **(metadata or {})}
         files = {names[0]: plan_with_checksums(
             [by_name[name] for name in (shards[0] if shards else [])], single or None,
-            checksum)}
+            checksum, align=align)}
     else:
         files = {file: plan_with_checksums([by_name[name] for name in shard], shard_metadata,
-                                           checksum)
+                                           checksum, align=align)
                  for file, shard in zip(names, shards)}
     index = None
     if len(shards) > 1:
@@ -921,11 +926,12 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
 def save_array_checkpoint(arrays: Dict[str, Any], filename: PathLike, *,
                           max_shard_size: Union[int, str],
                           metadata: Optional[Mapping[str, str]] = None,
-                          fsync: bool = False, checksum: Optional[str] = None) -> List[str]:
+                          fsync: bool = False, checksum: Optional[str] = None,
+                          align: Optional[int] = None) -> List[str]:
     """`save_checkpoint` of NumPy arrays, each counting for its bytes."""
     entries = []
     for name, array in arrays.items():
         spec = spec_of_array(name, array)
         entries.append(ShardEntry(spec, 0 if spec.data is None else spec.data.nbytes))
     return save_checkpoint(entries, filename, max_shard_size=max_shard_size,
-                           metadata=metadata, fsync=fsync, checksum=checksum)
+                           metadata=metadata, fsync=fsync, checksum=checksum, align=align)

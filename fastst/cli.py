@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
-from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
+from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
 from ._inspect import (format_table, human_size, inspect_file, json_lines, printable,
                        render_checkpoint, render_inspect)
 from ._progress import byte_bar
@@ -200,6 +200,9 @@ def _add_convert(commands: Any) -> None:
                          help="refuse to write more than RATIO times the bytes of the input, "
                               "plus 16 MiB (default: %(default)g; 'none': no bound): a small "
                               "checkpoint can describe a huge tensor")
+    convert.add_argument("--align", type=_alignment, default=None, metavar="N",
+                         help="start the data, and as many tensors as can, at multiples of "
+                              "N bytes (a power of two up to 1048576; 4096 for direct I/O)")
     _add_no_progress(convert)
 
 
@@ -221,6 +224,18 @@ def _expansion(text: str) -> Optional[float]:
     return ratio
 
 
+def _alignment(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer, not {text!r}") from None
+    try:
+        plan_write([], None, align=value)     # the writers' own rule for alignments
+    except SafetensorError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
 def _shard_size(text: str) -> int:
     from .checkpoint import parse_size
 
@@ -235,7 +250,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 
     options: Dict[str, Any] = {"key": args.key, "verify_torch": args.verify,
                                "max_shard_size": args.max_shard_size,
-                               "max_expansion": args.max_expansion}
+                               "max_expansion": args.max_expansion, "align": args.align}
     bar = None if args.no_progress else byte_bar(_source_bytes(args.src), "convert")
     if bar is not None:
         options["progress"] = bar.update

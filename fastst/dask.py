@@ -346,7 +346,8 @@ def _check_unchanged(handle: Any, opening: bytes) -> None:
 def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
                    metadata: Optional[Mapping[str, str]] = None, *,
                    name: Optional[str] = None, compute: bool = True, fsync: bool = False,
-                   header_padding: int = 0, **compute_kwargs: Any) -> Any:
+                   header_padding: int = 0, align: Optional[int] = None,
+                   **compute_kwargs: Any) -> Any:
     """Write dask arrays as the tensors of one safetensors file, chunks in parallel.
 
     Parameters
@@ -367,6 +368,9 @@ def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
         ``StreamWriter``).
     header_padding : int, default 0
         Bytes of spaces reserved after the header (as for ``StreamWriter``).
+    align : int, optional
+        Start the data, and as many tensors as can, at multiples of this many
+        bytes (see ``fastst.save``).
     **compute_kwargs
         Passed to ``dask.compute`` when `compute` is True (``scheduler=`` ...).
 
@@ -426,7 +430,8 @@ def to_safetensors(arrays: Union[da.Array, Mapping[str, Any]], path: PathLike,
             f"write locally, then upload")
     named = _named_arrays(arrays, name)
     declared = {key: (array.dtype, array.shape) for key, array in named.items()}
-    writer = StreamWriter(path, declared, metadata, fsync=fsync, header_padding=header_padding)
+    writer = StreamWriter(path, declared, metadata, fsync=fsync, header_padding=header_padding,
+                          align=align)
     try:
         regions = [writer.region(key) for key in named]
     except BaseException:

@@ -35,7 +35,7 @@ __all__ = ["save", "save_file", "load", "load_file"]
 
 
 def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None, *,
-         checksum: Optional[str] = None) -> bytes:
+         checksum: Optional[str] = None, align: Optional[int] = None) -> bytes:
     """Serialize JAX arrays into the bytes of a safetensors file.
 
     The drop-in for ``safetensors.flax.save``, with the same bytes.
@@ -48,6 +48,9 @@ def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = Non
         The header's ``__metadata__``.
     checksum : "xxh3_64" or "xxh3_128", optional
         Store each tensor's checksum in the metadata (see ``fastst.save``).
+    align : int, optional
+        Start the data, and as many tensors as can, at multiples of this many
+        bytes (see ``fastst.save``).
 
     Returns
     -------
@@ -67,13 +70,13 @@ def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = Non
     >>> fastst.flax.load(fastst.flax.save({"x": jnp.arange(3)}))
     {'x': Array([0, 1, 2], dtype=int32)}
     """
-    return save_numpy(_to_numpy(tensors), metadata=metadata, checksum=checksum)
+    return save_numpy(_to_numpy(tensors), metadata=metadata, checksum=checksum, align=align)
 
 
 def save_file(tensors: Dict[str, jax.Array], filename: Union[str, "os.PathLike[str]"],
               metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False,
-              checksum: Optional[str] = None, max_shard_size: Union[int, str, None] = None
-              ) -> None:
+              checksum: Optional[str] = None, max_shard_size: Union[int, str, None] = None,
+              align: Optional[int] = None) -> None:
     """Write JAX arrays to a safetensors file, atomically.
 
     The drop-in for ``safetensors.flax.save_file``, written as
@@ -94,6 +97,9 @@ def save_file(tensors: Dict[str, jax.Array], filename: Union[str, "os.PathLike[s
     max_shard_size : int or str, optional
         Save a sharded checkpoint: `filename` is its directory (see
         ``fastst.save_file``).
+    align : int, optional
+        Start the data, and as many tensors as can, at multiples of this many
+        bytes (see ``fastst.save``).
 
     Raises
     ------
@@ -111,7 +117,7 @@ def save_file(tensors: Dict[str, jax.Array], filename: Union[str, "os.PathLike[s
     (2, 2)
     """
     save_numpy_file(_to_numpy(tensors), filename, metadata=metadata, fsync=fsync,
-                    checksum=checksum, max_shard_size=max_shard_size)
+                    checksum=checksum, max_shard_size=max_shard_size, align=align)
 
 
 def load(data: bytes) -> Dict[str, jax.Array]:

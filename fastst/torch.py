@@ -178,7 +178,7 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
 
 
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None, *,
-         checksum: Optional[str] = None) -> bytes:
+         checksum: Optional[str] = None, align: Optional[int] = None) -> bytes:
     """Serialize torch tensors into the bytes of a safetensors file.
 
     The drop-in for ``safetensors.torch.save``, with the same bytes. Tensors
@@ -192,6 +192,9 @@ def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = 
         The header's ``__metadata__``.
     checksum : "xxh3_64" or "xxh3_128", optional
         Store each tensor's checksum in the metadata (see ``fastst.save``).
+    align : int, optional
+        Start the data, and as many tensors as can, at multiples of this many
+        bytes (see ``fastst.save``).
 
     Returns
     -------
@@ -217,13 +220,13 @@ def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = 
     >>> len(data), fastst.torch.load(data)
     (104, {'x': tensor([0., 0.])})
     """
-    return _plan(tensors, metadata, checksum).to_bytes()
+    return _plan(tensors, metadata, checksum, align).to_bytes()
 
 
 def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
               metadata: Optional[Dict[str, str]] = None, *, fsync: bool = False,
-              max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None
-              ) -> None:
+              max_shard_size: Union[int, str, None] = None, checksum: Optional[str] = None,
+              align: Optional[int] = None) -> None:
     """Write torch tensors to a safetensors file, atomically.
 
     The drop-in for ``safetensors.torch.save_file``, with the same bytes;
@@ -250,6 +253,9 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
         See ``fastst.checkpoint``.
     checksum : "xxh3_64" or "xxh3_128", optional
         Store each tensor's checksum in the metadata.
+    align : int, optional
+        Start the data, and as many tensors as can, at multiples of this many
+        bytes (each shard's, with `max_shard_size`); see ``fastst.save``.
 
     Raises
     ------
@@ -276,16 +282,17 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
                               (tensor.device, storage_ptr(tensor), storage_size(tensor)))
                    for name, tensor in tensors.items()]
         save_checkpoint(entries, filename, max_shard_size=max_shard_size, metadata=metadata,
-                        shard_metadata={"format": "pt"}, fsync=fsync, checksum=checksum)
+                        shard_metadata={"format": "pt"}, fsync=fsync, checksum=checksum,
+                        align=align)
         return
-    write_atomically(_plan(tensors, metadata, checksum), filename, fsync=fsync)
+    write_atomically(_plan(tensors, metadata, checksum, align), filename, fsync=fsync)
 
 
 def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]],
-          checksum: Optional[str] = None) -> WritePlan:
+          checksum: Optional[str] = None, align: Optional[int] = None) -> WritePlan:
     _check_for_save(tensors)
     specs = [spec_of_tensor(name, tensor) for name, tensor in tensors.items()]
-    return plan_with_checksums(specs, metadata, checksum)
+    return plan_with_checksums(specs, metadata, checksum, align=align)
 
 
 # ---------------------------------------------------------------------------
@@ -459,7 +466,7 @@ def _remove_duplicate_names(state_dict: Mapping[str, torch.Tensor], *,
 def save_model(model: torch.nn.Module, filename: PathLike,
                metadata: Optional[Dict[str, str]] = None, force_contiguous: bool = True, *,
                max_shard_size: Union[int, str, None] = None,
-               checksum: Optional[str] = None) -> None:
+               checksum: Optional[str] = None, align: Optional[int] = None) -> None:
     """Save a model's state dict, keeping one name for tensors that share memory
     (tied weights).
 
@@ -484,6 +491,9 @@ def save_model(model: torch.nn.Module, filename: PathLike,
         `save_file`).
     checksum : "xxh3_64" or "xxh3_128", optional
         Store each tensor's checksum in the metadata.
+    align : int, optional
+        Start the data, and as many tensors as can, at multiples of this many
+        bytes (see ``fastst.save``).
 
     Raises
     ------
@@ -515,7 +525,7 @@ def save_model(model: torch.nn.Module, filename: PathLike,
     if force_contiguous:
         state_dict = {name: tensor.contiguous() for name, tensor in state_dict.items()}
     save_file(state_dict, filename, metadata=metadata, max_shard_size=max_shard_size,
-              checksum=checksum)
+              checksum=checksum, align=align)
 
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,

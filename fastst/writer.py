@@ -37,16 +37,16 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ._checksums import checksum_metadata, digests_in_file, reserved_checksums
-from ._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
-                    TensorInfo, WritePlan, WriteSpec, numpy_dtype, plan_write, spec_of_array,
-                    write_array_at)
+from ._core import (MAX_ALIGN, SafetensorError, SafetensorNotImplementedError,
+                    SafetensorTypeError, TensorInfo, WritePlan, WriteSpec, numpy_dtype,
+                    plan_write, spec_of_array, write_array_at)
 from ._edit import update_metadata
 from ._files import AtomicFile, PathLike, write_atomically
 from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._source import as_source
 from ._specs import Declared, as_array, declared_specs, specs_of
 
-__all__ = ["PendingFile", "StreamWriter", "TensorRegion", "TensorSpec", "WritePlan", "WriteSpec",
+__all__ = ["MAX_ALIGN", "PendingFile", "StreamWriter", "TensorRegion", "TensorSpec", "WritePlan", "WriteSpec",
            "declared_specs", "deserialize", "plan_write", "save_file_from", "serialize",
            "serialize_file", "spec_of_array", "specs_of", "update_metadata", "write_atomically"]
 
@@ -113,6 +113,10 @@ class StreamWriter:
         Store each tensor's checksum, computed from the file at ``close``.
     storage_options : dict, optional
         For a URL: the options of its fsspec file system.
+    align : int, optional
+        Start the data, and as many tensors as can, at multiples of this many
+        bytes (see ``fastst.save``): the bytes of ``save_file(...,
+        align=align)``.
 
     Attributes
     ----------
@@ -152,7 +156,8 @@ class StreamWriter:
     def __init__(self, filename: PathLike, specs: Declared,
                  metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
                  header_padding: int = 0, checksum: Optional[str] = None,
-                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+                 storage_options: Optional[Mapping[str, Any]] = None,
+                 align: Optional[int] = None) -> None:
         self._file: Optional[AtomicFile] = None
         self._upload = as_source(filename, storage_options, writing=True).spool()
         if self._upload is not None:
@@ -161,7 +166,8 @@ class StreamWriter:
             declared = declared_specs(specs)
             planned = metadata if checksum is None else reserved_checksums(declared, metadata,
                                                                            checksum)
-            self._plan = plan_write(declared, planned, header_padding=header_padding)
+            self._plan = plan_write(declared, planned, header_padding=header_padding,
+                                    align=align)
         except SafetensorError as error:   # the same error, naming the file
             self.abort()
             raise type(error)(f"{self._target(filename)}: {error}") from None
@@ -169,7 +175,7 @@ class StreamWriter:
             self.abort()
             raise
         self._checksum = checksum
-        self._specs, self._metadata = declared, metadata
+        self._specs, self._metadata, self._align = declared, metadata, align
         self._fsync = fsync
         self._lock = threading.Lock()
         self._written: Dict[str, List[List[int]]] = {name: [] for name in self._plan.names()}
@@ -439,7 +445,7 @@ class StreamWriter:
         digests, over the one of the same length written at the start."""
         digests = digests_in_file(fd, self._plan, algorithm)
         final = plan_write(self._specs, checksum_metadata(self._metadata, digests, algorithm),
-                           header_size=self._plan.data_start - 8)
+                           header_size=self._plan.data_start - 8, align=self._align)
         final.write_prefix(fd, self.name)
 
     def region(self, name: str) -> TensorRegion:
@@ -801,7 +807,8 @@ def _describe_gaps(gaps: Dict[str, List[Tuple[int, int]]]) -> str:
 def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
                    metadata: Optional[Mapping[str, str]] = None, *, fsync: bool = False,
                    header_padding: int = 0, checksum: Optional[str] = None,
-                   storage_options: Optional[Mapping[str, Any]] = None) -> None:
+                   storage_options: Optional[Mapping[str, Any]] = None,
+                   align: Optional[int] = None) -> None:
     """Save tensors produced one at a time, holding one in memory at once.
 
     Why `specs` as well: a safetensors file starts with its header, which gives
@@ -836,6 +843,9 @@ def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
         Store each tensor's checksum in the metadata.
     storage_options : dict, optional
         For a URL: the options of its fsspec file system.
+    align : int, optional
+        Start the data, and as many tensors as can, at multiples of this many
+        bytes (see ``fastst.save``).
 
     Raises
     ------
@@ -858,7 +868,8 @@ def save_file_from(specs: Declared, tensors: Any, filename: PathLike,
     [2.0, 2.0]
     """
     with StreamWriter(filename, specs, metadata, fsync=fsync, header_padding=header_padding,
-                      checksum=checksum, storage_options=storage_options) as writer:
+                      checksum=checksum, storage_options=storage_options,
+                      align=align) as writer:
         if hasattr(tensors, "keys") and hasattr(tensors, "__getitem__"):
             available = set(tensors.keys())
             for name in writer.names():

@@ -37,10 +37,21 @@ def _header_size(path):
         return struct.unpack("<Q", fh.read(8))[0]
 
 
+SAMPLE_BEGINS = [0, 8, 20, 8212, 8236, 8244]
+
+
+def _aligned(path):
+    """How many of the sample's tensors start at multiples of 64, 256 and 4096."""
+    data_start = 8 + _header_size(path)
+    return {str(n): sum((data_start + begin) % n == 0 for begin in SAMPLE_BEGINS)
+            for n in (64, 256, 4096)}
+
+
 def _expected_lines(path):
     n = _header_size(path)
     size = os.path.getsize(path)
     assert size == 8 + n + 8252
+    aligned = _aligned(path)
     return [
         f"file: {path}",
         "",
@@ -56,6 +67,8 @@ def _expected_lines(path):
         "tensors      6",
         "total bytes  8252 (8.1 KiB)",
         f"header       {n} bytes (tensor data starts at byte {n + 8})",
+        f"aligned      {aligned['64']}/6 at 64 B, {aligned['256']}/6 at 256 B, "
+        f"{aligned['4096']}/6 at 4.0 KiB (tensors starting at multiples of it)",
         f"file size    {size} ({_inspect.human_size(size)})",
         "",
         "metadata     2 entries",
@@ -85,6 +98,7 @@ def _expected_json(path):
         "total_bytes": 8252,
         "header_size": n,
         "data_start": n + 8,
+        "aligned": _aligned(path),
         "file_size": os.path.getsize(path),
         "metadata": {"author": "tests", "format": "np"},
     }

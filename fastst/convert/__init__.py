@@ -65,8 +65,8 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
                          verify: bool = True, verify_torch: bool = False,
                          max_shard_size: Union[int, str, None] = None, fsync: bool = False,
                          progress: Progress = None,
-                         max_expansion: Optional[float] = DEFAULT_MAX_EXPANSION
-                         ) -> ConversionReport:
+                         max_expansion: Optional[float] = DEFAULT_MAX_EXPANSION,
+                         align: Optional[int] = None) -> ConversionReport:
     """Convert the torch checkpoint `src` to the safetensors file `dst`.
 
     `key` picks one entry of a nested checkpoint (``"state_dict"``, ``"model"``,
@@ -82,7 +82,9 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     most that size each (a larger tensor alone in its file), as
     ``fastst.checkpoint`` splits them, and ``<stem>.safetensors.index.json``
     names the file of each tensor. `progress` is called with each number of
-    bytes written.
+    bytes written. With `align` (a power of two), each file's data, and as
+    many of its tensors as can, start at multiples of that many bytes (see
+    ``fastst.save``).
 
     The output may hold at most `max_expansion` times the bytes of `src`, plus
     16 MiB (``max_expansion=None``: no bound). A checkpoint stores every byte of
@@ -93,14 +95,15 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     source = os.fsdecode(src)
     return _torch_file(source, os.fsdecode(dst), OutputBudget.of_files([source], max_expansion),
                        key=key, verify=verify, verify_torch=verify_torch,
-                       max_shard_size=max_shard_size, fsync=fsync, progress=progress)
+                       max_shard_size=max_shard_size, fsync=fsync, progress=progress,
+                       align=align)
 
 
 def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[str] = None,
                 verify: bool = True, verify_torch: bool = False,
                 max_shard_size: Union[int, str, None] = None, fsync: bool = False,
-                progress: Progress = None, shard_of: Optional[_ShardedOutput] = None
-                ) -> ConversionReport:
+                progress: Progress = None, shard_of: Optional[_ShardedOutput] = None,
+                align: Optional[int] = None) -> ConversionReport:
     """`torch_to_safetensors`; with `shard_of`, the file is one shard of that
     output, written and checked beside `dst` but not put in place yet."""
     start = time.perf_counter()
@@ -120,10 +123,10 @@ def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[st
         if shard_of is not None:
             budget.spend(source, declared, metadata)
             files = [shard_of.add(os.path.basename(dst), declared, metadata, fsync=fsync,
-                                  progress=progress, verify=verify)]
+                                  progress=progress, verify=verify, align=align)]
         elif max_shard_size is None:
             budget.spend(source, declared, metadata)
-            write_declared(dst, declared, metadata, fsync=fsync, progress=progress)
+            write_declared(dst, declared, metadata, fsync=fsync, progress=progress, align=align)
             if verify:
                 verify_written(dst, declared)
             files = [dst]
@@ -131,7 +134,7 @@ def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[st
             parts = _shards(declared, max_shard_size)
             budget.spend(source, declared, metadata, files=len(parts))
             files = _write_sharded(dst, parts, metadata, fsync=fsync, progress=progress,
-                                   verify=verify)
+                                   verify=verify, align=align)
     if verify_torch:
         verify_against_torch(source, [file for file in files if not is_index_name(file)], key)
     return ConversionReport(source, dst, len(declared), sum(t.nbytes for t in declared),
@@ -149,7 +152,8 @@ def _shards(declared: List[TensorToWrite], max_shard_size: Union[int, str]
 
 
 def _write_sharded(dst: str, parts: List[List[TensorToWrite]], metadata: Dict[str, str], *,
-                   fsync: bool, progress: Progress, verify: bool) -> List[str]:
+                   fsync: bool, progress: Progress, verify: bool,
+                   align: Optional[int] = None) -> List[str]:
     """Write `parts` as the shards of a checkpoint saved as `dst` (one file when
     there is one part), with its index, as ``save_file(..., max_shard_size=...)``
     puts a checkpoint in place: each file checked before any is renamed, the index
@@ -159,7 +163,8 @@ def _write_sharded(dst: str, parts: List[List[TensorToWrite]], metadata: Dict[st
     names = shard_names(output.pattern, len(parts))
     try:
         for name, part in zip(names, parts):
-            output.add(name, part, metadata, fsync=fsync, progress=progress, verify=verify)
+            output.add(name, part, metadata, fsync=fsync, progress=progress, verify=verify,
+                       align=align)
     except BaseException:
         output.abort()
         raise
@@ -180,10 +185,11 @@ class _ShardedOutput:
         self.written: List[AtomicFile] = []
 
     def add(self, name: str, tensors: List[TensorToWrite], metadata: Optional[Dict[str, str]],
-            *, fsync: bool, progress: Progress, verify: bool) -> str:
+            *, fsync: bool, progress: Progress, verify: bool,
+            align: Optional[int] = None) -> str:
         """Write file `name` (read back and compared with its source, with `verify`)."""
         (file,) = write_files(self.directory, self.pattern,
-                              {name: StreamedFile(tensors, metadata, progress)}, fsync)
+                              {name: StreamedFile(tensors, metadata, progress, align)}, fsync)
         self.written.append(file)
         if verify:
             verify_written(file.temp, tensors, label=file.target)
@@ -224,27 +230,28 @@ def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None
 
 def numpy_to_safetensors(src: Any, dst: Any, *, verify: bool = True, fsync: bool = False,
                          progress: Progress = None,
-                         max_expansion: Optional[float] = DEFAULT_MAX_EXPANSION
-                         ) -> ConversionReport:
+                         max_expansion: Optional[float] = DEFAULT_MAX_EXPANSION,
+                         align: Optional[int] = None) -> ConversionReport:
     """Convert a ``.npy`` file (one tensor, named ``"array"``) or an ``.npz``
     file (its arrays, by their names) to `dst`. Nothing is unpickled: object
     arrays are refused. Arrays are read and written a chunk at a time (but for
     Fortran-ordered arrays in an ``.npz``, read whole). The output may hold at
     most `max_expansion` times the bytes of `src`, plus 16 MiB (None: no bound):
     a compressed ``.npz`` of zeros, 1 MB for 1 GB, is refused before anything is
-    written."""
+    written. `align`: as for ``torch_to_safetensors``."""
     source = os.fsdecode(src)
     return _numpy_file(source, os.fsdecode(dst), OutputBudget.of_files([source], max_expansion),
-                       verify=verify, fsync=fsync, progress=progress)
+                       verify=verify, fsync=fsync, progress=progress, align=align)
 
 
 def _numpy_file(source: str, dst: str, budget: OutputBudget, *, verify: bool = True,
-                fsync: bool = False, progress: Progress = None) -> ConversionReport:
+                fsync: bool = False, progress: Progress = None,
+                align: Optional[int] = None) -> ConversionReport:
     from ._npz import declared_arrays
     start = time.perf_counter()
     with declared_arrays(source) as declared:
         budget.spend(source, declared, None)
-        write_declared(dst, declared, None, fsync=fsync, progress=progress)
+        write_declared(dst, declared, None, fsync=fsync, progress=progress, align=align)
         if verify:
             verify_written(dst, declared)
     return ConversionReport(source, dst, len(declared), sum(t.nbytes for t in declared), {},
@@ -282,9 +289,9 @@ def convert(src: Any, dst: Any = None, **options: Any) -> List[ConversionReport]
     """Convert a file or a directory (see ``convert_directory``); a file's kind
     (torch or NumPy) is told by its contents. `dst` defaults to `src` with the
     ``.safetensors`` suffix (``pytorch_model.bin`` -> ``model.safetensors``).
-    `options` are those of ``torch_to_safetensors`` (``max_expansion`` included;
-    ``key``, ``verify_torch`` and ``max_shard_size`` do not apply to NumPy files).
-    A safetensors file is refused (SafetensorError): there is nothing to convert."""
+    `options` are those of ``torch_to_safetensors`` (``max_expansion`` and ``align``
+    included; ``key``, ``verify_torch`` and ``max_shard_size`` do not apply to NumPy
+    files). A safetensors file is refused (SafetensorError): there is nothing to convert."""
     source = os.fsdecode(src)
     if os.path.isdir(source):
         return convert_directory(source, dst, **options)

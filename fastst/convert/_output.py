@@ -98,10 +98,10 @@ class StreamedFile:
     of a plan: its ``total_size`` and ``write_to``)."""
 
     def __init__(self, tensors: Sequence[TensorToWrite], metadata: Optional[Mapping[str, str]],
-                 progress: Progress = None) -> None:
+                 progress: Progress = None, align: Optional[int] = None) -> None:
         self.tensors = {tensor.name: tensor for tensor in tensors}
         self.plan = plan_write([(tensor.name, tensor.code, tensor.shape) for tensor in tensors],
-                               metadata)
+                               metadata, align=align)
         self.total_size = self.plan.total_size
         self.progress = progress
 
@@ -124,9 +124,9 @@ class StreamedFile:
 
 def write_declared(filename: str, tensors: Sequence[TensorToWrite],
                    metadata: Optional[Mapping[str, str]], *, fsync: bool = False,
-                   progress: Progress = None) -> None:
-    """Write `tensors` to `filename` atomically."""
-    write_atomically(StreamedFile(tensors, metadata, progress), filename, fsync=fsync)
+                   progress: Progress = None, align: Optional[int] = None) -> None:
+    """Write `tensors` to `filename` atomically (aligned: see ``plan_write``)."""
+    write_atomically(StreamedFile(tensors, metadata, progress, align), filename, fsync=fsync)
 
 
 def verify_written(filename: str, tensors: Sequence[TensorToWrite],

@@ -72,11 +72,15 @@ cdef class Reader:
             _fail(self.source, "not a regular file")
         cdef uint64_t size = info.st_size
         cdef uint64_t n, start
-        prefix = _pread_exact(fd, 8 if size >= 8 else size, 0)
-        if <uint64_t>len(prefix) < (8 if size >= 8 else size):
+        prefix = _pread_exact(fd, min(size, <uint64_t>8), 0)
+        if len(prefix) == 8:
+            n = _length_in(<const uint8_t*>PyBytes_AS_STRING(prefix))
+            if n > size - 8 or n > max_header_size:     # what is the file instead?
+                prefix = _pread_exact(fd, min(size, <uint64_t>SNIFF_BYTES), 0)
+        if <uint64_t>len(prefix) < min(size, <uint64_t>8):
             _fail(self.source, "file was truncated while its header was read")
         n, start = _split_prefix(self.source, <const uint8_t*>PyBytes_AS_STRING(prefix),
-                                 size, max_header_size)
+                                 len(prefix), size, max_header_size)
         header = _pread_exact(fd, n, 8)
         if <uint64_t>len(header) != n:
             _fail(self.source, "file was truncated while its header was read")
@@ -105,7 +109,7 @@ cdef class Reader:
         cdef const uint8_t* p = <const uint8_t*>owner.view.buf
         cdef uint64_t size = owner.view.len
         cdef uint64_t n, start
-        n, start = _split_prefix(source, p, size, max_header)
+        n, start = _split_prefix(source, p, size, size, max_header)
         header = PyBytes_FromStringAndSize(<const char*>p + 8, n)
         self.header = parse_header(header, source, size - start)
         self.data_offset = start
@@ -132,7 +136,8 @@ cdef class Reader:
         self.source = source
         cdef uint64_t n, start
         head = self._fetch_one(fetch, 0, min(size, HEAD_BYTES), "the header")
-        n, start = _split_prefix(source, <const uint8_t*>PyBytes_AS_STRING(head), size, limit)
+        n, start = _split_prefix(source, <const uint8_t*>PyBytes_AS_STRING(head), len(head),
+                                 size, limit)
         # Kept for the tensors it holds, when it holds any beyond the header.
         self.head = head if start < <uint64_t>len(head) else b""
         if start > <uint64_t>len(head):

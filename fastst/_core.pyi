@@ -269,6 +269,13 @@ class Reader:
         a list of ``(offset, length)`` and returns one bytes-like object per range,
         exactly that long (what ``safe_open`` does for URLs and file objects).
 
+        A `fetch` whose store ignores range requests says so with a true
+        ``ranges_ignored`` attribute: it is then asked only for ranges that
+        start at byte 0 (the rest of a header longer than the first request's
+        64 KiB, with the start again; and, for a read of at least as many bytes
+        as the tensors hold, such as ``get_tensors``, the whole file as one
+        range).
+
         Raises
         ------
         SafetensorError

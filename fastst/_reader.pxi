@@ -126,7 +126,11 @@ cdef class Reader:
         long. The first request brings the prefix and, most often, the whole header
         (its first HEAD_BYTES); a longer header takes a second. Tensors are then read
         into fresh memory, each plan in as few requests as its byte ranges allow.
-        `identity` is what ``file_identity`` returns."""
+        `identity` is what ``file_identity`` returns. A `fetch` whose store ignores
+        range requests says so by a true ``ranges_ignored`` attribute: it is then
+        asked only for ranges from byte 0 (the rest of a long header with the
+        start again, and, for a read of at least as many bytes as the tensors
+        hold, the whole file as one range)."""
         cdef uint64_t limit = _checked_limit(max_header_size)
         if not callable(fetch):
             raise SafetensorTypeError(f"fetch must be callable, got {type(fetch).__name__}")
@@ -141,7 +145,10 @@ cdef class Reader:
         # Kept for the tensors it holds, when it holds any beyond the header.
         self.head = head if start < <uint64_t>len(head) else b""
         if start > <uint64_t>len(head):
-            head += self._fetch_one(fetch, len(head), start - len(head), "the header")
+            if getattr(fetch, "ranges_ignored", False):
+                head = self._fetch_one(fetch, 0, start, "the header")
+            else:
+                head += self._fetch_one(fetch, len(head), start - len(head), "the header")
         self.header = parse_header(head[8:start], source, size - start)
         self.data_offset = start
         self.kind = BACKEND_RANGES
@@ -204,6 +211,13 @@ cdef class Reader:
         fetch = self.fetch      # a local reference: close() cannot pull it away
         head = self.head
         self._check_open()
+        if (plan.n and plan.total >= self.file_size - self.data_offset
+                and self.file_size > <uint64_t>len(head)
+                and getattr(fetch, "ranges_ignored", False)):
+            # a store that answers only with the whole file: read it once, in one range
+            (whole,) = self._checked_fetch(fetch, [(0, self.file_size)], what)
+            plan.copy_from(_address(whole))
+            return
         cdef _RangePlan ranges = _range_plan(plan)
         cdef Py_ssize_t first = 0, last, piece = 0, end_piece, count = len(ranges.ranges)
         cdef uint64_t batch

@@ -300,6 +300,13 @@ class Reader:
         a list of ``(offset, length)`` and returns one bytes-like object per range,
         exactly that long (what ``safe_open`` does for URLs and file objects).
 
+        A `fetch` whose store ignores range requests says so with a true
+        ``ranges_ignored`` attribute: it is then asked only for ranges that
+        start at byte 0 (the rest of a header longer than the first request's
+        64 KiB, with the start again; and, for a read of at least as many bytes
+        as the tensors hold, such as ``get_tensors``, the whole file as one
+        range).
+
         Raises
         ------
         SafetensorError
@@ -839,6 +846,32 @@ def spec_of_array(name: str, array: npt.ArrayLike, /) -> WriteSpec:
            [0., 0., 0.]], dtype=float16))
     """
 def usable_cpus() -> int: ...
+def foreign_format(head: Buffer, /) -> str | None:
+    """What the first bytes of a file say it is, when its length prefix is no
+    length: the rest of the message "not a safetensors file: ...", which every
+    way of opening a file gives for one whose prefix is wrong.
+
+    Looks at the first 64 bytes at most: a NumPy ``.npy`` file, a zip archive
+    (``.npz``, ``.pt``), HDF5, GGUF, a pickle, gzip or zstd data, an HTML page,
+    a Git LFS pointer, JSON or other text. A real safetensors file may begin
+    as one of these binary formats does (a prefix of 0x480 begins as a pickle
+    does): ask only of a file whose prefix was found wrong; and a JSON header
+    that begins after the prefix is taken for one (None: a file cut short).
+
+    Examples
+    --------
+    >>> import io, numpy as np
+    >>> from fastst._core import foreign_format
+    >>> npy = io.BytesIO()
+    >>> np.save(npy, np.zeros(3))
+    >>> foreign_format(npy.getvalue())
+    'it is a NumPy .npy file'
+    >>> foreign_format(b"<!DOCTYPE html><html><body>Index of /</body></html>")
+    'it is an HTML page (a web page or a folder listing, not the file itself)'
+    >>> import fastst
+    >>> foreign_format(fastst.save({"x": np.zeros(2)})) is None   # a header follows
+    True
+    """
 def write_array_at(
     fd: int, array: npt.NDArray[Any], offset: int, target: str = ..., /
 ) -> None: ...

@@ -673,17 +673,117 @@ def _describe(_Header h):
             [(h.entries[i].begin, h.entries[i].end) for i in range(h.n)], h.metadata)
 
 
-cdef tuple _split_prefix(str source, const uint8_t* p, uint64_t size, uint64_t max_header):
-    """Check the 8-byte length prefix; return (header length, data start)."""
+# ---------------------------------------------------------------------------
+# The length prefix, and what a file whose prefix is no length is instead
+# ---------------------------------------------------------------------------
+
+cdef Py_ssize_t SNIFF_BYTES = 64   # first bytes looked at to tell what else a file is
+_JSON_SPACE = b" \t\r\n"
+
+# Leading bytes of files often opened by mistake. They are looked at only once the
+# prefix is found wrong: a real prefix may begin with any of them (that of a header of
+# 0x480 bytes begins b"\x80\x04", as a pickle does).
+_MAGIC = (
+    (b"\x93NUMPY", "a NumPy .npy file"),
+    (b"PK\x03\x04", "a zip archive (.npz, .pt, wheel...)"),
+    (b"PK\x05\x06", "an empty zip archive"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+    (b"GGUF", "a GGUF file"),
+    (b"\x1f\x8b", "gzip-compressed (decompress it first)"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed (decompress it first)"),
+) + tuple((b"\x80" + bytes([protocol]), "a Python pickle") for protocol in range(2, 6))
+_GIT_LFS = "version https://git-lfs.github.com/spec/"
+
+
+def foreign_format(head):
+    """What the first bytes of a file whose length prefix is wrong say it is
+    instead ("it is a zip archive...", "it is text"...), or None when they do
+    not tell, or when a JSON header begins after the prefix (a safetensors file
+    cut short, whatever its prefix looks like)."""
+    head = bytes(head[:SNIFF_BYTES])
+    text = _text_of(head)
+    if text is not None:
+        return _kind_of_text(text)
+    if _header_begins(head):
+        return None
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return f"it is {what}"
+    return None
+
+
+cdef bint _header_begins(bytes head):
+    return head[8:].lstrip(_JSON_SPACE)[:1] == b"{"
+
+
+cdef str _kind_of_text(str text):
+    start = text.lstrip().lower()
+    if start.startswith(("<!doctype html", "<html")):
+        return "it is an HTML page (a web page or a folder listing, not the file itself)"
+    if start.startswith(_GIT_LFS):
+        return "it is a Git LFS pointer, not the file it stands for (git lfs pull fetches it)"
+    if start[:1] in ("{", "["):
+        return ("it is JSON text (a sharded checkpoint is opened by its directory or its "
+                "*.index.json)")
+    return "it is text"
+
+
+cdef object _text_of(bytes head):
+    """`head` as text, when it is printable UTF-8 (a UTF-8 byte order mark, and a
+    character cut short at its end, aside) over its first 8 bytes at least, which a
+    real length prefix never is: its high bytes are zero. None otherwise."""
+    if head.startswith(b"\xef\xbb\xbf"):
+        head = head[3:]
+    cdef Py_ssize_t decoded = len(head)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.reason != "unexpected end of data":
+            return None
+        decoded = error.start
+        text = head[:decoded].decode("utf-8")
+    if decoded < 8 or not all(c.isprintable() or c in "\t\n\r" for c in text):
+        return None
+    return text
+
+
+cdef inline uint64_t _length_in(const uint8_t* prefix) noexcept:
+    """The header length an 8-byte prefix gives (little-endian)."""
     cdef uint64_t n = 0
     cdef int k
+    for k in range(8):
+        n |= (<uint64_t>prefix[k]) << (8 * k)
+    return n
+
+
+cdef tuple _split_prefix(str source, const uint8_t* p, uint64_t available, uint64_t size,
+                         uint64_t max_header):
+    """Check the 8-byte length prefix; return (header length, data start). `p` holds
+    the file's first `available` bytes: a wrong prefix is reported from them."""
     if size < 8:
         _fail(source, f"file is {size} bytes, shorter than the 8-byte header length")
-    for k in range(8):
-        n |= (<uint64_t>p[k]) << (8 * k)
-    if n > max_header:
-        _fail(source, f"header length {n} exceeds the limit of {max_header} bytes "
-                      f"(raise max_header_size to read it)")
-    if n > size - 8:
-        _fail(source, f"header length {n} runs past the end of the {size}-byte file")
+    cdef uint64_t n = _length_in(p)
+    if n > size - 8 or n > max_header:
+        head = PyBytes_FromStringAndSize(<const char*>p, min(available, <uint64_t>SNIFF_BYTES))
+        _fail(source, _wrong_prefix(head, n, size, max_header))
     return n, 8 + n
+
+
+cdef str _wrong_prefix(bytes head, uint64_t n, uint64_t size, uint64_t max_header):
+    """Why the length prefix `n` cannot be read. Raising the limit is offered only
+    when a header could follow within the file: never for a file of another format,
+    nor for a length past the file's end."""
+    what = foreign_format(head)
+    if what is not None:
+        return f"not a safetensors file: {what}"
+    header_may_follow = len(head) == 8 or _header_begins(head)
+    if n > size - 8:
+        if header_may_follow:
+            return f"header length {n} runs past the end of the {size}-byte file"
+        return (f"not a safetensors file: its first 8 bytes give a header length of {n}, "
+                f"past the end of the {size}-byte file")
+    if header_may_follow:
+        return (f"header length {n} exceeds the limit of {max_header} bytes "
+                f"(raise max_header_size to read it)")
+    return (f"not a safetensors file: its first 8 bytes give a header length of {n}, and "
+            f"no JSON header follows them")

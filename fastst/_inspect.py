@@ -12,7 +12,7 @@ import struct
 from typing import Any, Dict, List, Optional, Sequence
 
 from ._api import safe_open
-from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
+from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
 from ._source import as_source
 from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path
 
@@ -171,20 +171,15 @@ def render_checkpoint(info: Dict[str, Any]) -> List[str]:
     return lines
 
 
-# Leading bytes of files often passed by mistake: they are not a length prefix.
-FOREIGN_MAGIC = (
-    (b"\x93NUMPY", "it is a NumPy .npy file"),
-    (b"PK\x03\x04", "it is a zip archive (.npz, .pt, wheel...)"),
-    (b"PK\x05\x06", "it is an empty zip archive"),
-    (b"\x89HDF\r\n\x1a\n", "it is an HDF5 file"),
-) + tuple((b"\x80" + bytes([protocol]), "it is a Python pickle") for protocol in range(2, 6))
-TEXT_BYTES = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r")
+FIRST_BYTES = 64   # as many as the core's foreign_format looks at
 
 
 def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optional[str]:
-    """Why the file at `path` cannot be read, when its first bytes tell more than the
-    core's message: "not a safetensors file: ..." or "truncated: N bytes expected, M
-    present". None when they do not.
+    """Why the file at `path` cannot be read, in inspect's words, when its first bytes
+    tell more than the core's message: "truncated: N bytes expected, M present" ("at
+    least N" when the header itself is cut short), or the header length over the
+    --max-header-size limit. None when they do not: the core's message already says
+    what a file of another format is (``foreign_format``).
     """
     # O_NONBLOCK: a FIFO must not wait for a writer; only regular files are looked at.
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
@@ -192,13 +187,16 @@ def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optio
         if not stat.S_ISREG(status.st_mode):
             return None
         size = status.st_size
-        start = fh.read(16)
+        start = fh.read(FIRST_BYTES)
         if len(start) < 8:
             return None
         (length,) = struct.unpack("<Q", start[:8])
-        if 8 + length > size:
-            return _past_the_end(start, length, size)
-        if length > max_header_size:
+        if 8 + length > size or length > max_header_size:
+            # a wrong prefix: inspect's words only for a header cut short or too long
+            if foreign_format(start) is not None or start[8:].lstrip(b" \t\r\n")[:1] != b"{":
+                return None
+            if 8 + length > size:
+                return f"truncated: at least {8 + length} bytes expected, {size} present"
             return (f"header length {length} exceeds the limit of {max_header_size} bytes "
                     f"(raise --max-header-size to read it)")
         fh.seek(8)
@@ -206,23 +204,6 @@ def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optio
     if data_end is not None and 8 + length + data_end > size:
         return f"truncated: {8 + length + data_end} bytes expected, {size} present"
     return None
-
-
-def _past_the_end(start: bytes, length: int, size: int) -> str:
-    """The problem with a file whose length prefix claims more bytes than it holds."""
-    # A real prefix is a little-endian count whose high bytes are zero; text has none.
-    if all(byte in TEXT_BYTES for byte in start[:8]):
-        if start.lstrip()[:1] in (b"{", b"["):
-            return ("not a safetensors file: it is JSON text (a sharded checkpoint is "
-                    "inspected by its directory or its *.index.json)")
-        return "not a safetensors file: it is text"
-    if start[8:9] == b"{":      # a header begins there: the file was cut short
-        return f"truncated: at least {8 + length} bytes expected, {size} present"
-    for magic, what in FOREIGN_MAGIC:
-        if start.startswith(magic):
-            return f"not a safetensors file: {what}"
-    return (f"not a safetensors file: its first 8 bytes give a header length of {length}, "
-            f"past the end of the {size}-byte file")
 
 
 def _claimed_data_end(header: bytes) -> Optional[int]:

@@ -75,11 +75,15 @@ cdef class Reader:
             _fail(self.source, "not a regular file")
         cdef uint64_t size = info.st_size
         cdef uint64_t n, start
-        prefix = _pread_exact(fd, 8 if size >= 8 else size, 0)
-        if <uint64_t>len(prefix) < (8 if size >= 8 else size):
+        prefix = _pread_exact(fd, min(size, <uint64_t>8), 0)
+        if len(prefix) == 8:
+            n = _length_in(<const uint8_t*>PyBytes_AS_STRING(prefix))
+            if n > size - 8 or n > max_header_size:     # what is the file instead?
+                prefix = _pread_exact(fd, min(size, <uint64_t>SNIFF_BYTES), 0)
+        if <uint64_t>len(prefix) < min(size, <uint64_t>8):
             _fail(self.source, "file was truncated while its header was read")
         n, start = _split_prefix(self.source, <const uint8_t*>PyBytes_AS_STRING(prefix),
-                                 size, max_header_size)
+                                 len(prefix), size, max_header_size)
         header = _pread_exact(fd, n, 8)
         if <uint64_t>len(header) != n:
             _fail(self.source, "file was truncated while its header was read")
@@ -108,7 +112,7 @@ cdef class Reader:
         cdef const uint8_t* p = <const uint8_t*>owner.view.buf
         cdef uint64_t size = owner.view.len
         cdef uint64_t n, start
-        n, start = _split_prefix(source, p, size, max_header)
+        n, start = _split_prefix(source, p, size, size, max_header)
         header = PyBytes_FromStringAndSize(<const char*>p + 8, n)
         self.header = parse_header(header, source, size - start)
         self.data_offset = start
@@ -125,7 +129,11 @@ cdef class Reader:
         long. The first request brings the prefix and, most often, the whole header
         (its first HEAD_BYTES); a longer header takes a second. Tensors are then read
         into fresh memory, each plan in as few requests as its byte ranges allow.
-        `identity` is what ``file_identity`` returns."""
+        `identity` is what ``file_identity`` returns. A `fetch` whose store ignores
+        range requests says so by a true ``ranges_ignored`` attribute: it is then
+        asked only for ranges from byte 0 (the rest of a long header with the
+        start again, and, for a read of at least as many bytes as the tensors
+        hold, the whole file as one range)."""
         cdef uint64_t limit = _checked_limit(max_header_size)
         if not callable(fetch):
             raise SafetensorTypeError(f"fetch must be callable, got {type(fetch).__name__}")
@@ -135,11 +143,15 @@ cdef class Reader:
         self.source = source
         cdef uint64_t n, start
         head = self._fetch_one(fetch, 0, min(size, HEAD_BYTES), "the header")
-        n, start = _split_prefix(source, <const uint8_t*>PyBytes_AS_STRING(head), size, limit)
+        n, start = _split_prefix(source, <const uint8_t*>PyBytes_AS_STRING(head), len(head),
+                                 size, limit)
         # Kept for the tensors it holds, when it holds any beyond the header.
         self.head = head if start < <uint64_t>len(head) else b""
         if start > <uint64_t>len(head):
-            head += self._fetch_one(fetch, len(head), start - len(head), "the header")
+            if getattr(fetch, "ranges_ignored", False):
+                head = self._fetch_one(fetch, 0, start, "the header")
+            else:
+                head += self._fetch_one(fetch, len(head), start - len(head), "the header")
         self.header = parse_header(head[8:start], source, size - start)
         self.data_offset = start
         self.kind = BACKEND_RANGES
@@ -202,6 +214,13 @@ cdef class Reader:
         fetch = self.fetch      # a local reference: close() cannot pull it away
         head = self.head
         self._check_open()
+        if (plan.n and plan.total >= self.file_size - self.data_offset
+                and self.file_size > <uint64_t>len(head)
+                and getattr(fetch, "ranges_ignored", False)):
+            # a store that answers only with the whole file: read it once, in one range
+            (whole,) = self._checked_fetch(fetch, [(0, self.file_size)], what)
+            plan.copy_from(_address(whole))
+            return
         cdef _RangePlan ranges = _range_plan(plan)
         cdef Py_ssize_t first = 0, last, piece = 0, end_piece, count = len(ranges.ranges)
         cdef uint64_t batch

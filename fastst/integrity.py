@@ -283,11 +283,15 @@ def report_lines(report: Dict[str, Any]) -> List[str]:
     """
     lines = []
     for file in report["files"]:
-        status = "ok" if file["ok"] else "FAILED"
-        what = (f"{file['checked']} checksums ({file['checksum']})" if file["checksum"]
-                else "structure only: the file has no checksums")
-        count = f"{file['tensors']} tensor{'' if file['tensors'] == 1 else 's'}"
-        lines.append(f"{file['file']}: {status}: {count}, {file['bytes']} bytes, {what}")
+        if file["checksum"] is None and any(e["tensor"] is None for e in file["errors"]):
+            # not read (no safetensors file, say): nothing is known of its checksums
+            lines.append(f"{file['file']}: FAILED")
+        else:
+            status = "ok" if file["ok"] else "FAILED"
+            what = (f"{file['checked']} checksums ({file['checksum']})" if file["checksum"]
+                    else "structure only: the file has no checksums")
+            count = f"{file['tensors']} tensor{'' if file['tensors'] == 1 else 's'}"
+            lines.append(f"{file['file']}: {status}: {count}, {file['bytes']} bytes, {what}")
         lines += [f"  {file['file']}: " + (f"tensor {e['tensor']!r}: " if e["tensor"] else "")
                   + e["error"] for e in file["errors"]]
     lines += [f"{e['file']}: {e['error']}" for e in report["errors"]]

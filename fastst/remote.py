@@ -46,8 +46,8 @@ from ._files import write_atomically
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "READ_TIMEOUT", "FileObjectRanges", "SpooledUpload",
-           "UrlRanges", "read_object", "save_plan", "with_default_timeouts"]
+__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "MAX_WHOLE_READ", "READ_TIMEOUT", "FileObjectRanges",
+           "SpooledUpload", "UrlRanges", "read_object", "save_plan", "with_default_timeouts"]
 
 CONNECT_TIMEOUT = 10.0
 """Seconds to connect to a store (S3, HTTP), unless ``storage_options`` say otherwise
@@ -63,6 +63,13 @@ MAX_REQUESTS = 16
 """Requests the reader of a URL keeps in flight at once, on stores fsspec reads
 asynchronously (S3, GCS, HTTP): the byte ranges of a read are fetched in parallel, at
 most this many at a time."""
+MAX_WHOLE_READ = 1 << 30
+"""The largest object (1 GiB) read whole, in one request, from a server that ignores
+range requests (it answers them with status 200 and the whole object, as
+``python -m http.server`` does): what ``load_file`` and ``get_tensors`` do there, each
+file of a checkpoint on its own. Reading a part of an object from such a server (a
+tensor, a slice), or the whole of a larger one, raises a `SafetensorError` that says the
+server ignores range requests; nothing past the bytes asked for is read."""
 READ_PIECE = 1 << 20     # most bytes taken from an answer's body at a time
 HTTP_PROTOCOLS = ("http", "https")
 S3_PROTOCOLS = ("s3", "s3a")
@@ -122,8 +129,9 @@ def read_object(url: str, storage_options: Optional[Mapping[str, Any]], limit: i
         return b""
     (data,) = ranges([(0, ranges.size)])
     if len(data) != ranges.size:
-        raise SafetensorError(f"{url}: {what}: the store answered {len(data)} bytes of "
-                              f"{ranges.size} (a short read)")
+        raise SafetensorError(f"{url}: {what}: the store answered {len(data)} bytes for "
+                              f"{ranges.size} ("
+                              f"{'a short read' if len(data) < ranges.size else 'too long'})")
     return bytes(data)
 
 
@@ -258,6 +266,13 @@ class UrlRanges:
     on the version seen at opening where it has one, so that an object
     replaced since gives a `SafetensorError`, never a mix of two versions.
 
+    A server that ignores range requests (status 200 and the whole object,
+    no ``Accept-Ranges``) is answered from the start of that object: a
+    range that starts at byte 0 takes its first bytes and reads no further;
+    any other range is refused with a `SafetensorError` that says the
+    server ignores range requests, and so is the whole of an object over
+    `MAX_WHOLE_READ` bytes.
+
     Parameters
     ----------
     url : str
@@ -272,6 +287,10 @@ class UrlRanges:
         The object's size.
     etag : str or None
         Its ETag, where the store gives one.
+    ranges_ignored : bool
+        Whether the server is known to ignore range requests (its answer
+        to one, or ``Accept-Ranges: none``): the compiled Reader then asks
+        for the whole object to read every tensor.
 
     Raises
     ------
@@ -319,15 +338,19 @@ class UrlRanges:
                     or info.get("mtime") or info.get("created"))
         self.version = ObjectVersion(url, self.size, self.etag, modified)
         self.identity = tuple(self.version)
+        self.ranges_ignored = info.get("partial") is False    # Accept-Ranges: none
         self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag,
                                                        modified)
 
     def __call__(self, ranges: Sequence[Range]) -> List[Any]:
+        if self.ranges_ignored:
+            for offset, length in ranges:
+                self.check_answerable(offset, length)
         try:
             if getattr(self.fs, "async_impl", False):
                 get = _range_getter(self.fs)
                 got = _fetch_ranges(self.fs, ranges, lambda offset, length: get(
-                    self.fs, self.path, offset, length, self.version, self.read_kwargs))
+                    self.fs, self.path, offset, length, self))
             else:
                 got = self.fs.cat_ranges([self.path] * len(ranges),
                                          [offset for offset, _ in ranges],
@@ -340,6 +363,32 @@ class UrlRanges:
                 raise _translated(item, self.url, f"reading bytes [{offset}, "
                                                   f"{offset + length})") from item
         return list(got)
+
+    def check_answerable(self, offset: int, length: int) -> None:
+        """Refuse, before asking, a range that a server ignoring range requests
+        cannot answer within bounds: one that does not start at byte 0, or the
+        whole of an object over `MAX_WHOLE_READ` bytes.
+
+        Raises
+        ------
+        SafetensorError
+            Saying that the server ignores range requests, and what to do.
+        """
+        if offset == 0 and length < self.size:
+            return      # the first bytes of the object it sends
+        if offset == 0 and length == self.size <= MAX_WHOLE_READ:
+            return
+        if offset == 0:
+            raise SafetensorError(
+                f"{self.url}: the server ignores range requests (it answers them with the "
+                f"whole object), and the object's {self.size} bytes are more than the "
+                f"{MAX_WHOLE_READ} read whole from such a server "
+                f"(fastst.remote.MAX_WHOLE_READ): download it first, or serve it from a "
+                f"server that supports range requests")
+        raise SafetensorError(
+            f"{self.url}: the server ignores range requests (it answers them with the whole "
+            f"object), so bytes [{offset}, {offset + length}) cannot be read alone: "
+            f"{WHOLE_READ_ADVICE}")
 
 
 def _deadline(fs: AbstractFileSystem) -> Dict[str, float]:
@@ -390,10 +439,16 @@ def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range],
     return result
 
 
-# One ranged GET per kind of store: (fs, path, offset, length, the version opened, the
-# precondition's keywords) -> the bytes. _get_http and _get_s3 read no more than asked
-# and check what the answer says of itself; _get_other is fsspec's own whole read.
-RangeGetter = Callable[[Any, str, int, int, ObjectVersion, Dict[str, Any]], Awaitable[Any]]
+WHOLE_READ_ADVICE = ("read the whole file (load_file and get_tensors read an object of up "
+                     "to fastst.remote.MAX_WHOLE_READ bytes whole from such a server), "
+                     "download it first, or serve it from a server that supports range "
+                     "requests")
+
+# One ranged GET per kind of store: (fs, path, offset, length, the UrlRanges: the version
+# opened, the precondition's keywords) -> the bytes. _get_http and _get_s3 read no more
+# than asked and check what the answer says of itself (and note a server that ignores
+# range requests); _get_other is fsspec's own whole read.
+RangeGetter = Callable[[Any, str, int, int, "UrlRanges"], Awaitable[Any]]
 
 
 def _range_getter(fs: AbstractFileSystem) -> RangeGetter:
@@ -405,13 +460,13 @@ def _range_getter(fs: AbstractFileSystem) -> RangeGetter:
     return _get_other
 
 
-async def _get_http(fs: Any, path: str, offset: int, length: int,
-                    version: ObjectVersion, kwargs: Dict[str, Any]) -> Any:
+async def _get_http(fs: Any, path: str, offset: int, length: int, opened: UrlRanges) -> Any:
     """Bytes [offset, offset + length) of an HTTP object, on the aiohttp session of
     fsspec's HTTPFileSystem (whose request options and headers apply)."""
     if length == 0:
         return b""
-    options = {**fs.kwargs, **kwargs}
+    version = opened.version
+    options = {**fs.kwargs, **opened.read_kwargs}
     headers = {**options.pop("headers", {}), "Range": f"bytes={offset}-{offset + length - 1}",
                "Accept-Encoding": "identity"}
     session = await fs.set_session()
@@ -421,21 +476,26 @@ async def _get_http(fs: Any, path: str, offset: int, length: int,
                 raise FileNotFoundError(errno.ENOENT, "No such object", version.url)
             response.raise_for_status()
             said = response.headers
-            body = _checked_answer(version, offset, length, response.status,
-                                   said.get("Content-Range"), response.content_length,
-                                   said.get("ETag"), said.get("Last-Modified"))
-            return await _read_at_most(response.content.read, body, version, offset, length)
+            body, whole = _checked_answer(version, offset, length, response.status,
+                                          said.get("Content-Range"), response.content_length,
+                                          said.get("ETag"), said.get("Last-Modified"))
+            data = await _read_at_most(response.content.read, body, version, offset, length,
+                                       rest_unread=whole)
+            if whole:
+                opened.ranges_ignored = True
+                response.close()   # the rest of the object goes unread, with the connection
+            return data
         except BaseException:
             response.close()   # the connection goes with the answer's unread rest
             raise
 
 
-async def _get_s3(fs: Any, path: str, offset: int, length: int,
-                  version: ObjectVersion, kwargs: Dict[str, Any]) -> Any:
+async def _get_s3(fs: Any, path: str, offset: int, length: int, opened: UrlRanges) -> Any:
     """Bytes [offset, offset + length) of an S3 object: s3fs's GetObject (with its
     IfMatch, its retries), the body read in pieces."""
     if length == 0:
         return b""
+    version, kwargs = opened.version, opened.read_kwargs
     from s3fs.core import (  # type: ignore[import-untyped, unused-ignore]
         _error_wrapper, version_id_kw)
 
@@ -447,11 +507,16 @@ async def _get_s3(fs: Any, path: str, offset: int, length: int,
                                      **version_id_kw(version_id), **kwargs)
         stream = response["Body"]
         try:
-            body = _checked_answer(version, offset, length,
-                                   response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
-                                   response.get("ContentRange"), response.get("ContentLength"),
-                                   response.get("ETag"), response.get("LastModified"))
-            return await _read_at_most(stream.read, body, version, offset, length)
+            body, whole = _checked_answer(
+                version, offset, length,
+                response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                response.get("ContentRange"), response.get("ContentLength"),
+                response.get("ETag"), response.get("LastModified"))
+            data = await _read_at_most(stream.read, body, version, offset, length,
+                                       rest_unread=whole)
+            if whole:
+                opened.ranges_ignored = True
+            return data
         finally:
             stream.close()
 
@@ -459,11 +524,10 @@ async def _get_s3(fs: Any, path: str, offset: int, length: int,
     return await _error_wrapper(get_and_read, retries=fs.retries)
 
 
-async def _get_other(fs: Any, path: str, offset: int, length: int,
-                     version: ObjectVersion, kwargs: Dict[str, Any]) -> Any:
+async def _get_other(fs: Any, path: str, offset: int, length: int, opened: UrlRanges) -> Any:
     """Bytes [offset, offset + length) through fsspec's ``_cat_file``, which reads
     the whole answer: checked for length only, by the Reader."""
-    return await fs._cat_file(path, start=offset, end=offset + length, **kwargs)
+    return await fs._cat_file(path, start=offset, end=offset + length, **opened.read_kwargs)
 
 
 CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
@@ -471,13 +535,15 @@ CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECAS
 
 def _checked_answer(version: ObjectVersion, offset: int, length: int, status: Any,
                     content_range: Optional[str], content_length: Optional[int],
-                    etag: Optional[str], modified: Any) -> int:
-    """How many bytes the body of an answer to a request for [offset, offset + length)
-    may hold, once what the answer says of itself is checked against the request and
-    the object opened: status 206 and a Content-Range that starts at `offset`, ends
+                    etag: Optional[str], modified: Any) -> Tuple[int, bool]:
+    """How many bytes of the body of an answer to a request for [offset, offset +
+    length) to read, and whether the body goes on past them (to be left unread),
+    once what the answer says of itself is checked against the request and the
+    object opened: status 206 and a Content-Range that starts at `offset`, ends
     within the range and gives the object's size; the ETag seen at opening (or, with
-    none, its Last-Modified date). A 200 (the range ignored) is taken only when the
-    whole object was asked for."""
+    none, its Last-Modified date). A 200 (the range ignored: the whole object) is
+    taken when the whole object was asked for, or, when it says it holds the whole
+    object, for a range at its start: its first bytes."""
     asked = f"bytes [{offset}, {offset + length})"
     if etag and version.etag and etag != version.etag:
         raise _changed(version, f"its ETag is now {etag}, was {version.etag}", asked)
@@ -487,10 +553,12 @@ def _checked_answer(version: ObjectVersion, offset: int, length: int, status: An
                                 f"{version.modified}", asked)
     if status == 200 and offset == 0 and length == version.size:
         body = length
+    elif status == 200 and offset == 0 and content_length == version.size:
+        return length, True
     elif status == 200:
         raise SafetensorError(f"{version.url}: the server ignored the range request for "
                               f"{asked} (status 200 with the whole object, not 206 with "
-                              f"the range)")
+                              f"the range): {WHOLE_READ_ADVICE}")
     elif status != 206:
         raise SafetensorError(f"{version.url}: {asked}: the server answered with status "
                               f"{status}, not 206 Partial Content")
@@ -499,7 +567,7 @@ def _checked_answer(version: ObjectVersion, offset: int, length: int, status: An
     if content_length is not None and content_length > body:
         raise SafetensorError(f"{version.url}: the answer for {asked} is {content_length} "
                               f"bytes long, more than the {body} it should hold (too long)")
-    return body
+    return body, False
 
 
 def _range_answered(version: ObjectVersion, offset: int, length: int,
@@ -529,14 +597,18 @@ def _changed(version: ObjectVersion, what: str, asked: str) -> SafetensorError:
 
 
 async def _read_at_most(read: Callable[[int], Awaitable[bytes]], body: int,
-                        version: ObjectVersion, offset: int, length: int) -> bytearray:
+                        version: ObjectVersion, offset: int, length: int, *,
+                        rest_unread: bool = False) -> bytearray:
     """An answer's body, which should hold `body` bytes, read in pieces: one byte
-    past them is an error, and nothing beyond it is read. A body that ends early is
-    returned as it is (the Reader reports the short read, naming the tensor)."""
+    past them is an error, and nothing beyond it is read; with `rest_unread` (a body
+    that goes on, the whole object), its first `body` bytes and not one more. A body
+    that ends early is returned as it is (the Reader reports the short read, naming
+    the tensor)."""
     out = bytearray(body)
     done = 0
-    while True:
-        piece = await read(min(READ_PIECE, body + 1 - done))
+    past = 0 if rest_unread else 1
+    while done < body + past:
+        piece = await read(min(READ_PIECE, body + past - done))
         if not piece:
             break
         if done + len(piece) > body:

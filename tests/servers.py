@@ -1,8 +1,10 @@
 """Stores on the loopback interface for tests: an HTTP server that honours Range and
-If-Match and counts what it sends, with hostile modes, and S3 (moto in server mode).
+If-Match and counts what it sends, with hostile modes; Python's own ``python -m
+http.server``, which ignores Range; and S3 (moto in server mode).
 
-Use them as pytest fixtures (``from servers import http_store, s3_store``) or as
-context managers (``with RangeServer() as server``, ``with moto_s3() as options``).
+Use them as pytest fixtures (``from servers import http_store, s3_store,
+simple_http_server``) or as context managers (``with RangeServer() as server``,
+``with python_http_server(folder) as url``, ``with moto_s3() as options``).
 """
 import contextlib
 import email.utils
@@ -10,6 +12,8 @@ import functools
 import hashlib
 import http.server
 import re
+import selectors
+import subprocess
 import sys
 import threading
 import time
@@ -44,8 +48,10 @@ class RangeServer:
     ``delay`` seconds are waited before each GET's answer. Each object has a
     Last-Modified date (a content first seen is a second later than the one before
     it), and ``If-Unmodified-Since`` is honoured; ``etags = False`` leaves ETags out,
-    ``sizes = False`` the Content-Length of HEAD answers. A client that hangs up
-    while it is answered is no error of the server's."""
+    ``sizes = False`` the Content-Length of HEAD answers; ``accept_ranges`` is what
+    answers say in their Accept-Ranges header. Bodies are sent in pieces of 1 MiB,
+    each counted as it is sent: a client that hangs up while it is answered is no
+    error of the server's, and what it was not sent is not counted."""
 
     def __init__(self, objects=None):
         self.objects = dict(objects or {})
@@ -83,6 +89,7 @@ class RangeServer:
         self.delay = 0.0
         self.etags = True
         self.sizes = True
+        self.accept_ranges = "bytes"
 
     def reset_counts(self):
         with self.lock:
@@ -208,12 +215,19 @@ class RangeServer:
                 if self.mode == "short" and len(body) > 1:
                     body = body[:len(body) // 2]
                     self.close_connection = True
-                with store.lock:   # counted first: the client may go on before write returns
-                    store.bytes_sent += len(body)
-                self.wfile.write(body)
+                body = memoryview(body)
+                for start in range(0, len(body), SEND_PIECE):
+                    piece = body[start:start + SEND_PIECE]
+                    with store.lock:   # counted first: the client may go on before write returns
+                        store.bytes_sent += len(piece)
+                    try:
+                        self.wfile.write(piece)
+                    except OSError:    # the client hung up
+                        self.close_connection = True
+                        return
 
             def headers_of(self, *, etag=None, modified=None, content_range=None):
-                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("Accept-Ranges", store.accept_ranges)
                 if etag and store.etags:
                     self.send_header("ETag", etag)
                 if modified is not None:
@@ -246,6 +260,9 @@ class RangeServer:
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+
+SEND_PIECE = 1 << 20
 
 
 class QuietServer(http.server.ThreadingHTTPServer):
@@ -296,6 +313,46 @@ def moto_s3(bucket="fastst"):
         yield options
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def python_http_server(folder, timeout=30):
+    """``python -m http.server`` serving `folder` on 127.0.0.1, on a port the system
+    picks (read from what the server prints); yields its URL. It serves whole files
+    only: a request for a range is answered with status 200 and the whole file, with
+    no Accept-Ranges header, and a folder with an HTML listing."""
+    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind",
+                               "127.0.0.1", "--directory", str(folder)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        with selectors.DefaultSelector() as waiting:
+            waiting.register(server.stdout, selectors.EVENT_READ)
+            if not waiting.select(timeout):
+                raise TimeoutError(f"python -m http.server said nothing in {timeout} s")
+        # "Serving HTTP on 127.0.0.1 port 40123 (http://127.0.0.1:40123/) ..."
+        said = server.stdout.readline()
+        match = re.search(r"\(http://127\.0\.0\.1:(\d+)/\)", said)
+        assert match is not None, said
+        yield f"http://127.0.0.1:{match.group(1)}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+        server.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def simple_http_server(tmp_path_factory):
+    """(URL, folder): ``python -m http.server`` serving a fresh folder (see
+    ``python_http_server``); files put in the folder are served at once."""
+    pytest.importorskip("aiohttp")
+    pytest.importorskip("fsspec")
+    folder = tmp_path_factory.mktemp("served")
+    with python_http_server(folder) as url:
+        yield url, folder
 
 
 @pytest.fixture(scope="module")

@@ -333,7 +333,7 @@ def test_inspect_several_files_reports_each_and_fails_if_any_failed(tmp_path, ca
     assert captured.err.splitlines() == [
         f"fastst: error: {missing}: No such file or directory",
         f"fastst: error: {index}: not a safetensors file: it is JSON text (a sharded "
-        f"checkpoint is inspected by its directory or its *.index.json)",
+        f"checkpoint is opened by its directory or its *.index.json)",
     ]
     assert cli.main(["inspect", str(good), str(other)]) == 0
     captured = capsys.readouterr()

@@ -291,6 +291,24 @@ def run_cli(capsys, *argv):
     return code, captured.out, captured.err
 
 
+def test_cli_says_what_a_file_is_when_it_is_no_safetensors_file_and_nothing_of_checksums(
+        tmp_path, capsys):
+    npy, text, garbled = (tmp_path / name for name in
+                          ("weights.npy", "notes.safetensors", "garbled.safetensors"))
+    np.save(npy, np.arange(10))
+    text.write_text("these are notes, not tensors\n")
+    fastst.save_file({"a": np.zeros(2)}, garbled, {CHECKSUM_KEY: "garbage"})
+    code, out, _ = run_cli(capsys, npy, text, garbled)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[:5] == [
+        f"{npy}: FAILED", f"  {npy}: not a safetensors file: it is a NumPy .npy file",
+        f"{text}: FAILED", f"  {text}: not a safetensors file: it is text",
+        f"{garbled}: FAILED"]
+    assert lines[5].startswith(f"  {garbled}: metadata '{CHECKSUM_KEY}' is not valid JSON")
+    assert len(lines) == 6
+
+
 def test_cli_verifies_files_and_names_the_corrupt_tensor(tmp_path, capsys):
     good, bad, plain = (tmp_path / f"{n}.safetensors" for n in ("good", "bad", "plain"))
     fastst.save_file(ARRAYS, good, checksum="xxh3_64")

@@ -4,11 +4,13 @@ import io
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -21,7 +23,8 @@ from fastst._core import Reader
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
-from servers import RangeServer, http_store, moto_s3, s3_store  # noqa: E402,F401
+from servers import (RangeServer, http_store, moto_s3, s3_store,  # noqa: E402,F401
+                     simple_http_server)
 
 HEAD_BYTES = 64 << 10    # the first request of a ranged read: prefix and header, read ahead
 MiB = 1 << 20
@@ -446,6 +449,161 @@ def test_a_server_that_ignores_ranges_still_serves_a_whole_small_object(served, 
     urls = {name: put(f"whole/{name}", data) for name, data in files.items()}
     with fastst.safe_open(urls[INDEX]) as f:
         assert f.keys() == [f"layer.{k}" for k in range(6)]
+
+
+# ---------------------------------------------------------------------------
+# Servers that ignore range requests (python -m http.server)
+# ---------------------------------------------------------------------------
+
+# Past the first request: 1.2 MB, and the small tensor last in the file.
+PAST_THE_FIRST_READ = {"big": np.arange(300_000, dtype=np.float32),
+                       "small": np.arange(7, dtype=np.int16)}
+
+
+def answer_to_a_range_request(url):
+    """(status, Accept-Ranges) of the answer to a request for the first byte."""
+    request = urllib.request.Request(url, headers={"Range": "bytes=0-0"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return answer.status, answer.headers.get("Accept-Ranges")
+
+
+def test_a_server_that_ignores_ranges_gives_every_tensor_when_all_are_read(
+        simple_http_server):
+    """load_file, get_tensors, copy_tensors, a framework's get_tensors, a header longer
+    than the first request and a checkpoint by its index: each file read whole."""
+    url, folder = simple_http_server
+    fastst.save_file(PAST_THE_FIRST_READ, folder / "model.safetensors")
+    model = f"{url}/model.safetensors"
+    assert answer_to_a_range_request(model) == (200, None)   # the whole file, no ranges
+    assert_same(fastst.load_file(model), PAST_THE_FIRST_READ)
+    with fastst.safe_open(model) as f:
+        assert_same(f.get_tensors(), PAST_THE_FIRST_READ)
+        assert_same(f.copy_tensors(), PAST_THE_FIRST_READ)
+    many = {f"t{k:04d}": np.full(2, k % 100, np.int8) for k in range(3000)}
+    fastst.save_file(many, folder / "long-header.safetensors")
+    with fastst.safe_open(f"{url}/long-header.safetensors") as f:
+        assert f.data_start > HEAD_BYTES
+        assert_same(f.get_tensors(), many)
+    layers = {f"layer.{k}": np.full(100_000, k, np.float32) for k in range(4)}
+    fastst.save_file(layers, folder / "checkpoint", max_shard_size=500_000)
+    assert_same(fastst.load_file(f"{url}/checkpoint/{INDEX}"), layers)
+    torch = pytest.importorskip("torch")
+    with fastst.safe_open(model, framework="pt") as f:
+        assert torch.equal(f.get_tensors()["big"], torch.from_numpy(PAST_THE_FIRST_READ["big"]))
+
+
+def test_a_part_of_an_object_from_a_server_that_ignores_ranges_is_refused_saying_so(
+        simple_http_server):
+    url, folder = simple_http_server
+    fastst.save_file(PAST_THE_FIRST_READ, folder / "parts.safetensors")
+    model = f"{url}/parts.safetensors"
+    with fastst.safe_open(model) as f:
+        assert f.keys() == ["big", "small"]
+        # bytes within the first request's are read from it: rows at the start of "big"
+        assert f.get_slice("big")[:10].tolist() == list(range(10))
+        for read in (lambda: f.get_tensor("big"), lambda: f.get_slice("big")[-10:],
+                     lambda: f.gather("big", [299_999, 1]),
+                     lambda: f.read_into({"small": np.empty(7, np.int16)})):
+            with pytest.raises(SafetensorError) as error:
+                read()
+            message = str(error.value)
+            assert message.startswith(f"{model}: the server ignores range requests (it answers "
+                                      f"them with the whole object), so bytes [")
+            assert message.endswith(") cannot be read alone: read the whole file (load_file "
+                                    "and get_tensors read an object of up to "
+                                    "fastst.remote.MAX_WHOLE_READ bytes whole from such a "
+                                    "server), download it first, or serve it from a server "
+                                    "that supports range requests")
+
+
+def test_a_folder_listing_is_not_a_safetensors_file(simple_http_server, capsys):
+    url, folder = simple_http_server
+    (folder / "listed").mkdir()
+    listing = f"{url}/listed/"
+    what = "it is an HTML page (a web page or a folder listing, not the file itself)"
+    with pytest.raises(SafetensorError, match=re.escape(f"{listing}: not a safetensors file: "
+                                                        f"{what}")):
+        fastst.load_file(listing)
+    status, reports, _ = cli_json(capsys, "verify", "--json", listing)
+    assert status == 1
+    assert reports[0]["files"][0]["errors"] == [
+        {"tensor": None, "error": f"not a safetensors file: {what}"}]
+
+
+def test_verify_checks_a_checkpoint_by_its_index_on_a_server_that_ignores_ranges(
+        simple_http_server, capsys):
+    url, folder = simple_http_server
+    layers = {f"layer.{k}": np.full(100_000, k, np.float32) for k in range(4)}
+    fastst.save_file(layers, folder / "verified", max_shard_size=500_000)
+    status, reports, _ = cli_json(capsys, "verify", "--json", f"{url}/verified/{INDEX}")
+    assert status == 0 and reports[0]["errors"] == []
+    assert [(file["file"], file["tensors"], file["checksum"]) for file in reports[0]["files"]] \
+        == [(f"{url}/verified/model-0000{k}-of-00004.safetensors", 1, None)
+            for k in range(1, 5)]
+
+
+def test_a_server_that_ignores_ranges_serves_a_whole_read_in_one_more_request(served):
+    server, put = served
+    data = fastst.save(PAST_THE_FIRST_READ)
+    url = put("whole-read.safetensors", data)
+    server.mode = "ignore-range"
+    server.reset_counts()
+    assert_same(fastst.load_file(url), PAST_THE_FIRST_READ)
+    assert [asked for _, _, asked in server.gets()] == [f"bytes=0-{HEAD_BYTES - 1}",
+                                                        f"bytes=0-{len(data) - 1}"]
+
+
+def test_an_object_over_the_whole_read_limit_is_refused_before_it_is_asked_for(
+        served, monkeypatch):
+    server, put = served
+    data = fastst.save(PAST_THE_FIRST_READ)
+    url = put("over-the-limit.safetensors", data)
+    server.mode = "ignore-range"
+    monkeypatch.setattr(fastst.remote, "MAX_WHOLE_READ", MiB)
+    server.reset_counts()
+    with pytest.raises(SafetensorError) as error:
+        fastst.load_file(url)
+    assert str(error.value) == (
+        f"{url}: the server ignores range requests (it answers them with the whole object), "
+        f"and the object's {len(data)} bytes are more than the {MiB} read whole from such a "
+        f"server (fastst.remote.MAX_WHOLE_READ): download it first, or serve it from a "
+        f"server that supports range requests")
+    assert [asked for _, _, asked in server.gets()] == [f"bytes=0-{HEAD_BYTES - 1}"]
+
+
+def test_opening_a_large_object_on_a_server_that_ignores_ranges_reads_its_start_only(
+        served, big_object):
+    """The whole 256 MiB object comes back to the first request: its first bytes are
+    taken and the connection dropped; the server gets to send no more than the
+    sockets take in."""
+    server, put = served
+    url = put("large.safetensors", big_object)
+    server.mode = "ignore-range"
+    server.reset_counts()
+    with fastst.safe_open(url) as f:
+        assert len(f.keys()) == 256
+    assert server.bytes_sent < 64 * MiB
+
+
+def test_a_server_that_says_it_takes_no_range_requests_is_asked_for_none(served):
+    server, put = served
+    server.accept_ranges = "none"
+    url = put("no-ranges.safetensors", fastst.save(PAST_THE_FIRST_READ))
+    with fastst.safe_open(url) as f:
+        server.reset_counts()
+        with pytest.raises(SafetensorError, match="the server ignores range requests"):
+            f.get_tensor("big")
+        assert server.gets() == []
+        assert_same(f.get_tensors(), PAST_THE_FIRST_READ)
+
+
+def test_an_answer_longer_than_the_object_is_too_long_not_short(served, monkeypatch):
+    server, put = served
+    url = put("index.json", b'{"weight_map": {}}')
+    monkeypatch.setattr(fastst.remote.UrlRanges, "__call__",
+                        lambda self, ranges: [b" " * (self.size + 5)])
+    with pytest.raises(SafetensorError, match=r"answered 23 bytes for 18 \(too long\)$"):
+        fastst.remote.read_object(url, None, 1000, "index")
 
 
 def test_an_object_of_no_known_size_is_refused(served):
@@ -969,7 +1127,7 @@ def test_inspect_of_a_bad_url_reports_why(served, capsys):
     assert status == 1
     assert [report["file"] for report in reports] == [missing, text]
     assert all("error" in report for report in reports)
-    assert "header length" in reports[1]["error"]
+    assert reports[1]["error"] == "not a safetensors file: it is text"
 
 
 def test_verify_checks_a_url_tensor_by_tensor(served, capsys):

@@ -7,8 +7,11 @@ must load with exact values through the same three entry points.
 """
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
+import pickle
 import struct
 
 import ml_dtypes
@@ -20,6 +23,7 @@ from hypothesis import strategies as hst
 import fastst
 from fastst import SafetensorError
 from helpers import raw_file as st
+from servers import http_store  # noqa: F401  (a fixture)
 
 U64_MAX = 2**64 - 1
 
@@ -65,22 +69,23 @@ PREFIX_CASES = [
     case("header length 0, nothing after", st(b"", length=0), r"header is not valid JSON"),
     case("header length 0, header after it", st(b"", b"{}      ", length=0),
          r"header is not valid JSON"),
+    # past the end of the file: raising the limit would not help, and is not offered
     case("header length one past default limit",
          st("{}", length=100_000_001),
-         r"header length 100000001 exceeds the limit of 100000000 bytes"),
+         r"header length 100000001 runs past the end of the 16-byte file$"),
     case("header length exactly at default limit, past EOF",
          st("{}", length=100_000_000),
          r"header length 100000000 runs past the end of the 16-byte file"),
     case("header length 2**63", st("{}", length=2**63),
-         r"header length 9223372036854775808 exceeds the limit"),
+         r"header length 9223372036854775808 runs past the end of the 16-byte file$"),
     case("header length 2**64-1", st("{}", length=U64_MAX),
-         r"header length 18446744073709551615 exceeds the limit"),
+         r"header length 18446744073709551615 runs past the end of the 16-byte file$"),
     case("header length one past EOF", st("{}", length=9),
          r"header length 9 runs past the end of the 16-byte file"),
     case("header length 8 in an 8-byte file", struct.pack("<Q", 8),
          r"header length 8 runs past the end of the 8-byte file"),
     case("header length larger than file, big-endian prefix",
-         st("{}", prefix=struct.pack(">Q", 8)), r"exceeds the limit"),
+         st("{}", prefix=struct.pack(">Q", 8)), r"runs past the end of the 16-byte file$"),
 ]
 
 JSON_CASES = [
@@ -492,6 +497,19 @@ def test_limit_zero_refuses_any_header(tmp_path):
                 max_header_size=0)
 
 
+def test_raising_the_limit_is_offered_only_when_a_header_follows_the_prefix(tmp_path):
+    """A length over the limit but within the file: raising the limit is the answer
+    when a JSON header follows, never when something else does."""
+    header = {"a": t()}
+    _refuse_all(tmp_path, st(header, b"\0" * 4),
+                r"header length 56 exceeds the limit of 10 bytes \(raise max_header_size "
+                r"to read it\)$", max_header_size=10)
+    no_header = struct.pack("<Q", 56) + b"x" * 56 + b"\0" * 4
+    _refuse_all(tmp_path, no_header,
+                r"not a safetensors file: its first 8 bytes give a header length of 56, and "
+                r"no JSON header follows them$", max_header_size=10)
+
+
 def test_limit_counts_padding(tmp_path):
     """The limit applies to the padded length the prefix states, not the JSON text."""
     data = st({"__metadata__": {"k": "v" * 20}})
@@ -550,6 +568,87 @@ def test_fifo_is_not_a_regular_file(tmp_path):
 def test_load_rejects_non_buffers():
     with pytest.raises(TypeError):
         fastst.load("not bytes")
+
+
+# ---------------------------------------------------------------------------
+# Files of other formats: named by what their first bytes say, whoever opens them
+# ---------------------------------------------------------------------------
+
+def _npy(array) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def _npz(**arrays) -> bytes:
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+# what `python -m http.server` answers for a folder
+FOLDER_LISTING = (b'<!DOCTYPE HTML>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+                  b"<title>Directory listing for /</title>\n</head>\n<body>\n<ul>\n"
+                  b'<li><a href="model.safetensors">model.safetensors</a></li>\n</ul>\n'
+                  b"</body>\n</html>\n")
+ANOTHER_FORMAT = {
+    "npy": (_npy(np.arange(100)), "it is a NumPy .npy file"),
+    "npz": (_npz(x=np.arange(100)), "it is a zip archive (.npz, .pt, wheel...)"),
+    "pickle, protocol 2": (pickle.dumps({"x": list(range(50))}, protocol=2),
+                           "it is a Python pickle"),
+    "pickle, protocol 5": (pickle.dumps({"x": list(range(50))}, protocol=5),
+                           "it is a Python pickle"),
+    "HDF5": (b"\x89HDF\r\n\x1a\n\x00\x00\x00\x00\x00\x08\x08\x00" + bytes(200),
+             "it is an HDF5 file"),
+    "GGUF": (b"GGUF" + struct.pack("<IQQ", 3, 2, 0) + bytes(100), "it is a GGUF file"),
+    "gzip": (gzip.compress(fastst.save({"x": np.arange(100)})),
+             "it is gzip-compressed (decompress it first)"),
+    "JSON": (json.dumps({"metadata": {"total_size": 8},
+                         "weight_map": {"x": "model-00001-of-00002.safetensors"}}).encode(),
+             "it is JSON text (a sharded checkpoint is opened by its directory or its "
+             "*.index.json)"),
+    "text": ("Modèle: these are not tensors\n".encode(), "it is text"),
+    "HTML": (FOLDER_LISTING, "it is an HTML page (a web page or a folder listing, not "
+                             "the file itself)"),
+    "Git LFS pointer": (b"version https://git-lfs.github.com/spec/v1\noid sha256:"
+                        + b"0" * 64 + b"\nsize 1234567\n",
+                        "it is a Git LFS pointer, not the file it stands for (git lfs pull "
+                        "fetches it)"),
+}
+
+
+@pytest.mark.parametrize("kind", ANOTHER_FORMAT)
+def test_a_file_of_another_format_is_named_by_every_way_of_opening_it(
+        tmp_path, kind, http_store):
+    """A path (either backend), a buffer, a file object and a URL give the same message,
+    and none offers to raise max_header_size: no limit makes such a file readable."""
+    data, what = ANOTHER_FORMAT[kind]
+    path = _write(tmp_path, data)
+    http_store.objects["/other"] = data
+    url = f"{http_store.url}/other"
+    opening = {
+        path: [lambda: fastst.load_file(path),
+               lambda: fastst.safe_open(path, backend="pread"),
+               lambda: fastst.load_file(path, max_header_size=2**64 - 1)],
+        "<buffer>": [lambda: fastst.load(data)],
+        "<BytesIO>": [lambda: fastst.safe_open(io.BytesIO(data))],
+        url: [lambda: fastst.load_file(url), lambda: fastst.safe_open(url)],
+    }
+    for source, opens in opening.items():
+        for open_it in opens:
+            with pytest.raises(SafetensorError) as info:
+                open_it()
+            assert str(info.value) == f"{source}: not a safetensors file: {what}"
+
+
+def test_a_length_past_the_end_and_no_header_after_it_is_not_a_safetensors_file(tmp_path):
+    data = b"\xff" * 8 + bytes(32)
+    message = ("not a safetensors file: its first 8 bytes give a header length of "
+               "18446744073709551615, past the end of the 40-byte file")
+    with pytest.raises(SafetensorError, match=f"^<buffer>: {message}$"):
+        fastst.load(data)
+    with pytest.raises(SafetensorError, match=f": {message}$"):
+        fastst.safe_open(_write(tmp_path, data))
 
 
 # ---------------------------------------------------------------------------

@@ -110,3 +110,9 @@ def frameworks_needed(code: str) -> list:
 def missing_frameworks(code: str) -> list:
     """The optional packages that the example `code` needs and this Python lacks."""
     return [name for name in frameworks_needed(code) if importlib.util.find_spec(name) is None]
+
+
+def libfuzzer_runs(output: str) -> int:
+    """The inputs libFuzzer says it ran ("Done N runs"; it may run a few past -runs)."""
+    done = re.search(r"Done (\d+) runs", output)
+    return int(done.group(1)) if done else 0

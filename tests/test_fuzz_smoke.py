@@ -24,6 +24,7 @@ import sys
 import pytest
 
 import fastst
+from helpers import libfuzzer_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUZZ = os.path.join(ROOT, "fuzz")
@@ -129,7 +130,7 @@ def test_target_runs_under_libfuzzer(tmp_path, corpus_module):
         timeout=120)
     output = result.stdout.decode("utf-8", "replace")
     assert result.returncode == 0, output[-6000:]
-    assert "Done 2000 runs" in output, output[-3000:]
+    assert libfuzzer_runs(output) >= 2000, output[-3000:]
 
 
 def _lying_inputs(target, rng: random.Random, count: int):
@@ -176,4 +177,4 @@ def test_ranges_target_runs_under_libfuzzer(tmp_path):
         timeout=120)
     output = result.stdout.decode("utf-8", "replace")
     assert result.returncode == 0, output[-6000:]
-    assert "Done 2000 runs" in output, output[-3000:]
+    assert libfuzzer_runs(output) >= 2000, output[-3000:]

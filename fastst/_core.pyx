@@ -64,4 +64,5 @@ include "_header.pxi"     # prefix, fast scanner, strict parser, coverage rules
 include "_sources.pxi"    # mmap and buffer owners; read plans (pread, threads, no GIL)
 include "_reader.pxi"     # Reader: views, copies, rows, gathers
 include "_align.pxi"      # aligned files: the header's padding, the tensors' order
+include "_runs.pxi"       # runs of bytes inside a tensor: the part a shard owns
 include "_writer.pxi"     # WriteSpec, WritePlan, the one output loop

@@ -12,7 +12,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterator, List,
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
-                    TensorInfo)
+                    TensorInfo, read_runs)
 from ._files import PathLike
 from ._slicing import Converter, SafeSlice, T
 from ._source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
@@ -169,6 +169,40 @@ class NumpyHandle(Reader):
         """
         return SafeSlice(self, name)
 
+    def read_runs(self, name: str, offsets: Any, length: int, out: npt.NDArray[Any]
+                  ) -> npt.NDArray[Any]:
+        """Runs of bytes of tensor `name`, and nothing else, one after another into
+        `out` (see ``fastst._core.read_runs``): the part of a tensor that a shard
+        owns.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+        offsets : sequence or array of int
+            Where each run starts, in bytes from the tensor's first byte.
+        length : int
+            The length of every run, in bytes.
+        out : numpy.ndarray
+            A C-contiguous, writable array of ``len(offsets) * length`` bytes.
+
+        Returns
+        -------
+        numpy.ndarray
+            `out`.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"x": np.arange(6, dtype=np.int16)}, path)
+        >>> with fastst.safe_open(path, backend="pread") as f:
+        ...     f.read_runs("x", [2, 8], 2, np.empty(2, np.int16)).tolist()
+        [1, 4]
+        """
+        result: npt.NDArray[Any] = read_runs(self, name, offsets, length, out)
+        return result
+
     def __reduce__(self) -> Tuple[Any, ...]:
         """Pickled, a handle opens its Source again (see ``_reopened``)."""
         return _pickled(self, "np", "cpu")
@@ -219,8 +253,12 @@ class FrameworkHandle(Generic[T]):
             convert, "convert_file", None)
         self._infos: Dict[str, TensorInfo] = {}   # filled as tensors are asked for
         self._opened_as = opened_as               # (framework, device), for pickling
+        # a converter may lay a tensor out over several devices (JAX shardings)
+        self._sharded: Optional[Callable[..., T]] = getattr(convert, "sharded", None)
+        self._sharding_for: Optional[Callable[..., Any]] = getattr(convert, "sharding_for",
+                                                                     None)
 
-    def get_tensor(self, name: str, *, out: None = None) -> T:
+    def get_tensor(self, name: str, *, out: None = None, sharding: Any = None) -> T:
         """Tensor `name`, as the framework's tensor.
 
         Parameters
@@ -229,6 +267,11 @@ class FrameworkHandle(Generic[T]):
             The tensor's name.
         out : None
             Not for framework tensors (only a `NumpyHandle` reads into arrays).
+        sharding : jax.sharding.Sharding, optional
+            For JAX: the array laid out by `sharding`, each addressable
+            device's shard read alone (only its bytes; a shard several devices
+            hold, once), as ``jax.device_put(array, sharding)`` gives it (see
+            ``fastst.jax``).
 
         Returns
         -------
@@ -256,6 +299,11 @@ class FrameworkHandle(Generic[T]):
         """
         if out is not None:
             raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
+        if sharding is not None:
+            if self._sharded is None:
+                raise SafetensorError(f"{self.source}: sharding= lays out JAX arrays; open "
+                                      f"the file with framework='jax'")
+            return self._sharded(self._reader, name, self._info(name), sharding)
         array = self._reader.get_tensor(name)
         return self._convert(array, name, self._info(name))
 
@@ -303,11 +351,19 @@ class FrameworkHandle(Generic[T]):
             raise TypeError("out= takes NumPy arrays; open the file with framework='np'")
         return self._convert(self._reader.gather(name, rows), name, self._info(name))
 
-    def get_tensors(self) -> Dict[str, T]:
+    def get_tensors(self, *, shardings: Any = None) -> Dict[str, T]:
         """Every tensor, in the order of its bytes in the file.
 
         On a CUDA device the whole file streams through one ring of pinned
         buffers into one device allocation.
+
+        Parameters
+        ----------
+        shardings : jax.sharding.Sharding, mapping or callable, optional
+            For JAX: how to lay out each array over devices (see
+            ``fastst.jax``): one sharding for all, a mapping of name to
+            sharding, or ``shardings(name, shape, dtype)`` (the array's shape
+            and NumPy dtype); a tensor given None loads as without it.
 
         Returns
         -------
@@ -328,6 +384,13 @@ class FrameworkHandle(Generic[T]):
         ...     f.get_tensors()
         {'b': tensor([1.], dtype=torch.float64), 'a': tensor([0., 0.])}
         """
+        if shardings is not None:
+            if self._sharding_for is None:
+                raise SafetensorError(f"{self.source}: shardings= lays out JAX arrays; open "
+                                      f"the file with framework='jax'")
+            choose = self._sharding_for
+            return {name: self.get_tensor(name, sharding=choose(shardings, name, self._info(name)))
+                    for name in self._reader.offset_keys()}
         # a subclass of NumpyHandle (one that verifies checksums) reads tensor by tensor
         if (self._convert_file is not None and type(self._reader) is NumpyHandle
                 and self._reader.backend in ("mmap", "pread")):
@@ -716,6 +779,19 @@ class VerifyingHandle(NumpyHandle):
         self.check(name)
         rows: npt.NDArray[Any] = super().read_rows(name, first, last)
         return rows
+
+    def read_runs(self, name: str, offsets: Any, length: int, out: npt.NDArray[Any]
+                  ) -> npt.NDArray[Any]:
+        """Runs of bytes of tensor `name` (see ``NumpyHandle.read_runs``), the whole
+        tensor's checksum checked first.
+
+        Raises
+        ------
+        SafetensorError
+            When the tensor's bytes do not match its checksum.
+        """
+        self.check(name)
+        return super().read_runs(name, offsets, length, out)
 
     def gather_rows(self, name: str, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """Rows of tensor `name` (see ``NumpyHandle.gather_rows``), the whole

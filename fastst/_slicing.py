@@ -2,7 +2,9 @@
 
 With the mmap backend (and buffers) an index applies to the tensor's view and
 touches only the pages it reaches. With the pread backend an index is turned into
-the rows it needs, and only those rows are read.
+the rows it needs, and only those rows are read; a basic index that narrows later
+axes too (a column block: a tensor-parallel slice, a device's shard) reads only the
+runs of bytes of the block it selects from, runs less than 4 KiB apart as one.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple,
 
 import numpy as np
 
+from ._blocks import Box, box_of_index, join_gap, runs_of, shape_of, widened, within
 from ._core import (
     Reader,
     SafetensorError,
@@ -19,6 +22,7 @@ from ._core import (
     TensorInfo,
     dtype_bits,
     numpy_dtype,
+    read_runs,
 )
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
@@ -42,7 +46,9 @@ class SafeSlice(Generic[T]):
     for any NumPy index (ints, slices with steps, ``...``, None, integer and
     boolean arrays). With the default ``"mmap"`` backend a basic index gives
     a view that touches only the pages it reaches; with ``"pread"`` (and for
-    URLs and file objects) only the rows the index needs are read. A handle
+    URLs and file objects) only the rows the index needs are read, and of
+    those, for a basic index, only the block of columns it reaches (runs of
+    bytes less than 4 KiB apart read as one). A handle
     opened for torch or JAX gives the framework's tensors.
 
     Sub-byte tensors (F4, F6_*) load as packed bytes: an index may select
@@ -185,10 +191,19 @@ class SafeSlice(Generic[T]):
         return False
 
     def _read_selected(self, index: Any, shape: Tuple[int, ...]) -> npt.NDArray[Any]:
-        """pread backend: read only the rows `index` selects along the first axis."""
+        """pread backend: read only the rows `index` selects along the first axis, or,
+        for a basic index that narrows later axes too, only the bytes of the box it
+        selects from (its runs of bytes that lie less than 4 KiB apart read as one)."""
         gather = _as_gather(index, shape)
         if gather is not None:
             return self._gather(*gather)
+        found = box_of_index(index, shape)
+        if found is not None:
+            box, local_index = found
+            read = widened(box, shape, self.dtype.itemsize, join_gap(self._reader.backend))
+            if any(span != (0, n) for span, n in zip(read[1:], shape[1:])):
+                boxed = self._read_box(read, shape)[within(box, read)]
+                return boxed[local_index]  # type: ignore[no-any-return]
         rows = _rows_needed(index, shape)
         if rows is None:
             result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
@@ -196,6 +211,16 @@ class SafeSlice(Generic[T]):
         first, last, local_index = rows
         part: npt.NDArray[Any] = self._reader.read_rows(self._name, first, last)
         return part[local_index]  # type: ignore[no-any-return]
+
+    def _read_box(self, box: Box, shape: Tuple[int, ...]) -> npt.NDArray[Any]:
+        """The bytes of `box`, and only those, read into a fresh array of its shape."""
+        offsets, length = runs_of(box, shape, self.dtype.itemsize)
+        out = np.empty(shape_of(box), self.dtype)
+        read = getattr(self._reader, "read_runs", None)   # a handle's (it may verify first)
+        if read is None:
+            return read_runs(self._reader, self._name, offsets, length, out)
+        boxed: npt.NDArray[Any] = read(self._name, offsets, length, out)
+        return boxed
 
     def _gather(self, rows: npt.NDArray[Any], rest: Tuple[Any, ...]) -> npt.NDArray[Any]:
         """Rows `rows` (in range), each then narrowed by `rest`. A plain gather reads

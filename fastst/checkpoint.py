@@ -248,13 +248,16 @@ class ShardedHandle(Generic[T]):
 
     # -- reading ---------------------------------------------------------------
 
-    def get_tensor(self, name: str) -> T:
+    def get_tensor(self, name: str, *, sharding: Any = None) -> T:
         """Tensor `name`, from its shard (opened, and checked, on first use).
 
         Parameters
         ----------
         name : str
             The tensor's name.
+        sharding : jax.sharding.Sharding, optional
+            For JAX: the array laid out by `sharding`, each device reading only
+            its shard's bytes (see ``FrameworkHandle.get_tensor``).
 
         Returns
         -------
@@ -278,14 +281,22 @@ class ShardedHandle(Generic[T]):
         ...     f.get_tensor("layer1")[:2]
         array([1., 1.], dtype=float32)
         """
-        tensor: T = self._shard_of(name).get_tensor(name)
+        handle = self._shard_of(name)
+        tensor: T = (handle.get_tensor(name) if sharding is None
+                     else handle.get_tensor(name, sharding=sharding))
         return tensor
 
     def __getitem__(self, name: str) -> T:
         return self.get_tensor(name)
 
-    def get_tensors(self) -> Dict[str, T]:
+    def get_tensors(self, *, shardings: Any = None) -> Dict[str, T]:
         """Every tensor: shard by shard in index order, each shard's in buffer order.
+
+        Parameters
+        ----------
+        shardings : jax.sharding.Sharding, mapping or callable, optional
+            For JAX: how to lay out each array over devices (see
+            ``FrameworkHandle.get_tensors``).
 
         Returns
         -------
@@ -293,7 +304,8 @@ class ShardedHandle(Generic[T]):
         """
         tensors: Dict[str, T] = {}
         for _, handle in self._all_shards():
-            tensors.update(handle.get_tensors())
+            tensors.update(handle.get_tensors() if shardings is None
+                           else handle.get_tensors(shardings=shardings))
         return tensors
 
     def gather(self, name: str, rows: Any) -> T:
@@ -482,9 +494,9 @@ class NumpyShardedHandle(ShardedHandle[Any]):
     (['layer0', 'layer1', 'layer2'], True)
     """
 
-    def get_tensor(self, name: str, *, out: Any = None) -> Any:
+    def get_tensor(self, name: str, *, out: Any = None, sharding: None = None) -> Any:
         """Tensor `name`, from its shard, into `out` when given (see
-        ``NumpyHandle.get_tensor``).
+        ``NumpyHandle.get_tensor``); `sharding` is for JAX handles.
 
         Raises
         ------
@@ -492,7 +504,12 @@ class NumpyShardedHandle(ShardedHandle[Any]):
             When the index names no tensor `name`.
         ValueError
             When `out` is not of the tensor's dtype and shape.
+        SafetensorError
+            When `sharding` is given: shardings lay out JAX arrays.
         """
+        if sharding is not None:
+            raise SafetensorError(f"{self._index.path}: sharding= lays out JAX arrays; open "
+                                  f"the checkpoint with framework='jax'")
         return self._shard_of(name).get_tensor(name, out=out)
 
     def __enter__(self) -> NumpyShardedHandle:

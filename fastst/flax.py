@@ -17,7 +17,7 @@ Examples
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Union, cast
 
 import numpy as np
 
@@ -158,11 +158,16 @@ def load(data: bytes) -> Dict[str, jax.Array]:
 
 
 def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
-              backend: Backend = "mmap") -> Dict[str, jax.Array]:
+              backend: Backend = "mmap", shardings: Any = None,
+              storage_options: Optional[Mapping[str, Any]] = None) -> Dict[str, jax.Array]:
     """Load every tensor of a file, or of a sharded checkpoint, as ``jax.Array``s.
 
     The drop-in for ``safetensors.flax.load_file``. On the CPU, JAX uses the
-    memory of the file's map where it can (see ``fastst.jax``).
+    memory of the file's map where it can (see ``fastst.jax``). With
+    `shardings`, each array is laid out over devices as
+    ``jax.device_put(array, sharding)`` would, each device reading only the
+    bytes of its shard (a shard several devices hold, once): no whole array
+    is loaded first (``fastst.distributed.plan_shardings`` shows the bytes).
 
     Parameters
     ----------
@@ -173,7 +178,16 @@ def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
         Where the arrays go: ``"cpu"``, ``"gpu"``, ``"cuda:1"``, a
         ``jax.Device``.
     backend : "mmap" or "pread", default "mmap"
-        How the file is read.
+        How the file is read. ``"pread"`` reads each shard's bytes alone;
+        ``"mmap"`` copies them out of the file's map.
+    shardings : jax.sharding.Sharding, mapping or callable, optional
+        How to lay out the arrays: one sharding for every tensor, a mapping
+        of name to sharding, or ``shardings(name, shape, dtype)`` (the
+        array's shape and NumPy dtype) returning one; a tensor given None
+        goes to `device`. A sub-byte tensor (F4, F6_*, packed bytes) may be
+        split along its leading axes only.
+    storage_options : dict, optional
+        For a URL: the options of its fsspec file system.
 
     Returns
     -------
@@ -197,9 +211,25 @@ def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
     >>> fastst.flax.save_file({"b": jnp.arange(2), "w": jnp.ones(2)}, path)
     >>> fastst.flax.load_file(path, device="cpu")
     {'w': Array([1., 1.], dtype=float32), 'b': Array([0, 1], dtype=int32)}
+
+    Split over the devices there are (on a CPU, JAX has one unless
+    ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` was set before it
+    was imported):
+
+    >>> import jax, numpy as np
+    >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    >>> mesh = Mesh(np.array(jax.devices()), ("x",))
+    >>> fastst.flax.save_file({"w": jnp.ones((8, 4))}, path)
+    >>> w = fastst.flax.load_file(path, shardings=NamedSharding(mesh, PartitionSpec("x")))["w"]
+    >>> w.sharding.spec == PartitionSpec("x"), w.shape
+    (True, (8, 4))
     """
-    with safe_open(filename, framework="flax", device=device, backend=backend) as f:
-        return f.get_tensors()
+    with safe_open(filename, framework="flax", device=device, backend=backend,
+                   storage_options=storage_options) as f:
+        if shardings is None:
+            return f.get_tensors()
+        laid_out: Dict[str, jax.Array] = cast(Any, f).get_tensors(shardings=shardings)
+        return laid_out
 
 
 def _to_numpy(tensors: Any) -> Dict[str, Any]:

@@ -13,6 +13,15 @@ On a CUDA GPU, when PyTorch with CUDA is installed too, a whole file
 fastst's ring of pinned buffers into one allocation on the GPU (``fastst._cuda``)
 and reaches JAX through DLPack, each array a part of that allocation.
 
+Shardings: ``get_tensor(name, sharding=...)`` and ``get_tensors(shardings=...)`` of a
+handle opened for JAX (and ``fastst.flax.load_file(..., shardings=...)``) lay each
+array out over devices as ``jax.device_put(array, sharding)`` would, reading for
+each addressable device only the bytes of its shard, and a shard that several
+devices hold (replicated) once: ``jax.make_array_from_single_device_arrays``
+assembles the array. A sub-byte tensor (F4, F6_*) comes as its packed bytes: a
+sharding may split its leading axes, not the packed last one (a `SafetensorError`
+says so). ``fastst.distributed.plan_shardings`` shows the bytes each device reads.
+
 ``fastst.flax`` has the save/load functions.
 
 Examples
@@ -25,12 +34,26 @@ Examples
 ...     x = f.get_tensor("x")
 >>> type(x).__name__, x.dtype, x.sum().item()
 ('ArrayImpl', dtype('float32'), 6.0)
+
+Laid out over the devices there are (the first axis split among them):
+
+>>> from jax.sharding import Mesh, NamedSharding, PartitionSpec
+>>> mesh = Mesh(np.array(jax.devices()), ("x",))
+>>> fastst.save_file({"w": np.arange(8 * 3, dtype=np.float32).reshape(8, 3)}, path)
+>>> with fastst.safe_open(path, framework="jax") as f:
+...     w = f.get_tensor("w", sharding=NamedSharding(mesh, PartitionSpec("x")))
+>>> w.sharding.spec == PartitionSpec("x"), len(w.addressable_shards) == len(jax.devices())
+(True, True)
+>>> float(w.sum())
+276.0
 """
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import numpy.typing as npt
 
 try:
@@ -38,7 +61,8 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("fastst.jax needs JAX: pip install jax") from error
 
-from ._core import SafetensorError, TensorInfo
+from ._blocks import device_boxes, grouped, leading_index, packed_refusal, whole, within
+from ._core import SafetensorError, TensorInfo, numpy_dtype
 
 __all__ = ["converter", "from_torch"]
 
@@ -104,6 +128,72 @@ class Converter:
     def __call__(self, array: npt.NDArray[Any], name: str, info: TensorInfo) -> jax.Array:
         result: jax.Array = jax.device_put(array, self.target)
         return result
+
+    def sharded(self, reader: Any, name: str, info: TensorInfo,
+                sharding: jax.sharding.Sharding) -> jax.Array:
+        """Tensor `name` of `reader` (a NumpyHandle) laid out by `sharding`: see
+        `sharded`."""
+        return sharded(reader, name, info, sharding)
+
+    def sharding_for(self, shardings: Any, name: str, info: TensorInfo
+                     ) -> Optional[jax.sharding.Sharding]:
+        """The sharding `shardings` gives tensor `name`: see `sharding_for`."""
+        return sharding_for(shardings, name, info)
+
+
+def sharded(reader: Any, name: str, info: TensorInfo,
+            sharding: jax.sharding.Sharding) -> jax.Array:
+    """The ``jax.Array`` of tensor `name` of `reader` (a NumpyHandle) laid out by
+    `sharding`, equal to ``jax.device_put(array, sharding)``: the shards of this
+    process's devices read through the tensor's slice, and nothing else (with the
+    pread backend and for URLs; copied out of the map with mmap), once however
+    many devices hold them: the block they tile in one read where they tile one,
+    else shard by shard; each device's shard is then put on it."""
+    part = reader.get_slice(name)
+    if info.array_shape is None:
+        part[...]   # raises the error that says why
+    shape: Tuple[int, ...] = info.array_shape or ()
+    boxes_held = device_boxes(sharding, shape)
+    if list(boxes_held) == [whole(shape)]:     # every device holds it all: JAX copies it
+        result: jax.Array = jax.device_put(np.asarray(part[...]), sharding)
+        return result
+    placed: Dict[Any, jax.Array] = {}
+    for read, boxes in grouped(boxes_held):
+        for box in (read, *boxes):
+            refusal = packed_refusal(reader.source, name, info, box)
+            if refusal is not None:
+                raise SafetensorError(refusal)
+        block = np.asarray(part[leading_index(read, shape)])
+        for box, devices in boxes.items():
+            shard = block[within(box, read)]
+            for device in devices:
+                placed[device] = jax.device_put(shard, device)
+    arrays: List[jax.Array] = list(placed.values())
+    result = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+    return result
+
+
+def sharding_for(shardings: Any, name: str, info: TensorInfo
+                 ) -> Optional[jax.sharding.Sharding]:
+    """The sharding that `shardings` gives tensor `name`: `shardings` itself (a
+    ``jax.sharding.Sharding``), ``shardings.get(name)`` (a mapping), or
+    ``shardings(name, shape, dtype)`` (a callable, given the array's shape and NumPy
+    dtype); None: the tensor loads as without a sharding."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        return shardings
+    if isinstance(shardings, Mapping):
+        chosen = shardings.get(name)
+    elif callable(shardings):
+        shape = info.array_shape if info.array_shape is not None else tuple(info.shape)
+        chosen = shardings(name, shape, numpy_dtype(info.dtype))
+    else:
+        raise SafetensorError(f"shardings must be a jax.sharding.Sharding, a mapping of "
+                              f"names to shardings or a callable (name, shape, dtype) -> "
+                              f"sharding or None, got {type(shardings).__name__}")
+    if chosen is not None and not isinstance(chosen, jax.sharding.Sharding):
+        raise SafetensorError(f"tensor {name!r}: shardings gave a {type(chosen).__name__}, "
+                              f"not a jax.sharding.Sharding (or None)")
+    return chosen
 
 
 class JaxCudaConverter(Converter):

@@ -229,13 +229,14 @@ DOCSTRING_MODULES = ["fastst", "fastst._api", "fastst._checksums", "fastst._core
                      "fastst._edit", "fastst._files", "fastst._handle", "fastst._index",
                      "fastst._lowlevel", "fastst._slicing", "fastst._specs",
                      "fastst._torch_adapter", "fastst.checkpoint", "fastst.dask", "fastst.data",
+                     "fastst.distributed",
                      "fastst.flax", "fastst.integrity", "fastst.jax", "fastst.numpy",
                      "fastst.remote", "fastst.state", "fastst.torch", "fastst.writer"]
 OPTIONAL = ["dask", "fsspec", "jax", "torch", "xxhash"]
 # the reference pages whose names are documented, examples and all
 DOCUMENTED_MODULES = ["fastst", "fastst.numpy", "fastst.torch", "fastst.flax", "fastst.jax",
                       "fastst.writer", "fastst.checkpoint", "fastst.integrity", "fastst.remote",
-                      "fastst.state", "fastst.data", "fastst.dask"]
+                      "fastst.state", "fastst.data", "fastst.dask", "fastst.distributed"]
 # classes made on first use of their name (where their framework is installed)
 MADE_ON_USE = {"fastst.data": ["RowDataset"]}
 
@@ -272,7 +273,8 @@ REFERENCE_PAGES = {"fastst": "fastst", "fastst.numpy": "numpy", "fastst.torch": 
                    "fastst.flax": "flax", "fastst.jax": "jax", "fastst.writer": "writer",
                    "fastst.checkpoint": "checkpoint", "fastst.integrity": "integrity",
                    "fastst.remote": "remote", "fastst.state": "state", "fastst.data": "data",
-                   "fastst.dask": "dask", "fastst.convert": "convert"}
+                   "fastst.dask": "dask", "fastst.convert": "convert",
+                   "fastst.distributed": "distributed"}
 
 
 @pytest.mark.parametrize("module", [

@@ -15,7 +15,7 @@ LAYERS = [
     # core
     "_core",
     # facts
-    "_version", "_progress", "_slicing", "_files", "_checksums", "_torch_dtypes",
+    "_version", "_progress", "_blocks", "_slicing", "_files", "_checksums", "_torch_dtypes",
     # where bytes are
     "remote", "_source",
     # formats
@@ -29,7 +29,7 @@ LAYERS = [
     # API
     "_api",
     # on top
-    "numpy", "data", "state", "dask", "torch", "flax", "_inspect", "convert", "_demo", "cli",
+    "numpy", "data", "state", "dask", "distributed", "torch", "flax", "_inspect", "convert", "_demo", "cli",
     "__main__", "__init__",
 ]
 

@@ -657,11 +657,20 @@ def _agree(group: _Group, failure: Optional[str], digest: bytes) -> None:
                               f"that rank 0 did not")
 
 
+def _kind(error: BaseException) -> str:
+    """The name of `error`'s class; for an OSError that fastst's core only rewords
+    (``NoSuchFileError`` is a ``FileNotFoundError``), the built-in's."""
+    kind = type(error)
+    if isinstance(error, OSError) and kind.__module__.startswith("fastst"):
+        kind = next(base for base in kind.__mro__ if base.__module__ == "builtins")
+    return kind.__name__
+
+
 def _fail_together(group: _Group, error: BaseException, digest: bytes) -> None:
     """This rank could not read: tell the others (which wait to agree), and raise
     what every rank raises."""
     failure = (f"rank {group.rank} of {group.world} could not read {group.filename}: "
-               f"{type(error).__name__}: {error}")
+               f"{_kind(error)}: {error}")
     try:
         _agree(group, failure, digest)
     except SafetensorError as agreed:

@@ -312,3 +312,86 @@ def test_data_loader_with_workers(tmp_path, backend, context):
         rows, labels = loaded_rows(loader)
     assert sorted(rows.tolist()) == list(range(count)) and rows.tolist() != list(range(count))
     np.testing.assert_array_equal(labels, rows % 7)
+
+
+class LabelsOf:
+    """A dataset of one's own that holds a `Rows`: a worker gets the Rows pickled."""
+
+    def __init__(self, path):
+        from fastst.data import Rows
+        self.rows = Rows(path, "label")
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, row):
+        return self.rows.gather([row])[0]
+
+
+def replaced_under(path, make_datasets):
+    """Datasets made on the file at `path`, which is then replaced (as savers do, by a
+    new file renamed over it)."""
+    fastst.save_file({"x": np.zeros((8, 2), np.float32), "label": np.arange(8)}, path)
+    datasets = make_datasets(path)
+    fastst.save_file({"x": np.ones((9, 2), np.float32), "label": np.arange(9)}, path)
+    return datasets
+
+
+def batches_or_errors(loader, error):
+    """Each batch of `loader`, or the `error` (an exception class) its worker raised
+    for it, as its message; every worker has been heard from, and shut down, when this
+    returns (a worker still starting when its loader is dropped dies on that)."""
+    batches = iter(loader)
+    got = []
+    for _ in range(len(loader)):
+        try:
+            got.append(next(batches).tolist())
+        except error as raised:
+            got.append(str(raised))
+    with pytest.raises(StopIteration):
+        next(batches)
+    return got
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_file_replaced_under_a_data_loader_is_named_in_the_main_process(tmp_path, context):
+    """A worker opens the file on its first batch and refuses the new one there, inside
+    __getitem__ or __getitems__: DataLoader re-raises fastst's message in the main
+    process (no worker exits unexpectedly)."""
+    torch = pytest.importorskip("torch")
+    from fastst.data import RowDataset
+    path = tmp_path / "replaced.safetensors"
+    datasets = replaced_under(path, lambda path: [RowDataset(path, "label"), LabelsOf(path)])
+    for dataset in datasets:     # a batch through __getitems__, then row by row
+        loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2,
+                                             multiprocessing_context=context, timeout=120)
+        errors = batches_or_errors(loader, fastst.SafetensorError)
+        assert len(errors) == 2     # a batch for each worker
+        for message in errors:
+            assert message.startswith("Caught SafetensorError in DataLoader worker process")
+            assert f"{path}: file changed since the handle was pickled (device, inode, " \
+                   f"size, mtime (" in message
+    datasets[0].close()
+    datasets[1].rows.close()
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_forked_worker_reads_the_file_it_inherited(tmp_path, backend):
+    """Under fork a worker uses the handle the parent opened: pread reads that file as
+    it was opened, replaced or not; mmap's copies refuse a file replaced since."""
+    pytest.importorskip("torch")
+    from fastst.data import RowDataset, data_loader
+    path = tmp_path / "forked.safetensors"
+    (dataset,) = replaced_under(path, lambda path: [RowDataset(path, "label",
+                                                               backend=backend)])
+    loader = data_loader(dataset, 4, num_workers=2, multiprocessing_context="fork",
+                         timeout=120)
+    got = batches_or_errors(loader, fastst.SafetensorError)
+    if backend == "pread":
+        assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    else:
+        assert len(got) == 2 and all(
+            f"{path}: file was replaced since it was opened; open it again to read the new "
+            f"file\n" in message for message in got)
+    dataset.close()

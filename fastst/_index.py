@@ -12,7 +12,8 @@ from __future__ import annotations
 import errno
 import os
 import re
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional,
+                    Sequence, Set, Tuple)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WritePlan
 from ._files import TEMP_SUFFIX, AtomicFile, PathLike, fsync_path, write_text_atomically
@@ -299,9 +300,11 @@ def index_text(weight_map: Mapping[str, str], metadata: Optional[Mapping[str, An
 
 
 def write_files(directory: str, pattern: str, files: Mapping[str, WritePlan],
-                fsync: bool) -> List[AtomicFile]:
+                fsync: bool, progress: Optional[Callable[[int], Any]] = None
+                ) -> List[AtomicFile]:
     """Each plan written under a temporary name beside its file (flushed to disk
-    with `fsync`) and closed, to be committed: nothing in place is touched yet."""
+    with `fsync`) and closed, to be committed: nothing in place is touched yet.
+    `progress` is called with each file's bytes once it is written."""
     index_path, single_path = _checkpoint_paths(directory, pattern)
     in_place = next((path for path in (index_path, single_path) if os.path.exists(path)), None)
     written: List[AtomicFile] = []
@@ -312,6 +315,8 @@ def write_files(directory: str, pattern: str, files: Mapping[str, WritePlan],
             written.append(file)
             plan.write_to(file.fd, file.target)
             file.finish(fsync=fsync)
+            if progress is not None:
+                progress(plan.total_size)
     except BaseException:
         for file in written:
             file.abort()

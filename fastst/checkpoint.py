@@ -40,6 +40,7 @@ from ._files import PathLike
 from ._handle import FrameworkHandle, NumpyHandle, open_handle
 from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
                      find_checkpoint, is_checkpoint, index_name, index_text, is_index_name, read_index, remove_leftovers, save_place, shard_names, write_files)
+from ._progress import byte_bar
 from ._slicing import Converter, SafeSlice, T
 from ._source import Identity, LocalFile, Source, as_source, identity_of
 
@@ -860,7 +861,9 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
     of the old save, and what a killed save left, are removed after. The files
     are entries of the directory: a symlink among them is replaced, not written
     through. Each keeps the permission bits of the file it replaces, or of the
-    checkpoint's index (or single file) when it replaces none.
+    checkpoint's index (or single file) when it replaces none. When stderr is a
+    terminal and the files hold 64 MiB or more, a bar there shows the bytes
+    written (never in a pipe or a file).
 
     Parameters
     ----------
@@ -935,7 +938,14 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
         index = index_text(weight_map, {"total_size": total, **(metadata or {})})
         names.append(index_name(pattern))
     # every plan is checked before the first file is written
-    commit_files(directory, pattern, write_files(directory, pattern, files, fsync), index, fsync)
+    bar = byte_bar(sum(plan.total_size for plan in files.values()), "save")
+    try:
+        written = write_files(directory, pattern, files, fsync,
+                              None if bar is None else bar.update)
+    finally:
+        if bar is not None:
+            bar.close()
+    commit_files(directory, pattern, written, index, fsync)
     remove_leftovers(directory, pattern, set(names))
     return [os.path.join(directory, name) for name in names]
 

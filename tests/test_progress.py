@@ -21,7 +21,7 @@ import pytest
 
 import fastst
 
-BAR = re.compile(r"\r(convert|verify) +(\d+)% \|[# ]+\| \d+/\d+ MiB")
+BAR = re.compile(r"\r(convert|verify|save) +(\d+)% \|[# ]+\| \d+/\d+ MiB")
 CHILD = """
 import sys
 sys.modules["tqdm"] = None          # not installed
@@ -152,3 +152,49 @@ def test_a_narrow_terminal_gets_a_line_that_fits(npy, tmp_path):
     table = drawn.index("file ")
     assert "convert" in drawn[:table]
     assert max(len(line) for line in drawn[:table].split("\r")) < 30
+
+
+SHARDED_SAVE = """
+import sys
+import numpy as np
+import fastst, fastst._progress
+fastst._progress.PROGRESS_MIN_BYTES = 0
+arrays = {{f"layer{{k}}": np.full(1 << 18, k, np.float32) for k in range(8)}}
+fastst.save_file(arrays, {folder!r}, max_shard_size=2 << 20)
+print("saved", file=sys.stderr)
+"""
+
+
+def test_a_sharded_save_draws_a_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    """The library's sharded save shows its bytes on a terminal, never in a pipe."""
+    script = SHARDED_SAVE.format(folder=str(tmp_path / "on-terminal"))
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL,
+                             stdout=follower, stderr=follower)
+    os.close(follower)
+    drawn = []
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], TIMEOUT)
+            if not ready:
+                break
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            drawn.append(chunk)
+        assert child.wait(timeout=TIMEOUT) == 0
+    finally:
+        child.kill()
+        os.close(leader)
+    text = b"".join(drawn).decode()
+    shown = [percent for kind, percent in bars(text) if kind == "save"]
+    assert shown and shown[-1] == 100 and shown == sorted(shown), text
+    piped = subprocess.run([sys.executable, "-c", SHARDED_SAVE.format(
+        folder=str(tmp_path / "in-pipe"))], capture_output=True, text=True, timeout=TIMEOUT)
+    assert piped.returncode == 0 and piped.stderr == "saved\n"
+    assert fastst.load_file(tmp_path / "in-pipe").keys() == \
+        fastst.load_file(tmp_path / "on-terminal").keys()

@@ -168,8 +168,7 @@ class SafeSlice(Generic[T]):
             return self._reader.get_tensor(self._name)
         if self._packed and self._selects_all_packed(index):
             index = Ellipsis   # the whole tensor, however many axes the index named
-        if _selects_nothing(index if isinstance(index, tuple) else (index,)):
-            _check_arrays_in_range(index, array_shape)
+        _check_arrays_in_range(index, array_shape)
         if self._reader.backend in ("pread", "ranges"):   # reads into fresh memory
             return self._read_selected(index, array_shape)
         result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
@@ -352,7 +351,7 @@ def _rows_in_range(rows: npt.NDArray[Any], n: int, axis: int = 0) -> npt.NDArray
 
 def _check_arrays_in_range(index: Any, shape: Tuple[int, ...]) -> None:
     """IndexError when a value of an integer array of `index` falls outside its axis.
-    NumPy checks them only when the arrays select something (before 2.3 it warned
+    NumPy checks them only when the result has elements (before 2.5 it warned
     otherwise); checked here, an index says the same whatever the backend and
     NumPy's version."""
     parts = [np.asarray(part) if isinstance(part, list) else part

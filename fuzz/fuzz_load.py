@@ -38,6 +38,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -365,7 +366,11 @@ def _take(array: Optional[np.ndarray], whole_error: Optional[SafetensorError],
     if array is None:
         return None, whole_error
     try:
-        taken = array[index]
+        with warnings.catch_warnings():
+            # NumPy before 2.5 warns (rather than raising) for an integer array's value
+            # outside its axis when nothing is selected; the check below refuses it.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            taken = array[index]
     except IndexError as error:
         return None, error
     if _array_value_outside(index, array.shape):

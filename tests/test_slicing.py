@@ -73,11 +73,15 @@ def test_out_of_range_and_odd_indices_match_numpy(opened, data):
     (np.array([], np.int64), 0, np.array([5])),
     ([[7]], np.zeros((0, 1), np.int64)),
     (Ellipsis, np.array([9]), np.array([], np.int64)),
+    (slice(0, 0), np.array([7])),
+    (np.array([7]), slice(3, 1)),
+    (slice(None, None, -1), slice(5, 0), np.array([0, -9])),
 ], ids=repr)
 def test_arrays_out_of_range_are_refused_even_when_they_select_nothing(opened, index):
-    """NumPy checks no value of an index's arrays when they broadcast to no element
-    (2.3 and later), or warns (before): fastst checks them, so that every backend
-    says the same whatever NumPy's version."""
+    """NumPy checks no value of an index's arrays when the result has no element
+    (a slice that selects nothing, arrays that broadcast to no element), or warns
+    (before 2.5): fastst checks them, so that every backend says the same whatever
+    NumPy's version."""
     _, handles = opened
     for backend, handle in handles.items():
         with pytest.raises(fastst.SafetensorIndexError,

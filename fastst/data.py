@@ -32,6 +32,7 @@ import glob
 import operator
 import os
 import pickle
+import queue
 import sys
 import threading
 import weakref
@@ -902,19 +903,24 @@ class _Dataset:
 
 class _Pipeline:
     """Threads that gather the batches `todo` into the ring `slots`, at most `ahead`
-    beyond the one taken: batch k (its place in `todo`) goes into slot k % len(slots),
-    once the batch that slot held is `len(slots) - ahead` batches behind the one taken."""
+    beyond the one taken: batch k (its place in `todo`) goes into slot
+    k % len(slots), and is started once batch k - ahead is taken.
+
+    The consumer hands out the batches to start, in order, through a queue (any
+    free thread takes the next); a slot's lock, held while it is being filled,
+    is released when its batch is in."""
 
     def __init__(self, dataset: _Dataset, rows: npt.NDArray[np.int64], batch_size: int,
                  todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int) -> None:
         self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
         self.slots, self.ahead = slots, min(ahead, len(slots))
-        self.changed = threading.Condition()
-        self.taken = 0                       # batches handed out
-        self.ready = [-1] * len(slots)       # the batch each slot holds
-        self.failed: Optional[Tuple[int, BaseException]] = None
+        self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
+        self.filled = [threading.Lock() for _ in slots]
+        self.errors: List[Optional[BaseException]] = [None] * len(slots)
         self.stopping = False
-        self.workers = [threading.Thread(target=self._work, args=(k, threads), daemon=True,
+        for position in range(min(self.ahead, len(todo))):
+            self._start(position)
+        self.workers = [threading.Thread(target=self._work, daemon=True,
                                          name=f"fastst-loader-{k}")
                         for k in range(min(threads, len(todo)))]
         _PIPELINES.add(self)
@@ -924,44 +930,44 @@ class _Pipeline:
     def size(self, index: int) -> int:
         return min(self.batch_size, len(self.rows) - index * self.batch_size)
 
-    def _work(self, first: int, step: int) -> None:
-        position = first
-        try:
-            for position in range(first, len(self.todo), step):
-                with self.changed:
-                    while not self.stopping and position >= self.taken + self.ahead:
-                        self.changed.wait()
-                    if self.stopping:
-                        return
+    def _start(self, position: int) -> None:
+        self.filled[position % len(self.slots)].acquire()    # released by the filling
+        self.to_start.put(position)
+
+    def _work(self) -> None:
+        while True:
+            position = self.to_start.get()
+            if position is None or self.stopping:
+                return
+            slot = position % len(self.slots)
+            try:
                 index = self.todo[position]
                 rows = self.rows[index * self.batch_size:(index + 1) * self.batch_size]
-                self.dataset.fill(self.slots[position % len(self.slots)], rows)
-                with self.changed:
-                    self.ready[position % len(self.slots)] = position
-                    self.changed.notify_all()
-        except BaseException as error:   # raised in the consumer, at this batch
-            with self.changed:
-                if self.failed is None or position < self.failed[0]:
-                    self.failed = (position, error)
-                self.changed.notify_all()
+                self.dataset.fill(self.slots[slot], rows)
+            except BaseException as error:   # raised in the consumer, at this batch
+                self.errors[slot] = error
+            finally:
+                self.filled[slot].release()
 
     def take(self, position: int) -> int:
-        """The slot of batch `position`, once gathered; the batch `ahead` behind it is
-        given back to the threads."""
+        """The slot of batch `position`, once gathered; the batch `ahead` after it is
+        started."""
         slot = position % len(self.slots)
-        with self.changed:
-            self.taken = position + 1
-            self.changed.notify_all()
-            while self.ready[slot] != position:
-                if self.failed is not None and self.failed[0] <= position:
-                    raise self.failed[1]
-                self.changed.wait()
+        following = position + self.ahead
+        if following < len(self.todo):
+            self._start(following)
+        self.filled[slot].acquire()
+        self.filled[slot].release()
+        error = self.errors[slot]
+        if error is not None:
+            self.errors[slot] = None
+            raise error
         return slot
 
     def stop(self) -> None:
-        with self.changed:
-            self.stopping = True
-            self.changed.notify_all()
+        self.stopping = True
+        for _ in self.workers:
+            self.to_start.put(None)
         for worker in self.workers:
             if worker is not threading.current_thread():
                 worker.join()

@@ -1083,6 +1083,7 @@ def _torch_batches_class() -> type:
 
     globals()["_TorchBatches"] = _TorchBatches
     _TorchBatches.__module__ = __name__
+    _TorchBatches.__qualname__ = "_TorchBatches"    # so that pickle finds it here
     return _TorchBatches
 
 
@@ -1198,4 +1199,6 @@ def __getattr__(name: str) -> Any:
     if name == "RowDataset":
         cls = globals()["RowDataset"] = _row_dataset_class()
         return cls
+    if name == "_TorchBatches":     # a spawned worker unpickling a Loader's dataset
+        return _torch_batches_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

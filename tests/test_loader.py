@@ -519,3 +519,28 @@ def test_jax_batches(one_file):
     assert all(isinstance(batch["x"], jax.Array) for batch in batches)
     np.testing.assert_array_equal(np.asarray(batches[0]["y"]), np.arange(50))
     np.testing.assert_array_equal(np.asarray(batches[2]["y"]), np.arange(100, ROWS))
+
+
+def test_rank_and_world_size_come_from_torch_distributed_when_initialised(one_file,
+                                                                        monkeypatch):
+    torch = pytest.importorskip("torch")
+    distributed = torch.distributed
+    monkeypatch.setattr(distributed, "is_available", lambda: True)
+    monkeypatch.setattr(distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed, "get_rank", lambda: 2)
+    monkeypatch.setattr(distributed, "get_world_size", lambda: 3)
+    with Loader(one_file, "y", 5, shuffle=True, seed=1) as loader:
+        assert (loader.rank, loader.world_size) == (2, 3)
+        order = np.random.default_rng([1, 0]).permutation(ROWS)
+        assert rows_of(taken(loader)).tolist() == np.resize(order, 35 * 3)[2::3].tolist()
+
+
+def test_a_spawned_worker_reopens_the_files(three_files):
+    torch = pytest.importorskip("torch")
+    with Loader(three_files, ["x", "y"], 10, shuffle=True, seed=2, threads=1) as loader:
+        through = torch.utils.data.DataLoader(loader.torch_dataset(), batch_size=None,
+                                              num_workers=1, multiprocessing_context="spawn",
+                                              timeout=120)
+        got = [{k: v.numpy() for k, v in batch.items()} for batch in through]
+    assert_same_batches(got, expected_batches(np.random.default_rng([2, 0]).permutation(ROWS),
+                                              10))

@@ -539,6 +539,8 @@ class Loader:
         self.drop_last, self.threads, self.prefetch = drop_last, threads, prefetch
         self.copy, self.framework, self.device = copy, framework, device
         self.pin_memory, self.block_rows, self.window_blocks = pin_memory, block_rows, window_blocks
+        if pin_memory:
+            _check_pinned_memory()
         self._dataset = _Dataset(source, self.names, backend, storage_options)
         self.rows = self._dataset.rows
         self._epoch = self._batch = 0
@@ -983,6 +985,15 @@ def _stop_pipelines() -> None:
     a global) are stopped, not left in a gather while the interpreter ends."""
     for pipeline in list(_PIPELINES):
         pipeline.stop()
+
+
+def _check_pinned_memory() -> None:
+    import torch
+    try:
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError as error:
+        raise RuntimeError(f"pin_memory=True needs pinned memory, which this torch cannot "
+                           f"give ({error}); leave pin_memory out") from None
 
 
 def _check_positive(what: str, value: Any) -> None:

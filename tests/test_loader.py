@@ -117,12 +117,14 @@ def test_block_shuffle_keeps_each_window_of_blocks_together(one_file):
     assert windows == 6
 
 
-@pytest.mark.parametrize("layout", ["list", "glob", "directory"])
-def test_several_files_are_one_dataset(three_files, layout):
+@pytest.mark.parametrize("layout,backend", [("list", "mmap"), ("glob", "mmap"),
+                                            ("directory", "mmap"), ("list", "pread")])
+def test_several_files_are_one_dataset(three_files, layout, backend):
     files = sorted(str(path) for path in three_files.iterdir())
     source = {"list": files, "glob": str(three_files / "train-*.safetensors"),
               "directory": three_files}[layout]
-    with Loader(source, ["x", "y"], 16, shuffle=True, seed=1, threads=2) as loader:
+    with Loader(source, ["x", "y"], 16, shuffle=True, seed=1, threads=2,
+                backend=backend) as loader:
         assert loader.rows == ROWS
         got = taken(loader)
     assert_same_batches(got, expected_batches(np.random.default_rng([1, 0]).permutation(ROWS),
@@ -544,3 +546,16 @@ def test_a_spawned_worker_reopens_the_files(three_files):
         got = [{k: v.numpy() for k, v in batch.items()} for batch in through]
     assert_same_batches(got, expected_batches(np.random.default_rng([2, 0]).permutation(ROWS),
                                               10))
+
+
+def test_pinned_memory_needs_torch_batches_and_an_accelerator(one_file):
+    with pytest.raises(ValueError, match="pin_memory=True needs framework='pt'"):
+        Loader(one_file, "y", 4, pin_memory=True)
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        with Loader(one_file, "y", 4, framework="pt", pin_memory=True) as loader:
+            batch = next(iter(loader))
+            assert batch["y"].is_pinned() and batch["y"].tolist() == [0, 1, 2, 3]
+    else:
+        with pytest.raises(RuntimeError, match="pin_memory=True needs pinned memory"):
+            Loader(one_file, "y", 4, framework="pt", pin_memory=True)

@@ -545,6 +545,7 @@ class Loader:
         self.rows = self._dataset.rows
         self._epoch = self._batch = 0
         self._converter: Any = None
+        self._ring: Optional[List[Dict[str, Any]]] = None    # the buffers, between iterations
 
     # -- the order of an epoch ------------------------------------------------
 
@@ -614,8 +615,7 @@ class Loader:
             if track:
                 self._epoch, self._batch = epoch + 1, 0
             return
-        slots = [self._dataset.buffers(self.batch_size, self._allocate)
-                 for _ in range(min(2 * self.prefetch, len(todo)))]
+        slots = self._take_ring(min(2 * self.prefetch, len(todo)))
         pipeline = _Pipeline(self._dataset, rows, self.batch_size, todo, slots,
                              self.prefetch, self.threads)
         delivered: Dict[int, Dict[str, Any]] = {}
@@ -628,6 +628,15 @@ class Loader:
                 yield self._deliver(slots, slot, pipeline.size(index), delivered)
         finally:
             pipeline.stop()
+            self._ring = slots
+
+    def _take_ring(self, size: int) -> List[Dict[str, Any]]:
+        """The buffers of the last iteration (its threads ended), else new ones: an
+        iteration under way holds its own."""
+        ring, self._ring = self._ring, None
+        if ring is None or len(ring) != size:
+            ring = [self._dataset.buffers(self.batch_size, self._allocate) for _ in range(size)]
+        return ring
 
     def _deliver(self, slots: List[Dict[str, Any]], slot: int, size: int,
                  delivered: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
@@ -783,7 +792,7 @@ class Loader:
         self.close()
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {**self.__dict__, "_converter": None}
+        return {**self.__dict__, "_converter": None, "_ring": None}
 
     def __repr__(self) -> str:
         return (f"<fastst.data.Loader {list(self.names)} ({self.rows} rows, batches of "

@@ -772,7 +772,7 @@ class Loader:
         >>> fastst.save_file({"y": np.arange(7)}, path)
         >>> loader = Loader(path, "y", 2, framework="pt", threads=1)
         >>> batches = torch.utils.data.DataLoader(loader.torch_dataset(), batch_size=None,
-        ...                                       num_workers=2)
+        ...                                       num_workers=0)   # or 2: the same batches
         >>> [batch["y"].tolist() for batch in batches]
         [[0, 1], [2, 3], [4, 5], [6]]
         >>> loader.close()

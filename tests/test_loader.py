@@ -497,6 +497,7 @@ def test_batches_over_fsspec_memory(one_file):
 # frameworks
 # ---------------------------------------------------------------------------
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")     # JAX, imported by others
 def test_torch_batches_and_workers_that_split_the_batches(one_file):
     torch = pytest.importorskip("torch")
     loader = Loader(one_file, ["x", "y"], 10, shuffle=True, seed=6, framework="pt", copy=True)

@@ -309,7 +309,12 @@ def rate_grain(paths: Dict[str, str], batch: int, rows: int, columns: int) -> fl
                                  shuffle=True, num_epochs=1, seed=0)
     loader = grain.DataLoader(data_source=source, sampler=sampler, worker_count=2,
                               operations=[ViewRow(), grain.Batch(batch, drop_remainder=True)])
-    return timed_rows(loader, batch, rows, warmup=4)
+    batches = iter(loader)
+    rate = timed_rows(batches, batch, rows, warmup=4)
+    del batches, loader      # its worker processes end with the iterator, not before
+    import gc
+    gc.collect()
+    return rate
 
 
 def rate_gather(paths: Dict[str, str], batch: int, rows: int) -> float:

@@ -15,15 +15,21 @@ without the DataLoader's transfer of each batch from its worker.
 
     python bench/loader.py                      # 1 GiB, batches of 256 and 4096, fork and spawn
     python bench/loader.py --size-mib 64 --repeats 1     # a quick look
+
+`--loaders` compares fastst's thread `Loader` with the data loaders of other
+libraries instead (see `LOADERS_DOC`); `--cold` adds runs from a cold page cache:
+
+    python bench/loader.py --loaders --cold     # 1 GiB tables [N, 128] and [N, 1024] F32
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -139,7 +145,275 @@ def datasets(paths: Dict[str, str], length: int) -> Dict[str, Dataset]:
 
 
 def fmt_rate(rate: float) -> str:
+    if rate < 1e4:
+        return f"{rate:.0f}"
     return f"{rate / 1e6:.2f} M" if rate >= 1e6 else f"{rate / 1e3:.0f} k"
+
+
+# ---------------------------------------------------------------------------
+# --loaders: fastst's thread Loader against the data loaders of other libraries
+# ---------------------------------------------------------------------------
+
+LOADERS_DOC = """Shuffled batches from a table, each loader with two threads or two workers:
+
+- fastst Loader:        `fastst.data.Loader(threads=2)`, NumPy batches (ring reused)
+- fastst RowDataset:    `RowDataset` in torch's DataLoader (2 workers, fork)
+- npy memmap:           `np.load(mmap_mode="r")[rows]` in torch's DataLoader (2 workers, fork)
+- HF datasets:          an Arrow file, `Dataset.from_file(...).with_format("numpy")`,
+                        `ds[rows]` a batch, in torch's DataLoader (2 workers, fork)
+- grain:                an ArrayRecord file (a row a record), `grain.DataLoader`
+                        (2 workers), a MapTransform that views each record, Batch
+- in-process gather:    `f.gather(name, rows, out=buffer)` in a loop (no loader)
+- memcpy:               `np.copyto` of as many adjacent rows into a buffer
+"""
+
+
+def table_files(folder: str, size_mib: int, columns: int) -> Dict[str, str]:
+    """The table [N, columns] F32 as safetensors, .npy, Arrow and ArrayRecord."""
+    rows = size_mib * (1 << 20) // (columns * 4)
+    stem = os.path.join(folder, f"table-{size_mib}-{columns}")
+    paths = {"safetensors": stem + ".safetensors", "npy": stem + ".npy",
+             "arrow": stem + ".arrow", "array_record": stem + ".array_record"}
+    os.makedirs(folder, exist_ok=True)
+    data = None
+    for kind, path in paths.items():
+        if os.path.exists(path):
+            continue
+        if data is None:
+            data = np.random.default_rng(0).standard_normal((rows, columns), np.float32)
+        writer = {"safetensors": lambda p: fastst.save_file({NAME: data}, p),
+                  "npy": lambda p: np.save(p, data), "arrow": write_arrow,
+                  "array_record": write_array_record}[kind]
+        try:
+            writer(path) if kind in ("safetensors", "npy") else writer(path, data)
+        except ImportError as error:
+            print(f"{kind}: {error}", file=sys.stderr)
+    return {kind: path for kind, path in paths.items() if os.path.exists(path)}
+
+
+def write_arrow(path: str, data: np.ndarray) -> None:
+    import pyarrow as pa
+    column = pa.FixedSizeListArray.from_arrays(pa.array(data.ravel()), data.shape[1])
+    table = pa.table({NAME: column})
+    with pa.OSFile(path + ".part", "wb") as sink, pa.ipc.new_stream(sink, table.schema) as out:
+        out.write_table(table, max_chunksize=1 << 16)
+    os.replace(path + ".part", path)
+
+
+def write_array_record(path: str, data: np.ndarray) -> None:
+    from array_record.python.array_record_module import ArrayRecordWriter
+    writer = ArrayRecordWriter(path + ".part", "group_size:1")
+    for row in data:
+        writer.write(row.tobytes())
+    writer.close()
+    os.replace(path + ".part", path)
+
+
+def drop_cache(*paths: str) -> None:
+    """posix_fadvise(DONTNEED): the files' pages out of the page cache. Pages that a
+    process still maps stay: every map of the benchmark is gone by then."""
+    import gc
+    gc.collect()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        resident = subprocess.run(["fincore", "-nb", "-o", "RES", path], capture_output=True,
+                                  text=True).stdout.strip()
+        print(f"{os.path.basename(path)}: {resident or '?'} bytes still cached after "
+              f"DONTNEED", file=sys.stderr)
+
+
+def warm_cache(*paths: str) -> None:
+    for path in paths:
+        with open(path, "rb") as source:
+            while source.read(64 << 20):
+                pass
+
+
+def timed_rows(batches: Any, batch: int, rows: int, warmup: int = 2) -> float:
+    """Rows a second of an iterable of batches, from the end of the first `warmup`."""
+    received, start = 0, 0.0
+    for k, got in enumerate(batches):
+        if k + 1 == warmup:
+            start = time.perf_counter()
+        elif k >= warmup:
+            received += batch
+            if received >= rows:
+                break
+    return received / (time.perf_counter() - start)
+
+
+def rate_fastst_loader(paths: Dict[str, str], batch: int, rows: int, shuffle: Any = True
+                       ) -> float:
+    from fastst.data import Loader
+    with Loader(paths["safetensors"], NAME, batch, shuffle=shuffle, seed=0, threads=2,
+                drop_last=True) as loader:
+        return timed_rows(loader, batch, rows)
+
+
+def rate_row_dataset(paths: Dict[str, str], batch: int, rows: int) -> float:
+    with RowDataset(paths["safetensors"], NAME) as dataset:   # closed: no map left behind
+        return rate_in_data_loader(dataset, batch, rows)
+
+
+def rate_in_data_loader(dataset: Dataset, batch: int, rows: int) -> float:
+    sampler = BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(0)),
+                           batch, drop_last=True)
+    loader = DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=2,
+                        multiprocessing_context="fork", timeout=600, prefetch_factor=2)
+    return timed_rows(loader, batch, rows, warmup=4)
+
+
+class ArrowRows(Dataset):
+    """A Hugging Face datasets Arrow file, NumPy format; a batch is one ds[rows]."""
+
+    def __init__(self, path: str) -> None:
+        import datasets
+        self.path, self.rows = path, None
+        self.length = len(datasets.Dataset.from_file(path))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, rows: List[int]) -> Any:
+        if self.rows is None:
+            import datasets
+            self.rows = datasets.Dataset.from_file(self.path).with_format("numpy")
+        return self.rows[rows][NAME]
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {**self.__dict__, "rows": None}
+
+
+try:     # grain's workers unpickle the transform: it is defined at the top level
+    import grain.python as grain
+
+    class ViewRow(grain.MapTransform):  # type: ignore[misc]
+        """A record (a row's bytes) as its F32 row."""
+
+        def map(self, record: bytes) -> np.ndarray:
+            return np.frombuffer(record, np.float32)
+except ImportError:
+    grain = None
+
+
+def rate_grain(paths: Dict[str, str], batch: int, rows: int, columns: int) -> float:
+    from absl import flags
+    flags.FLAGS.mark_as_parsed()     # grain reads its flags; a script need not parse them
+    source = grain.ArrayRecordDataSource([paths["array_record"]])
+    sampler = grain.IndexSampler(num_records=len(source), shard_options=grain.NoSharding(),
+                                 shuffle=True, num_epochs=1, seed=0)
+    loader = grain.DataLoader(data_source=source, sampler=sampler, worker_count=2,
+                              operations=[ViewRow(), grain.Batch(batch, drop_remainder=True)])
+    batches = iter(loader)
+    rate = timed_rows(batches, batch, rows, warmup=4)
+    del batches, loader      # its worker processes end with the iterator, not before
+    import gc
+    gc.collect()
+    return rate
+
+
+def rate_gather(paths: Dict[str, str], batch: int, rows: int) -> float:
+    with fastst.safe_open(paths["safetensors"]) as f:
+        length = f.info(NAME).shape[0]
+        order = np.random.default_rng(0).permutation(length)
+        out = np.empty((batch, *f.info(NAME).shape[1:]), np.float32)
+        batches = [order[k * batch:(k + 1) * batch] for k in range(min(length // batch,
+                                                                        rows // batch + 2))]
+        return timed_rows((f.gather(NAME, rows_of, out=out) for rows_of in batches),
+                          batch, rows)
+
+
+def rate_memcpy(paths: Dict[str, str], batch: int, rows: int) -> float:
+    table = np.load(paths["npy"], mmap_mode="r")
+    out = np.empty((batch, table.shape[1]), table.dtype)
+    starts = np.random.default_rng(0).integers(0, max(1, len(table) - batch), rows // batch + 2)
+    rate = timed_rows((np.copyto(out, table[s:s + batch]) for s in starts), batch, rows)
+    return rate
+
+
+def cat_rate(path: str) -> float:
+    """Bytes a second of reading the file whole, cold, as cat does."""
+    drop_cache(path)
+    start = time.perf_counter()
+    subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
+    return os.path.getsize(path) / (time.perf_counter() - start)
+
+
+def loader_memory(paths: Dict[str, str], batch: int) -> Tuple[int, int]:
+    """(peak RSS, anonymous RSS at the end) in KiB of a process that runs a Loader
+    through an epoch: the mapped file's pages count in the first, not the second."""
+    code = (f"from fastst.data import Loader\n"
+            f"for b in Loader({paths['safetensors']!r}, {NAME!r}, {batch}, shuffle=True, "
+            f"seed=0, threads=2): pass\n"
+            f"status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+            f"print(status['VmHWM'].split()[0], status['RssAnon'].split()[0])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    peak, anonymous = done.stdout.split()
+    return int(peak), int(anonymous)
+
+
+def compare_loaders(args: argparse.Namespace) -> int:
+    print(f"load before: {os.getloadavg()}", file=sys.stderr)
+    print("| loader | table | batch | cache | rows/s | × npy memmap DataLoader "
+          "| × in-process gather | × memcpy |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for columns in (int(c) for c in args.columns.split(",")):
+        paths = table_files(args.data_dir, args.size_mib, columns)
+        length = args.size_mib * (1 << 20) // (columns * 4)
+        shape = f"[{length}, {columns}] F32"
+        for batch in (int(size) for size in args.batch_sizes.split(",")):
+            rows = min(args.rows, (length // batch - 8) * batch)
+            warm_cache(*paths.values())
+            rates = {"in-process gather": rate_gather(paths, batch, rows),
+                     "memcpy of the same bytes": rate_memcpy(paths, batch, rows),
+                     "fastst Loader (2 threads)": rate_fastst_loader(paths, batch, rows),
+                     "fastst RowDataset in DataLoader (2 workers)": rate_row_dataset(
+                         paths, batch, rows),
+                     "npy memmap in DataLoader (2 workers)": rate_in_data_loader(
+                         NpyRows(paths["npy"]), batch, rows)}
+            if "arrow" in paths:
+                rates["HF datasets Arrow in DataLoader (2 workers)"] = rate_in_data_loader(
+                    ArrowRows(paths["arrow"]), batch, rows)
+            if "array_record" in paths and grain is not None:
+                rates["grain ArrayRecord DataLoader (2 workers)"] = rate_grain(
+                    paths, batch, min(rows, args.grain_rows), columns)
+            for name, rate in rates.items():
+                print_rate(name, shape, batch, "hot", rate, rates)
+            if args.cold:
+                for shuffle in (True, "blocks"):
+                    drop_cache(paths["safetensors"])
+                    rate = rate_fastst_loader(paths, batch, rows, shuffle=shuffle)
+                    print_rate(f"fastst Loader (2 threads), shuffle={shuffle!r}", shape, batch,
+                               "cold", rate, rates)
+                drop_cache(paths["npy"])
+                print_rate("npy memmap in DataLoader (2 workers)", shape, batch, "cold",
+                           rate_in_data_loader(NpyRows(paths["npy"]), batch, rows), rates)
+        if args.cold:
+            rate = cat_rate(paths["safetensors"])
+            print(f"| cat (sequential, cold) | {shape} | | cold | {fmt_rate(rate / (columns * 4))} "
+                  f"rows ({rate / 2 ** 20:.0f} MiB/s) | | | |", flush=True)
+        peak, anonymous = loader_memory(paths, 4096)
+        print(f"\nLoader over {shape}, batches of 4096: peak RSS {peak / 1024:.0f} MiB "
+              f"(the map's pages included), anonymous RSS {anonymous / 1024:.0f} MiB\n",
+              flush=True)
+    print(f"load after: {os.getloadavg()}", file=sys.stderr)
+    return 0
+
+
+def print_rate(name: str, shape: str, batch: int, cache: str, rate: float,
+               rates: Dict[str, float]) -> None:
+    npy = rates["npy memmap in DataLoader (2 workers)"] if cache == "hot" else None
+    versus = [f"{rate / npy:.2f}×" if npy else "",
+              f"{rate / rates['in-process gather']:.2f}×",
+              f"{rate / rates['memcpy of the same bytes']:.2f}×"]
+    print(f"| {name} | {shape} | {batch} | {cache} | {fmt_rate(rate)} | "
+          + " | ".join(versus) + " |", flush=True)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -154,8 +428,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--in-process", action="store_true",
                         help="also time dataset[rows] in this process, without a DataLoader")
     parser.add_argument("--data-dir", default=os.path.join(os.path.dirname(__file__), "_data"))
+    parser.add_argument("--loaders", action="store_true",
+                        help="compare fastst's Loader with other libraries' loaders")
+    parser.add_argument("--columns", default="128,1024", help="--loaders: the tables' widths")
+    parser.add_argument("--cold", action="store_true", help="--loaders: cold runs too")
+    parser.add_argument("--grain-rows", type=int, default=100_000,
+                        help="--loaders: rows timed for grain (slower)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.loaders:
+        return compare_loaders(args)
     paths = write_inputs(args.data_dir, args.size_mib)
     length = args.size_mib * (1 << 20) // (COLUMNS * 4)
     found = datasets(paths, length)

@@ -1,0 +1,562 @@
+"""fastst.data.Loader: batches gathered by threads into reused buffers, over one file
+or many, shuffled, split between ranks, resumable."""
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fastst
+from fastst import SafetensorError, TensorNotFoundError
+from fastst.data import Loader
+
+from conftest import modules_loaded_by
+from servers import RangeServer
+
+ROWS = 103            # not a multiple of any batch size or world size used
+
+
+def table(rows=ROWS, start=0):
+    """Features whose row r holds r, and labels r: a batch tells which rows it has."""
+    numbers = np.arange(start, start + rows)
+    return {"x": (numbers[:, None] * 4 + np.arange(4)).astype(np.float32),
+            "y": numbers.astype(np.int64)}
+
+
+@pytest.fixture
+def one_file(tmp_path):
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file(table(), path)
+    return path
+
+
+@pytest.fixture
+def three_files(tmp_path):
+    """103 rows in files of 40, 23 and 40 rows, in a folder of their own."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for k, (start, rows) in enumerate([(0, 40), (40, 23), (63, 40)]):
+        fastst.save_file(table(rows, start), folder / f"train-{k:05d}.safetensors")
+    return folder
+
+
+def taken(loader):
+    """The batches of one pass, each {name: copy of its array}."""
+    return [{name: np.array(array) for name, array in batch.items()} for batch in loader]
+
+
+def expected_batches(order, batch_size, drop_last=False):
+    full = table()
+    stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    return [{name: full[name][order[k:min(k + batch_size, stop)]] for name in full}
+            for k in range(0, stop, batch_size)]
+
+
+def assert_same_batches(got, expected):
+    assert len(got) == len(expected)
+    for batch, want in zip(got, expected):
+        assert sorted(batch) == sorted(want)
+        for name in want:
+            assert batch[name].dtype == want[name].dtype
+            np.testing.assert_array_equal(batch[name], want[name])
+
+
+def rows_of(batches):
+    return np.concatenate([batch["y"] for batch in batches]) if batches else np.array([], int)
+
+
+# ---------------------------------------------------------------------------
+# the rows of every batch
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threads,prefetch", [(1, 1), (2, 4), (3, 2)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_unshuffled_batches_are_the_rows_in_order(one_file, threads, prefetch, drop_last):
+    with Loader(one_file, ["x", "y"], 10, threads=threads, prefetch=prefetch,
+                drop_last=drop_last) as loader:
+        got = taken(loader)
+        assert len(loader) == len(got) == (10 if drop_last else 11)
+    assert_same_batches(got, expected_batches(np.arange(ROWS), 10, drop_last))
+
+
+def test_shuffled_batches_follow_the_seeded_permutation(one_file):
+    with Loader(one_file, ["x", "y"], 16, shuffle=True, seed=5) as loader:
+        epochs = [taken(loader) for _ in range(3)]
+    for epoch, got in enumerate(epochs):
+        order = np.random.default_rng([5, epoch]).permutation(ROWS)
+        assert_same_batches(got, expected_batches(order, 16))
+    assert not np.array_equal(rows_of(epochs[0]), rows_of(epochs[1]))
+    with Loader(one_file, ["x", "y"], 16, shuffle=True, seed=5) as again:
+        assert_same_batches(taken(again), epochs[0])            # reproducible
+
+
+def test_block_shuffle_keeps_each_window_of_blocks_together(one_file):
+    with Loader(one_file, "y", 8, shuffle="blocks", seed=3, block_rows=10,
+                window_blocks=2) as loader:
+        order = rows_of(taken(loader))
+        second = rows_of(taken(loader))
+    assert sorted(order.tolist()) == list(range(ROWS))
+    assert not np.array_equal(order, np.arange(ROWS))
+    assert not np.array_equal(order, second)                   # a new order an epoch
+    start, windows = 0, 0
+    while start < ROWS:       # cut into windows, each the rows of 2 whole blocks (1 at the end)
+        for length in (20, 13, 10, 3):
+            part = order[start:start + length]
+            blocks = set((part // 10).tolist())
+            whole = [row for row in range(ROWS) if row // 10 in blocks]
+            if len(blocks) <= 2 and sorted(part.tolist()) == whole:
+                break
+        else:
+            raise AssertionError(f"rows {order[start:start + 20]} are not 2 whole blocks")
+        start, windows = start + length, windows + 1
+    assert windows == 6
+
+
+@pytest.mark.parametrize("layout,backend", [("list", "mmap"), ("glob", "mmap"),
+                                            ("directory", "mmap"), ("list", "pread")])
+def test_several_files_are_one_dataset(three_files, layout, backend):
+    files = sorted(str(path) for path in three_files.iterdir())
+    source = {"list": files, "glob": str(three_files / "train-*.safetensors"),
+              "directory": three_files}[layout]
+    with Loader(source, ["x", "y"], 16, shuffle=True, seed=1, threads=2,
+                backend=backend) as loader:
+        assert loader.rows == ROWS
+        got = taken(loader)
+    assert_same_batches(got, expected_batches(np.random.default_rng([1, 0]).permutation(ROWS),
+                                              16))
+    with Loader(source, ["x", "y"], 16) as loader:      # batches across file boundaries
+        assert_same_batches(taken(loader), expected_batches(np.arange(ROWS), 16))
+
+
+def test_a_sharded_checkpoint_is_one_part(tmp_path):
+    folder = tmp_path / "checkpoint"
+    fastst.save_file(table(), folder, max_shard_size=2000)     # x and y in shards of their own
+    assert (folder / "model.safetensors.index.json").exists()
+    for source in (folder, folder / "model.safetensors.index.json"):
+        with Loader(source, ["x", "y"], 32, shuffle=True, seed=2) as loader:
+            got = taken(loader)
+        assert_same_batches(got, expected_batches(
+            np.random.default_rng([2, 0]).permutation(ROWS), 32))
+
+
+# ---------------------------------------------------------------------------
+# ranks
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_split_each_epoch_like_distributed_sampler(three_files, world_size, drop_last):
+    epochs = []
+    for epoch in range(2):
+        parts = []
+        for rank in range(world_size):
+            with Loader(three_files, ["x", "y"], 8, shuffle=True, seed=9, rank=rank,
+                        world_size=world_size, drop_last=drop_last) as loader:
+                loader.set_epoch(epoch)
+                parts.append(taken(loader))
+        assert len({len(part) for part in parts}) == 1          # as many batches each
+        order = np.random.default_rng([9, epoch]).permutation(ROWS)
+        per = ROWS // world_size if drop_last else -(-ROWS // world_size)
+        padded = np.resize(order, per * world_size)
+        for rank, part in enumerate(parts):
+            assert_same_batches(part, expected_batches(padded[rank::world_size], 8, drop_last))
+        seen = np.concatenate([rows_of(part) for part in parts])
+        if not drop_last:
+            assert set(seen.tolist()) == set(range(ROWS))       # every row at least once
+            assert len(seen) == per * world_size                 # padded by < world_size
+        assert len(seen) - len(set(seen.tolist())) == (len(seen) - ROWS if len(seen) > ROWS
+                                                       else 0)
+        epochs.append(seen)
+    assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_ranks_that_divide_the_rows_see_each_row_exactly_once(tmp_path):
+    path = tmp_path / "96.safetensors"
+    fastst.save_file({"y": np.arange(96)}, path)
+    seen = []
+    for rank in range(4):
+        with Loader(path, "y", 5, shuffle=True, seed=0, rank=rank, world_size=4) as loader:
+            seen += rows_of(taken(loader)).tolist()
+    assert sorted(seen) == list(range(96))
+
+
+def test_several_ranks_need_a_seed(one_file):
+    with pytest.raises(ValueError, match="one seed"):
+        Loader(one_file, "y", 4, shuffle=True, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        Loader(one_file, "y", 4, rank=1)
+    with pytest.raises(ValueError, match="rank must be"):
+        Loader(one_file, "y", 4, rank=2, world_size=2)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.integers(1, 40), batch_size=st.integers(1, 9), world_size=st.integers(1, 5),
+       drop_last=st.booleans(), shuffle=st.sampled_from([False, True, "blocks"]))
+def test_any_split_gives_each_rank_as_many_batches_and_covers_the_rows(
+        tmp_path_factory, rows, batch_size, world_size, drop_last, shuffle):
+    path = tmp_path_factory.mktemp("h") / "rows.safetensors"
+    fastst.save_file({"y": np.arange(rows)}, path)
+    counts, seen = set(), []
+    for rank in range(world_size):
+        with Loader(path, "y", batch_size, shuffle=shuffle, seed=4, drop_last=drop_last,
+                    rank=rank, world_size=world_size, threads=2, prefetch=2,
+                    block_rows=3, window_blocks=2) as loader:
+            batches = taken(loader)
+        assert len(batches) == len(loader)
+        assert all(len(batch["y"]) == batch_size for batch in batches[:-1])
+        if drop_last and batches:
+            assert len(batches[-1]["y"]) == batch_size
+        counts.add(len(batches))
+        seen += rows_of(batches).tolist()
+    assert len(counts) == 1
+    share = rows // world_size if drop_last else -(-rows // world_size)
+    if not drop_last:
+        assert set(seen) == set(range(rows)) and len(seen) == share * world_size
+    else:
+        assert len(seen) == len(set(seen)) == (share // batch_size) * batch_size * world_size
+
+
+# ---------------------------------------------------------------------------
+# resuming
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stop_after", [0, 1, 6, 7, 9])
+def test_a_loaded_state_continues_with_the_very_next_batch(three_files, stop_after):
+    made = dict(source=three_files, names=["x", "y"], batch_size=15, shuffle=True, seed=11)
+    with Loader(**made) as whole:
+        uninterrupted = taken(whole) + taken(whole)      # two epochs of 7 batches
+    with Loader(**made) as first:
+        before, state = [], first.state_dict()
+        for batch in first:
+            if len(before) == stop_after:
+                break
+            before.append({name: np.array(array) for name, array in batch.items()})
+            state = first.state_dict()
+    assert len(str(state)) < 2000           # small: no rows in it
+    with Loader(**made) as restarted:
+        restarted.load_state_dict(state)
+        after = taken(restarted)
+        after += taken(restarted) if len(before) + len(after) < 14 else []
+    assert_same_batches(before + after[:14 - len(before)], uninterrupted)
+
+
+def test_set_epoch_keeps_a_resumed_position_in_that_epoch(one_file):
+    with Loader(one_file, "y", 10, shuffle=True, seed=3) as loader:
+        loader.set_epoch(2)
+        whole = rows_of(taken(loader))
+        loader.set_epoch(2)
+        iterator = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+        iterator.close()
+    with Loader(one_file, "y", 10, shuffle=True, seed=3) as again:
+        again.load_state_dict(state)
+        again.set_epoch(2)                   # a loop that calls it each epoch
+        assert rows_of(taken(again)).tolist() == whole[10:].tolist()
+        assert again.epoch == 3
+
+
+def test_a_state_is_refused_for_a_changed_file(three_files):
+    with Loader(three_files, "y", 10) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    shard = three_files / "train-00001.safetensors"
+    fastst.save_file(table(23, 40), shard)     # the same rows, written again
+    with Loader(three_files, "y", 10) as again:
+        with pytest.raises(SafetensorError, match="train-00001.safetensors: file changed "
+                                                  "since the state was saved"):
+            again.load_state_dict(state)
+
+
+def test_a_state_is_refused_for_other_files_or_settings(three_files, one_file):
+    with Loader(three_files, "y", 10) as loader:
+        state = loader.state_dict()
+    with Loader(one_file, "y", 10) as other:
+        with pytest.raises(SafetensorError, match="another dataset"):
+            other.load_state_dict(state)
+    with Loader(three_files, "x", 10) as other:
+        with pytest.raises(SafetensorError, match="another dataset"):
+            other.load_state_dict(state)
+    with Loader(three_files, "y", 12) as other:
+        with pytest.raises(ValueError, match="batch_size"):
+            other.load_state_dict(state)
+    with Loader(three_files, "y", 10) as other:
+        with pytest.raises(ValueError, match="not a Loader"):
+            other.load_state_dict({"epoch": 0})
+
+
+# ---------------------------------------------------------------------------
+# buffers
+# ---------------------------------------------------------------------------
+
+def test_batches_reuse_the_ring_and_hold_until_prefetch_more_are_taken(one_file):
+    prefetch = 2
+    with Loader(one_file, ["x", "y"], 5, prefetch=prefetch, threads=2) as loader:
+        batches, copies = [], []
+        for batch in loader:
+            batches.append(batch)
+            copies.append({name: array.copy() for name, array in batch.items()})
+            for held in range(max(0, len(batches) - prefetch), len(batches)):
+                for name in batch:      # this one and the `prefetch - 1` before: intact
+                    np.testing.assert_array_equal(batches[held][name], copies[held][name])
+    ring = 2 * prefetch
+    assert np.shares_memory(batches[0]["x"], batches[ring]["x"])       # reused
+    assert not np.shares_memory(batches[0]["x"], batches[1]["x"])
+    assert not np.array_equal(batches[0]["y"], copies[0]["y"])         # now a later batch
+
+
+def test_copy_gives_each_batch_its_own_arrays(one_file):
+    with Loader(one_file, ["x", "y"], 5, prefetch=1, copy=True) as loader:
+        batches = list(loader)
+    assert_same_batches(batches, expected_batches(np.arange(ROWS), 5))
+    assert not any(np.shares_memory(a["x"], b["x"]) for a in batches for b in batches
+                   if a is not b)
+
+
+# ---------------------------------------------------------------------------
+# errors
+# ---------------------------------------------------------------------------
+
+def test_tensors_of_different_lengths_are_refused(tmp_path):
+    path = tmp_path / "uneven.safetensors"
+    fastst.save_file({"x": np.zeros((5, 2)), "y": np.zeros(4)}, path)
+    with pytest.raises(SafetensorError, match="uneven.safetensors: tensors must have as many"):
+        Loader(path, ["x", "y"], 2)
+
+
+def test_a_file_without_a_tensor_is_refused_by_name(three_files):
+    fastst.save_file({"x": table(23, 40)["x"]}, three_files / "train-00001.safetensors")
+    with pytest.raises(TensorNotFoundError,
+                       match=r"train-00001.safetensors: no tensor named 'y'"):
+        Loader(three_files, ["x", "y"], 8)
+
+
+@pytest.mark.parametrize("changed", [{"x": np.zeros((23, 4), np.float64)},
+                                     {"x": np.zeros((23, 5), np.float32)}])
+def test_rows_of_another_dtype_or_shape_are_refused_by_file(three_files, changed):
+    fastst.save_file({**table(23, 40), **changed}, three_files / "train-00002.safetensors")
+    with pytest.raises(SafetensorError, match=r"train-00002.safetensors: tensor 'x' has rows "
+                                              r"of .* where .*train-00000.safetensors"):
+        Loader(three_files, ["x", "y"], 8)
+
+
+def test_patterns_and_folders_with_no_file_are_refused(tmp_path):
+    with pytest.raises(SafetensorError, match="no file matches"):
+        Loader(str(tmp_path / "none-*.safetensors"), "y", 2)
+    with pytest.raises(SafetensorError, match="no .safetensors file"):
+        Loader(tmp_path, "y", 2)
+    with pytest.raises(ValueError, match="batch_size"):
+        Loader([], "y", 0)
+
+
+def test_an_error_in_a_thread_is_raised_where_its_batch_is_taken(one_file):
+    loader = Loader(one_file, "y", 10, threads=2)
+    fill = loader._dataset.fill
+
+    def failing(buffers, rows):
+        if rows[0] == 50:
+            raise OSError("the disk is gone")
+        fill(buffers, rows)
+
+    loader._dataset.fill = failing
+    got = []
+    with pytest.raises(OSError, match="the disk is gone"):
+        for batch in loader:
+            got.append(batch["y"].copy())
+    assert rows_of([{"y": y} for y in got]).tolist() == list(range(50))
+    assert not loader_threads()
+    loader.close()
+
+
+# ---------------------------------------------------------------------------
+# the threads end
+# ---------------------------------------------------------------------------
+
+def loader_threads():
+    return [thread for thread in threading.enumerate() if thread.name.startswith("fastst-loader")]
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_threads_end_on_break_on_an_exception_and_when_collected(one_file):
+    fds = open_fds()
+    with Loader(one_file, ["x", "y"], 4, threads=3) as loader:
+        for batch in loader:
+            assert loader_threads()
+            break
+        assert not loader_threads()
+        with pytest.raises(ZeroDivisionError):
+            for batch in loader:
+                1 / 0
+        assert not loader_threads()
+        iterator = iter(loader)
+        next(iterator)
+        del iterator
+        gc.collect()
+        assert not loader_threads()
+        assert len(taken(loader)) == len(loader) - 3      # a loop left early is continued
+    assert open_fds() == fds
+
+
+def test_threads_end_at_interpreter_exit(one_file):
+    code = textwrap.dedent(f"""
+        import os, threading, numpy as np
+        from fastst.data import Loader
+        fds = len(os.listdir("/proc/self/fd"))
+        loader = Loader({str(one_file)!r}, ["x", "y"], 2, threads=2, prefetch=3)
+        left = iter(loader)          # left unfinished, in a global, threads waiting
+        next(left)
+        print(threading.active_count())
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3"]
+    counting = textwrap.dedent(f"""
+        import os, threading
+        from fastst.data import Loader
+        threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            with Loader({str(one_file)!r}, ["x", "y"], 2) as loader:
+                for batch in loader:
+                    break
+        print(threading.active_count() - threads, len(os.listdir("/proc/self/fd")) - fds)
+        """)
+    done = subprocess.run([sys.executable, "-c", counting], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "0"]
+
+
+def test_numpy_batches_need_no_torch(one_file):
+    loaded = modules_loaded_by(
+        f"from fastst.data import Loader; [b for b in Loader({str(one_file)!r}, 'y', 7)]",
+        ["torch", "jax"])
+    assert loaded == []
+
+
+# ---------------------------------------------------------------------------
+# sources other than local files
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def big_file(tmp_path):
+    """4000 rows of 1 KiB: more than a URL's first request reads."""
+    path = tmp_path / "big.safetensors"
+    fastst.save_file({"x": np.arange(4000 * 256, dtype=np.float32).reshape(4000, 256),
+                      "y": np.arange(4000)}, path)
+    return path
+
+
+def test_batches_over_a_url_are_ranged_requests_a_tensor(big_file, one_file):
+    with RangeServer({"/big.safetensors": big_file.read_bytes()}) as server:
+        url = f"{server.url}/big.safetensors"
+        with Loader(url, ["x", "y"], 500, threads=2) as loader:
+            server.reset_counts()
+            got = taken(loader)
+            gets = len(server.gets())
+        assert len(got) == 8
+        expected = fastst.load_file(big_file)
+        for k, batch in enumerate(got):
+            for name in ("x", "y"):
+                np.testing.assert_array_equal(batch[name], expected[name][500 * k:500 * k + 500])
+        assert len(got) <= gets <= 2 * len(got)     # adjacent rows: a request at most
+        with Loader([url, one_file], "y", 300, shuffle=True, seed=0) as loader:
+            order = np.random.default_rng([0, 0]).permutation(4000 + ROWS)
+            assert rows_of(taken(loader)).tolist() == np.where(order < 4000, order,
+                                                               order - 4000).tolist()
+
+
+def test_a_url_that_changes_under_the_loader_is_an_error(big_file):
+    with RangeServer({"/big.safetensors": big_file.read_bytes()}) as server:
+        with Loader(f"{server.url}/big.safetensors", "x", 500) as loader:
+            server.mode = "change"
+            with pytest.raises(SafetensorError, match="big.safetensors"):
+                taken(loader)
+        assert not loader_threads()
+
+
+def test_batches_over_fsspec_memory(one_file):
+    fsspec = pytest.importorskip("fsspec")
+    with fsspec.open("memory://loader/rows.safetensors", "wb") as target:
+        target.write(one_file.read_bytes())
+    with Loader("memory://loader/rows.safetensors", ["x", "y"], 25, shuffle=True,
+                seed=8) as loader:
+        assert_same_batches(taken(loader), expected_batches(
+            np.random.default_rng([8, 0]).permutation(ROWS), 25))
+
+
+# ---------------------------------------------------------------------------
+# frameworks
+# ---------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")     # JAX, imported by others
+def test_torch_batches_and_workers_that_split_the_batches(one_file):
+    torch = pytest.importorskip("torch")
+    loader = Loader(one_file, ["x", "y"], 10, shuffle=True, seed=6, framework="pt", copy=True)
+    batches = list(loader)
+    assert all(isinstance(batch["x"], torch.Tensor) for batch in batches)
+    order = np.random.default_rng([6, 0]).permutation(ROWS)
+    assert_same_batches([{k: v.numpy() for k, v in b.items()} for b in batches],
+                        expected_batches(order, 10))
+    loader.set_epoch(0)
+    for workers in (0, 1, 2):
+        through = torch.utils.data.DataLoader(loader.torch_dataset(), batch_size=None,
+                                              num_workers=workers)
+        got = [{k: v.numpy() for k, v in batch.items()} for batch in through]
+        assert_same_batches(got, expected_batches(order, 10))     # each batch once, in order
+    loader.close()
+
+
+def test_jax_batches(one_file):
+    jax = pytest.importorskip("jax")
+    with Loader(one_file, ["x", "y"], 50, framework="jax") as loader:
+        batches = list(loader)
+    assert all(isinstance(batch["x"], jax.Array) for batch in batches)
+    np.testing.assert_array_equal(np.asarray(batches[0]["y"]), np.arange(50))
+    np.testing.assert_array_equal(np.asarray(batches[2]["y"]), np.arange(100, ROWS))
+
+
+def test_rank_and_world_size_come_from_torch_distributed_when_initialised(one_file,
+                                                                        monkeypatch):
+    torch = pytest.importorskip("torch")
+    distributed = torch.distributed
+    monkeypatch.setattr(distributed, "is_available", lambda: True)
+    monkeypatch.setattr(distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed, "get_rank", lambda: 2)
+    monkeypatch.setattr(distributed, "get_world_size", lambda: 3)
+    with Loader(one_file, "y", 5, shuffle=True, seed=1) as loader:
+        assert (loader.rank, loader.world_size) == (2, 3)
+        order = np.random.default_rng([1, 0]).permutation(ROWS)
+        assert rows_of(taken(loader)).tolist() == np.resize(order, 35 * 3)[2::3].tolist()
+
+
+def test_a_spawned_worker_reopens_the_files(three_files):
+    torch = pytest.importorskip("torch")
+    with Loader(three_files, ["x", "y"], 10, shuffle=True, seed=2, threads=1) as loader:
+        through = torch.utils.data.DataLoader(loader.torch_dataset(), batch_size=None,
+                                              num_workers=1, multiprocessing_context="spawn",
+                                              timeout=120)
+        got = [{k: v.numpy() for k, v in batch.items()} for batch in through]
+    assert_same_batches(got, expected_batches(np.random.default_rng([2, 0]).permutation(ROWS),
+                                              10))
+
+
+def test_pinned_memory_needs_torch_batches_and_an_accelerator(one_file):
+    with pytest.raises(ValueError, match="pin_memory=True needs framework='pt'"):
+        Loader(one_file, "y", 4, pin_memory=True)
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        with Loader(one_file, "y", 4, framework="pt", pin_memory=True) as loader:
+            batch = next(iter(loader))
+            assert batch["y"].is_pinned() and batch["y"].tolist() == [0, 1, 2, 3]
+    else:
+        with pytest.raises(RuntimeError, match="pin_memory=True needs pinned memory"):
+            Loader(one_file, "y", 4, framework="pt", pin_memory=True)

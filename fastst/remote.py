@@ -516,9 +516,14 @@ class Pace:
         else:
             self.allowed, self.settled = self.best_allowed, True
 
+    @property
+    def smallest_part(self) -> int:
+        """The smallest part cut, but for a range's last."""
+        return min(SMALLEST_PART, self.part_size)
+
     def part_for(self, remaining: int) -> int:
         """The size of the next part when `remaining` bytes are still to be asked for."""
-        return max(SMALLEST_PART, min(self.part_size, remaining // (2 * self.allowed) or 1))
+        return max(self.smallest_part, min(self.part_size, remaining // (2 * self.allowed)))
 
 
 class _Span:
@@ -585,9 +590,10 @@ def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range], get: PartGett
             return None
         k, offset = queue[0]
         span = spans[k]
-        size = span.end - offset if whole_requests else pace.part_for(remaining)
-        if span.end - offset < size + SMALLEST_PART:
-            size = span.end - offset    # no crumb left behind
+        rest = span.end - offset
+        size = rest if whole_requests else pace.part_for(remaining)
+        if rest <= size or (rest < size + pace.smallest_part and rest <= pace.part_size):
+            size = rest     # the span's last part: no crumb left behind
             queue.pop(0)
         else:
             queue[0] = (k, offset + size)

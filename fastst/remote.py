@@ -1043,7 +1043,9 @@ class SpooledUpload:
     For the streaming writer, which fills its file in any order, which an
     upload cannot take. `path` is where to write the file; `upload` sends it,
     as ``save_file`` sends a file (in parts where the store stages uploads, so
-    the object appears whole or not at all), and removes it; `discard`
+    the object appears whole or not at all; on S3 a multipart upload whose
+    parts go at once, ``max_concurrency`` of them, each ``part_size`` bytes and
+    at least 5 MiB), and removes it; `discard`
     removes it. A ``file://`` URL is written in place, with no spool. The
     spool lies in ``tempfile.gettempdir()`` (``TMPDIR``), which needs room
     for the file.
@@ -1076,7 +1078,8 @@ class SpooledUpload:
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
         self.url = url
-        self.fs, self.remote_path = _url_to_fs(url, dict(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.remote_path = _url_to_fs(url, self.storage_options)
         self.spool: Optional[str] = None
         if _is_local(self.fs):
             self.path = self.remote_path
@@ -1098,7 +1101,9 @@ class SpooledUpload:
         if self.spool is None:
             return
         try:
-            if _is_staged(self.fs):
+            if _protocols(self.fs) & set(S3_PROTOCOLS):
+                self.upload_in_parts()
+            elif _is_staged(self.fs):
                 with open(self.path, "rb") as local:
                     _upload_staged(self.fs, self.remote_path,
                                    lambda file: shutil.copyfileobj(local, file, UPLOAD_PIECE))
@@ -1111,6 +1116,14 @@ class SpooledUpload:
         finally:
             self.discard()
 
+    def upload_in_parts(self) -> None:
+        """Send the file to S3 as a multipart upload, its parts sent at once as
+        ``max_concurrency`` allows (s3fs's ``put_file``, which aborts the upload when
+        a part fails: the previous object stays until the upload completes)."""
+        high, part_size = _read_limits(self.url, self.storage_options)
+        self.fs.put_file(self.path, self.remote_path, max_concurrency=high,
+                         chunksize=max(part_size, SMALLEST_S3_PART))
+
     def discard(self) -> None:
         """Remove the local spool without uploading it; again does nothing."""
         if self.spool is not None:
@@ -1119,6 +1132,7 @@ class SpooledUpload:
 
 
 UPLOAD_PIECE = 16 << 20   # bytes a spooled file is uploaded by
+SMALLEST_S3_PART = 5 << 20   # S3 refuses smaller parts, but for an upload's last
 
 
 def _protocols(fs: AbstractFileSystem) -> set[str]:

@@ -11,7 +11,7 @@ from fastst import SafetensorError
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
-from servers import RangeServer, http_store  # noqa: E402,F401
+from servers import RangeServer, http_store, s3_store  # noqa: E402,F401
 
 MiB = 1 << 20
 
@@ -124,3 +124,44 @@ def test_a_part_cut_short_in_the_middle_of_a_read_names_the_tensor(store):
         store.honest_gets, store.mode = 3, "short"    # the fourth part, and those after
         with pytest.raises(SafetensorError, match=r"tensor 't\d'.*short read|cut short"):
             f.get_tensors()
+
+
+def test_a_spooled_upload_to_s3_goes_in_parallel_parts_and_is_byte_identical(s3_store, tmp_path):
+    url = "s3://fastst/spooled-parts.safetensors"
+    tensors = {"a": np.arange(6 * MiB, dtype=np.float32), "b": np.arange(10, dtype=np.int16)}
+    options = {**s3_store, "part_size": 5 * MiB, "max_concurrency": 4}
+    with fastst.StreamWriter(url, {"a": ("F32", (6 * MiB,)), "b": ("I16", (10,))},
+                             storage_options=options) as writer:
+        writer.write("b", tensors["b"])
+        writer.write("a", tensors["a"])
+    fastst.save_file(tensors, tmp_path / "disk.safetensors")
+    fs = fsspec.filesystem("s3", **s3_store)
+    assert fs.cat(url) == (tmp_path / "disk.safetensors").read_bytes()
+    assert fs.info(url)["ETag"].strip('"').endswith("-5")     # 24 MiB in 5 MiB parts
+
+
+def test_a_spooled_upload_whose_part_fails_leaves_the_previous_object(s3_store, monkeypatch):
+    url = "s3://fastst/spooled-kept.safetensors"
+    old = {"a": np.arange(4.0)}
+    fastst.save_file(old, url, storage_options=s3_store)
+    import s3fs
+    call = s3fs.S3FileSystem._call_s3
+    parts = []
+
+    async def failing_call(self, method, *args, **kwargs):
+        if method == "upload_part":
+            parts.append(kwargs.get("PartNumber"))
+            if len(parts) == 3:
+                raise OSError("connection lost")
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", failing_call)
+    options = {**s3_store, "part_size": 5 * MiB}
+    with pytest.raises(OSError, match="connection lost"):
+        with fastst.StreamWriter(url, {"a": ("F32", (6 * MiB,))},
+                                 storage_options=options) as writer:
+            writer.write("a", np.ones(6 * MiB, np.float32))
+    monkeypatch.undo()
+    assert len(parts) >= 3
+    loaded = fastst.load_file(url, storage_options=s3_store)
+    assert (loaded["a"] == old["a"]).all()

@@ -433,11 +433,12 @@ class Pace:
 
     It starts with `low` requests and, as TCP's slow start does, doubles them each
     time that makes the bytes come in at least `GROWTH` times faster than at the level
-    measured before, up to `high`; when a level does not pay, it goes back to the
-    last that did and keeps it. A level is measured over a window of at least
-    `MIN_WINDOW` seconds and four times a request's time to its first byte, while
-    every request it allows has a part to fetch (a read too small to fill them
-    teaches nothing). Parts are `part_size` bytes, smaller once fewer remain than
+    measured before, up to `high`; when a level does not pay, it goes back to the last
+    that did and keeps it. A level is measured over a window of at least `MIN_WINDOW`
+    seconds and four times a request's time to its first byte, from the first byte of
+    a read on, and from one such time after the level was raised (when the requests
+    added bring their first bytes), while every request it allows has a part to fetch
+    (a read too small to fill them teaches nothing). Parts are `part_size` bytes, smaller once fewer remain than
     would keep every request busy to the last byte.
 
     Parameters
@@ -458,21 +459,22 @@ class Pace:
     --------
     >>> from fastst.remote import Pace
     >>> pace = Pace(2, 16, 8 << 20)
-    >>> pace.start(0.0, 0)
-    >>> pace.progress(1.0, 100 << 20)        # 100 MiB a second with 2 requests
-    >>> pace.allowed
-    4
-    >>> pace.progress(2.0, 300 << 20)        # 200 MiB a second with 4: worth it
-    >>> pace.allowed
-    8
-    >>> pace.progress(3.0, 500 << 20)        # no faster with 8: back to 4, for good
-    >>> pace.allowed, pace.settled
-    (4, True)
+    >>> def seen(second, mib):   # bytes come in: by then, `mib` MiB in all
+    ...     pace.progress(second, mib << 20)
+    ...     return pace.allowed
+    >>> seen(0, 0), seen(1, 100)        # a read's first byte, then 100 MiB/s with 2
+    (2, 4)
+    >>> seen(1, 100), seen(2, 300)      # the 2 added bring bytes: 200 MiB/s with 4
+    (4, 8)
+    >>> seen(2, 300), seen(3, 550)      # 250 MiB/s with 8: too little gain, back to 4
+    (8, 4)
+    >>> pace.settled
+    True
     >>> pace.part_for(64 << 20), pace.part_for(12 << 20)   # smaller parts at the end
     (8388608, 1572864)
     """
 
-    GROWTH = 1.2
+    GROWTH = 1.3
     MIN_WINDOW = 0.05
 
     def __init__(self, low: int, high: int, part_size: int) -> None:
@@ -484,11 +486,17 @@ class Pace:
         self.best_allowed = self.allowed
         self.latency = 0.0
         self.window: Optional[Tuple[float, int]] = None   # (when it began, bytes by then)
+        self.waiting = True      # for a read's first byte, which opens the window
+        self.quiet_until = 0.0   # a raised level is measured from then on
         self.starved = False     # a request found no part during the window
 
     def start(self, now: float, done: int) -> None:
         """Begin measuring at `now`, `done` bytes having come in so far."""
-        self.window, self.starved = (now, done), False
+        self.window, self.starved, self.waiting = (now, done), False, False
+
+    def start_at_first_byte(self) -> None:
+        """Begin measuring when the next byte comes in (a read's first)."""
+        self.waiting = True
 
     def first_byte_after(self, seconds: float) -> None:
         """Note a request's time to its first byte."""
@@ -497,14 +505,23 @@ class Pace:
     def progress(self, now: float, done: int) -> None:
         """Note that `done` bytes have come in by `now`; judge the level when its
         window is over."""
-        if self.settled or self.window is None:
+        if self.settled:
+            return
+        if self.waiting or self.window is None:
+            if now >= self.quiet_until:
+                self.start(now, done)
             return
         began, before = self.window
         if now - began < max(self.MIN_WINDOW, 4 * self.latency):
             return
-        if not self.starved:
-            self.judge((done - before) / (now - began))
+        if self.starved:
+            self.start(now, done)
+            return
+        level = self.allowed
+        self.judge((done - before) / (now - began))
         self.start(now, done)
+        if self.allowed > level:
+            self.waiting, self.quiet_until = True, now + self.latency
 
     def judge(self, rate: float) -> None:
         """Take `rate` (bytes a second) as what the level now allowed gives: double
@@ -625,7 +642,7 @@ def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range], get: PartGett
 
     async def fetch_all() -> None:
         running: set = set()
-        pace.start(time.monotonic(), 0)
+        pace.start_at_first_byte()
         try:
             while True:
                 while len(running) < pace.allowed:

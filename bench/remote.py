@@ -16,16 +16,21 @@ serves half the bytes (a single GET of them takes as long as one of the whole fi
 * raw fs.cat: fsspec's ``fs.cat(url)``, the whole object in one request (no tensors);
 * obstore get_ranges: obstore's ``get_ranges`` of the 64 tensors' byte ranges (its own
   coalescing and concurrency; no tensors made);
+* aiohttp / obstore, 16 x 8 MiB parts: the two transports on the same plan, 8 MiB
+  ranged GETs, 16 in flight, each into its place in one buffer (no tensors made);
 * reference: ``safetensors.numpy.load(fs.cat(url))`` (download, then parse).
 
 Ratios are the best plain client's time (single GET or 32 threads) / the way's time,
-and raw fs.cat's / fastst's: above 1, fastst is faster.
+and raw fs.cat's / fastst's: above 1, fastst is faster. Then the requests and bytes the
+server counts for reading one tensor, fastst against the reference's way, and the S3
+table (fastst, raw fs.cat, obstore, the reference).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import queue
 import statistics
@@ -88,6 +93,55 @@ def tensor_ranges(data: bytes):
     header.pop("__metadata__", None)
     return [(8 + length + a, 8 + length + b) for a, b in
             (entry["data_offsets"] for entry in header.values())]
+
+
+def parts_in_parallel(transport, size, at_once=16, part=8 * MiB):
+    """The whole object by ranged GETs of `part` bytes, `at_once` in flight, each
+    taking the next part as it ends; `transport()` is an async context giving
+    ``await fetch_into(offset, view)``, which fills one."""
+    out = np.empty(size, np.uint8)
+    offsets = list(range(0, size, part))[::-1]
+
+    async def everything():
+        async with transport() as fetch_into:
+            async def work():
+                while offsets:
+                    offset = offsets.pop()
+                    await fetch_into(offset, memoryview(out)[offset:offset + part])
+            await asyncio.gather(*[work() for _ in range(at_once)])
+
+    asyncio.run(everything())   # returns None: a big result would be repr'd at exit
+    return out
+
+
+def aiohttp_transport(url):
+    import aiohttp
+
+    @contextlib.asynccontextmanager
+    async def transport():
+        async with aiohttp.ClientSession() as session:
+            async def fetch_into(offset, view):
+                headers = {"Range": f"bytes={offset}-{offset + len(view) - 1}"}
+                async with session.get(url, headers=headers) as answer:
+                    done = 0
+                    while chunk := await answer.content.read(MiB):
+                        view[done:done + len(chunk)] = chunk
+                        done += len(chunk)
+            yield fetch_into
+    return transport
+
+
+def obstore_transport(store, path):
+    import obstore
+
+    @contextlib.asynccontextmanager
+    async def transport():
+        async def fetch_into(offset, view):
+            got = await obstore.get_range_async(store, path, start=offset,
+                                                end=offset + len(view))
+            view[:] = memoryview(got)
+        yield fetch_into
+    return transport
 
 
 def obstore_ranges(store, path, ranges):
@@ -156,6 +210,10 @@ def http_ways(url, data):
             ("fastst load_file(url)", lambda: fastst.load_file(url)),
             ("raw fs.cat(url)", lambda: fs.cat(url)),
             ("obstore get_ranges (64 tensors)", lambda: obstore_ranges(store, name, ranges)),
+            ("aiohttp, 16 x 8 MiB parts", lambda: parts_in_parallel(
+                aiohttp_transport(url), len(data))),
+            ("obstore, 16 x 8 MiB parts", lambda: parts_in_parallel(
+                obstore_transport(store, name), len(data))),
             ("safetensors.numpy.load(fs.cat(url))",
              lambda: safetensors.numpy.load(fs.cat(url)))]
 
@@ -189,6 +247,34 @@ def s3_table(data, repeats):
               f"{seconds / first:.2f}x |")
 
 
+def one_tensor(data: bytes) -> None:
+    """The requests and bytes the server counts for reading one tensor: fastst against
+    the reference's way (download, then parse)."""
+    import fsspec
+    import safetensors.numpy
+
+    name = f"t{TENSORS // 2:04d}"    # one in the middle
+    rows = []
+    with RangeServer({"/model.safetensors": data}) as server:   # in process, to count
+        url = f"{server.url}/model.safetensors"
+        start, end = tensor_ranges(data)[TENSORS // 2]
+        needed = 8 + int.from_bytes(data[:8], "little") + end - start   # header + tensor
+        server.reset_counts()
+        with fastst.safe_open(url) as f:
+            f.get_tensor(name)
+        rows.append(("fastst safe_open(url).get_tensor", len(server.requests),
+                     server.bytes_sent))
+        server.reset_counts()
+        safetensors.numpy.load(fsspec.filesystem("http").cat(url))[name]
+        rows.append(("safetensors.numpy.load(fs.cat(url))[name]", len(server.requests),
+                     server.bytes_sent))
+    print(f"\n### Reading one tensor of the {len(data) // MiB} MiB file over HTTP\n")
+    print("| way | requests | bytes moved | bytes / (header + tensor) |")
+    print("| --- | --- | --- | --- |")
+    for label, requests, sent in rows:
+        print(f"| {label} | {requests} | {sent:,} | {sent / needed:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
@@ -212,6 +298,7 @@ def main() -> None:
             stop.set()
             process.join(10)
         table(f"HTTP, {SHAPE_NAMES[shape]}, {len(data) // MiB} MiB", times, len(data))
+    one_tensor(build(args.mib))
     if not args.no_s3:
         s3_table(build(args.mib), args.repeats)
 

@@ -13,6 +13,8 @@ serves half the bytes (a single GET of them takes as long as one of the whole fi
 * 32 threads: a plain client of 32 ``urllib`` threads, each taking the next 2 MiB
   range GET from a queue (no tensors made);
 * fastst: ``fastst.load_file(url)`` (fsspec and aiohttp, with ``Pace``);
+* fastst, obstore prototype: ``load_file`` of a Source (defined here) whose parts come
+  through obstore with the same ``Pace``, without fastst's checks of each answer;
 * raw fs.cat: fsspec's ``fs.cat(url)``, the whole object in one request (no tensors);
 * obstore get_ranges: obstore's ``get_ranges`` of the 64 tensors' byte ranges (its own
   coalescing and concurrency; no tensors made);
@@ -144,6 +146,40 @@ def obstore_transport(store, path):
     return transport
 
 
+def obstore_source(store, path, size):
+    """A prototype Source that reads through obstore with fastst's Pace (parts queued,
+    requests in flight adapting): what an obstore transport of fastst would do, without
+    the checks fastst's own makes of each answer (Content-Range, ETag, bounded bodies)."""
+    import obstore
+    from fsspec.asyn import get_loop
+
+    from fastst._source import Source
+    from fastst.remote import PART_SIZE, Pace, START_REQUESTS, _fetch_ranges
+
+    class Loop:
+        loop = get_loop()
+
+    class ObstoreSource(Source):
+        label = path
+
+        def open(self, reader, *, max_header_size):
+            pace = Pace(START_REQUESTS, 32, PART_SIZE)
+
+            async def get(offset, length, into, progress):
+                answer = await obstore.get_async(store, path,
+                                                 options={"range": (offset, offset + length)})
+                done = 0
+                async for chunk in answer.stream(min_chunk_size=1 << 20):
+                    into[done:done + len(chunk)] = memoryview(chunk)
+                    done += len(chunk)
+                    progress(len(chunk))
+                return done
+
+            reader.open_ranges(path, size, lambda ranges: _fetch_ranges(Loop, ranges, get, pace),
+                               max_header_size=max_header_size)
+    return ObstoreSource()
+
+
 def obstore_ranges(store, path, ranges):
     import obstore
     starts, ends = [a for a, _ in ranges], [b for _, b in ranges]
@@ -208,6 +244,8 @@ def http_ways(url, data):
     return [("single GET", lambda: single_get(url)),
             ("32 threads, 2 MiB ranges", lambda: threaded_ranges(url, len(data))),
             ("fastst load_file(url)", lambda: fastst.load_file(url)),
+            ("fastst load_file, obstore prototype", lambda: fastst.load_file(
+                obstore_source(store, name, len(data)))),
             ("raw fs.cat(url)", lambda: fs.cat(url)),
             ("obstore get_ranges (64 tensors)", lambda: obstore_ranges(store, name, ranges)),
             ("aiohttp, 16 x 8 MiB parts", lambda: parts_in_parallel(

@@ -269,6 +269,47 @@ class RangeServer:
                 self.in_flight -= 1
 
 
+@contextlib.contextmanager
+def range_server_process(objects, rate=None, delay=0.0, timeout=60):
+    """A RangeServer serving `objects` (with `rate` and `delay` set) in a process of its
+    own, so that its threads do not share the client's interpreter, as a real store's
+    do not; yields (URL, counts), where counts() returns the server's
+    ``{"most_in_flight": ..., "gets": [(offset, end), ...]}`` so far."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_serve_in_process, args=(objects, rate, delay, theirs),
+                              daemon=True)
+    process.start()
+    try:
+        if not ours.poll(timeout):
+            raise TimeoutError(f"the server process said nothing in {timeout} s")
+        url = ours.recv()
+
+        def counts():
+            ours.send("counts")
+            return ours.recv()
+        yield url, counts
+    finally:
+        ours.send("stop")
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+        ours.close()
+
+
+def _serve_in_process(objects, rate, delay, pipe):
+    with RangeServer(objects) as server:
+        server.rate, server.delay = rate, delay
+        pipe.send(server.url)
+        while pipe.recv() != "stop":
+            with server.lock:
+                gets = [asked for method, _, asked in server.requests if method == "GET"]
+                pipe.send({"most_in_flight": server.most_in_flight, "gets": gets})
+
+
 SEND_PIECE = 1 << 20
 THROTTLED_PIECE = 64 << 10   # a paced answer's pieces: small, so that its rate is smooth
 

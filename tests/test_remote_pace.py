@@ -11,7 +11,8 @@ from fastst import SafetensorError
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
-from servers import RangeServer, http_store, s3_store  # noqa: E402,F401
+from servers import (RangeServer, http_store, range_server_process,  # noqa: E402,F401
+                     s3_store)
 
 MiB = 1 << 20
 # The server counts a GET in flight until its thread has finished with it, which on a
@@ -32,34 +33,37 @@ def put(server, name, data):
     return f"{server.url}/{name}"
 
 
+def range_of(asked):
+    """The (start, end) of a Range header's bytes."""
+    first, last = asked.split("=")[1].split("-")
+    return int(first), int(last) + 1
+
+
 def parts_asked(server):
     """The (start, end) of each range the server's GETs asked for."""
-    parts = []
-    for _, _, asked in server.gets():
-        first, last = asked.split("=")[1].split("-")
-        parts.append((int(first), int(last) + 1))
-    return parts
+    return [range_of(asked) for _, _, asked in server.gets()]
 
 
-def test_requests_in_flight_grow_on_a_store_whose_connections_are_capped(store):
+def test_requests_in_flight_grow_on_a_store_whose_connections_are_capped():
     tensors = {f"t{k}": np.full(MiB // 4, k, np.float32) for k in range(48)}   # 48 MiB
-    url = put(store, "capped.safetensors", fastst.save(tensors))
-    store.rate, store.delay = 8e6, 0.03     # 8 MB/s a connection, 30 ms to the first byte
-    store.reset_counts()
-    loaded = fastst.load_file(url)
-    assert all((loaded[name] == array).all() for name, array in tensors.items())
-    assert store.most_in_flight >= 4 * fastst.remote.START_REQUESTS
+    # 8 MB/s a connection, 30 ms to the first byte
+    with range_server_process({"/capped.safetensors": fastst.save(tensors)},
+                              rate=8e6, delay=0.03) as (url, counts):
+        loaded = fastst.load_file(url + "/capped.safetensors")
+        assert all((loaded[name] == array).all() for name, array in tensors.items())
+        assert counts()["most_in_flight"] >= 4 * fastst.remote.START_REQUESTS
 
 
-def test_requests_in_flight_stay_few_on_a_fast_store(store):
+def test_requests_in_flight_stay_few_on_a_fast_store():
     tensors = {f"t{k}": np.full(MiB // 4, k, np.float32) for k in range(128)}   # 128 MiB
-    url = put(store, "fast.safetensors", fastst.save(tensors))
-    store.reset_counts()
-    loaded = fastst.load_file(url)
-    assert all((loaded[name] == array).all() for name, array in tensors.items())
+    with range_server_process({"/fast.safetensors": fastst.save(tensors)}) as (url, counts):
+        loaded = fastst.load_file(url + "/fast.safetensors")
+        assert all((loaded[name] == array).all() for name, array in tensors.items())
+        seen = counts()
     # one more level than needed may look faster by chance; no more than that
-    assert store.most_in_flight <= 2 * fastst.remote.START_REQUESTS + IN_FLIGHT_SLACK
-    assert all(end - start <= fastst.remote.PART_SIZE for start, end in parts_asked(store))
+    assert seen["most_in_flight"] <= 2 * fastst.remote.START_REQUESTS + IN_FLIGHT_SLACK
+    assert all(end - start <= fastst.remote.PART_SIZE
+               for start, end in map(range_of, seen["gets"]))
 
 
 def test_the_bounds_given_in_storage_options_hold(store):

@@ -65,7 +65,7 @@ MAX_REQUESTS = 32
 reads asynchronously (S3, GCS, HTTP), unless ``storage_options`` say otherwise
 (``max_concurrency``). A read starts with `START_REQUESTS` and adds requests while
 that makes the bytes come faster: see `Pace`."""
-START_REQUESTS = 2
+START_REQUESTS = 4
 """Requests in flight when the reader of a URL starts: a few large ones, which a fast
 link fills alone."""
 PART_SIZE = 8 << 20
@@ -433,8 +433,8 @@ class Pace:
 
     It starts with `low` requests and, as TCP's slow start does, doubles them each
     time that makes the bytes come in at least `GROWTH` times faster than at the level
-    measured before, up to `high`; when a level does not pay, it goes back to the last
-    that did and keeps it. A level is measured over a window of at least `MIN_WINDOW`
+    measured before, up to `high`; when a level does not pay (`CHANCES` windows in a
+    row), it goes back to the last that did and keeps it. A level is measured over a window of at least `MIN_WINDOW`
     seconds and four times a request's time to its first byte, from the first byte of
     a read on, and from one such time after the level was raised (when the requests
     added bring their first bytes), while every request it allows has a part to fetch
@@ -466,8 +466,8 @@ class Pace:
     (2, 4)
     >>> seen(1, 100), seen(2, 300)      # the 2 added bring bytes: 200 MiB/s with 4
     (4, 8)
-    >>> seen(2, 300), seen(3, 550)      # 250 MiB/s with 8: too little gain, back to 4
-    (8, 4)
+    >>> seen(2, 300), seen(3, 550), seen(4, 800)   # 250 MiB/s with 8, twice: back to 4
+    (8, 8, 4)
     >>> pace.settled
     True
     >>> pace.part_for(64 << 20), pace.part_for(12 << 20)   # smaller parts at the end
@@ -475,6 +475,7 @@ class Pace:
     """
 
     GROWTH = 1.3
+    CHANCES = 2
     MIN_WINDOW = 0.05
 
     def __init__(self, low: int, high: int, part_size: int) -> None:
@@ -484,6 +485,7 @@ class Pace:
         self.settled = self.allowed >= high
         self.best_rate = 0.0
         self.best_allowed = self.allowed
+        self.misses = 0          # windows in a row that the level now allowed did not pay
         self.latency = 0.0
         self.window: Optional[Tuple[float, int]] = None   # (when it began, bytes by then)
         self.waiting = True      # for a read's first byte, which opens the window
@@ -525,11 +527,14 @@ class Pace:
 
     def judge(self, rate: float) -> None:
         """Take `rate` (bytes a second) as what the level now allowed gives: double
-        the level when it pays, else go back to the last that did and keep it."""
+        the level when it pays, else, after `CHANCES` windows that did not, go back to
+        the last that did and keep it."""
         if rate >= self.best_rate * self.GROWTH:
-            self.best_rate, self.best_allowed = rate, self.allowed
+            self.best_rate, self.best_allowed, self.misses = rate, self.allowed, 0
             self.allowed = min(self.high, 2 * self.allowed)
             self.settled = self.best_allowed >= self.high
+        elif self.misses < self.CHANCES - 1:
+            self.misses += 1     # one window can be unlucky on a busy machine
         else:
             self.allowed, self.settled = self.best_allowed, True
 

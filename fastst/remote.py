@@ -73,7 +73,7 @@ PART_SIZE = 8 << 20
 otherwise (``part_size``): the byte ranges of a read are fetched in parts of at most
 this size, smaller ones at the end so that every connection stays busy to the last
 byte."""
-SMALLEST_PART = 1 << 20   # parts are cut no smaller than this, but for a range's last
+SMALLEST_PART = 4 << 20   # parts are cut no smaller than this, but for a range's last
 READ_OPTIONS = ("max_concurrency", "part_size")   # fastst's own keys in storage_options
 MAX_WHOLE_READ = 1 << 30
 """The largest object (1 GiB) read whole, in one request, from a server that ignores
@@ -470,8 +470,8 @@ class Pace:
     (8, 8, 4)
     >>> pace.settled
     True
-    >>> pace.part_for(64 << 20), pace.part_for(12 << 20)   # smaller parts at the end
-    (8388608, 1572864)
+    >>> pace.part_for(64 << 20), pace.part_for(40 << 20)   # smaller parts at the end
+    (8388608, 5242880)
     """
 
     GROWTH = 1.3

@@ -49,7 +49,9 @@ def test_requests_in_flight_grow_on_a_store_whose_connections_are_capped():
     # 8 MB/s a connection, 30 ms to the first byte
     with range_server_process({"/capped.safetensors": fastst.save(tensors)},
                               rate=8e6, delay=0.03) as (url, counts):
-        loaded = fastst.load_file(url + "/capped.safetensors")
+        # parts of 1 MiB: enough of them to keep 16 requests and more busy
+        loaded = fastst.load_file(url + "/capped.safetensors",
+                                  storage_options={"part_size": MiB})
         assert all((loaded[name] == array).all() for name, array in tensors.items())
         assert counts()["most_in_flight"] >= 4 * fastst.remote.START_REQUESTS
 

@@ -1,27 +1,44 @@
-"""Object stores: load_file of a 256 MiB file from an HTTP server and from S3 (moto in
-server mode), both on the loopback interface, and what reading one tensor moves.
+"""Object stores: load_file of a file of 64 tensors from an HTTP server in three shapes
+(unshaped; each connection capped at 40 MB/s with 30 ms to its first byte; capped at
+20 MB/s with 30 ms), and from S3 (moto in server mode), all on the loopback interface.
 
-    python bench/remote.py [--mib 256] [--repeats 5]
+    python bench/remote.py [--mib 256] [--repeats 3] [--shapes unshaped,40,20] [--no-s3]
 
-Ways, interleaved, the median of `repeats` runs each:
+The HTTP server is tests/servers.py's RangeServer in a process of its own (as a real
+store is: the timings do not share the benchmark's interpreter); the 20 MB/s shape
+serves half the bytes (a single GET of them takes as long as one of the whole file at
+40 MB/s). Ways, each run once to warm up, then interleaved, the median of `repeats`:
 
-* raw: ``fs.cat(url)``, the whole object into memory in one request (the limit for
-  getting the bytes at all through fsspec; no tensors made);
-* fastst: ``fastst.load_file(url)``: header, then the tensors in parallel ranges;
-* safetensors: its ``_safe_open_handle`` over an fsspec file object where it can
-  open one, else ``safetensors.numpy.load(fs.cat(url))`` (download, then parse).
+* single GET: one plain ``urllib`` GET of the whole object (no tensors made);
+* 32 threads: a plain client of 32 ``urllib`` threads, each taking the next 2 MiB
+  range GET from a queue (no tensors made);
+* fastst: ``fastst.load_file(url)`` (fsspec and aiohttp, with ``Pace``);
+* fastst, obstore prototype: ``load_file`` of a Source (defined here) whose parts come
+  through obstore with the same ``Pace``, without fastst's checks of each answer;
+* raw fs.cat: fsspec's ``fs.cat(url)``, the whole object in one request (no tensors);
+* obstore get_ranges: obstore's ``get_ranges`` of the 64 tensors' byte ranges (its own
+  coalescing and concurrency; no tensors made);
+* aiohttp / obstore, 16 x 8 MiB parts: the two transports on the same plan, 8 MiB
+  ranged GETs, 16 in flight, each into its place in one buffer (no tensors made);
+* reference: ``safetensors.numpy.load(fs.cat(url))`` (download, then parse).
 
-Ratios are time / fastst's time (above 1: slower than fastst). Then the bytes and
-requests the HTTP server counted for reading one 1 MiB tensor, fastst against the
-reference's way. The servers come from tests/servers.py.
+Ratios are the best plain client's time (single GET or 32 threads) / the way's time,
+and raw fs.cat's / fastst's: above 1, fastst is faster. Then the requests and bytes the
+server counts for reading one tensor, fastst against the reference's way, and the S3
+table (fastst, raw fs.cat, obstore, the reference).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
+import contextlib
 import os
+import queue
 import statistics
 import sys
 import time
+import urllib.request
 
 import numpy as np
 
@@ -31,35 +48,148 @@ import fastst  # noqa: E402
 from servers import RangeServer, moto_s3  # noqa: E402
 
 MiB = 1 << 20
+TENSORS = 64
+SHAPES = {"unshaped": (None, 0.0, 1), "40": (40e6, 0.03, 1), "20": (20e6, 0.03, 2)}
+SHAPE_NAMES = {"unshaped": "unshaped", "40": "40 MB/s a connection, 30 ms to first byte",
+               "20": "20 MB/s a connection, 30 ms to first byte"}
 
 
 def build(mib: int) -> bytes:
-    return fastst.save({f"t{k:04d}": np.full(MiB // 4, k, np.float32) for k in range(mib)})
+    each = mib * MiB // TENSORS // 4
+    return fastst.save({f"t{k:04d}": np.full(each, k, np.float32) for k in range(TENSORS)})
 
 
-def reference_way(fs, url):
-    """The reference's best way to read a URL: a file object if it takes one."""
-    import safetensors
-    import safetensors.numpy
+def single_get(url):
+    with urllib.request.urlopen(url, timeout=120) as answer:
+        return answer.read()
 
-    handle_open = getattr(safetensors, "_safe_open_handle", None)
-    if handle_open is not None:
-        try:
-            with fs.open(url, "rb") as file, handle_open(file, framework="numpy") as f:
-                f.keys()
 
-            def read():
-                with fs.open(url, "rb") as file, handle_open(file, framework="numpy") as f:
-                    return {name: f.get_tensor(name) for name in f.keys()}
-            return "safetensors _safe_open_handle(fs.open(url))", read
-        except (AttributeError, TypeError, OSError):
-            pass
-    return ("safetensors.numpy.load(fs.cat(url))",
-            lambda: safetensors.numpy.load(fs.cat(url)))
+def threaded_ranges(url, size, threads=32, part=2 * MiB):
+    out = bytearray(size)
+    parts = queue.SimpleQueue()
+    for offset in range(0, size, part):
+        parts.put(offset)
+
+    def work():
+        while True:
+            try:
+                offset = parts.get_nowait()
+            except queue.Empty:
+                return
+            end = min(size, offset + part)
+            request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-{end - 1}"})
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                out[offset:end] = answer.read()
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for future in [pool.submit(work) for _ in range(threads)]:
+            future.result()
+    return out
+
+
+def tensor_ranges(data: bytes):
+    """The (start, end) in the file of each tensor's bytes."""
+    import json
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    header.pop("__metadata__", None)
+    return [(8 + length + a, 8 + length + b) for a, b in
+            (entry["data_offsets"] for entry in header.values())]
+
+
+def parts_in_parallel(transport, size, at_once=16, part=8 * MiB):
+    """The whole object by ranged GETs of `part` bytes, `at_once` in flight, each
+    taking the next part as it ends; `transport()` is an async context giving
+    ``await fetch_into(offset, view)``, which fills one."""
+    out = np.empty(size, np.uint8)
+    offsets = list(range(0, size, part))[::-1]
+
+    async def everything():
+        async with transport() as fetch_into:
+            async def work():
+                while offsets:
+                    offset = offsets.pop()
+                    await fetch_into(offset, memoryview(out)[offset:offset + part])
+            await asyncio.gather(*[work() for _ in range(at_once)])
+
+    asyncio.run(everything())   # returns None: a big result would be repr'd at exit
+    return out
+
+
+def aiohttp_transport(url):
+    import aiohttp
+
+    @contextlib.asynccontextmanager
+    async def transport():
+        async with aiohttp.ClientSession() as session:
+            async def fetch_into(offset, view):
+                headers = {"Range": f"bytes={offset}-{offset + len(view) - 1}"}
+                async with session.get(url, headers=headers) as answer:
+                    done = 0
+                    while chunk := await answer.content.read(MiB):
+                        view[done:done + len(chunk)] = chunk
+                        done += len(chunk)
+            yield fetch_into
+    return transport
+
+
+def obstore_transport(store, path):
+    import obstore
+
+    @contextlib.asynccontextmanager
+    async def transport():
+        async def fetch_into(offset, view):
+            got = await obstore.get_range_async(store, path, start=offset,
+                                                end=offset + len(view))
+            view[:] = memoryview(got)
+        yield fetch_into
+    return transport
+
+
+def obstore_source(store, path, size):
+    """A prototype Source that reads through obstore with fastst's Pace (parts queued,
+    requests in flight adapting): what an obstore transport of fastst would do, without
+    the checks fastst's own makes of each answer (Content-Range, ETag, bounded bodies)."""
+    import obstore
+    from fsspec.asyn import get_loop
+
+    from fastst._source import Source
+    from fastst.remote import PART_SIZE, Pace, START_REQUESTS, _fetch_ranges
+
+    class Loop:
+        loop = get_loop()
+
+    class ObstoreSource(Source):
+        label = path
+
+        def open(self, reader, *, max_header_size):
+            pace = Pace(START_REQUESTS, 32, PART_SIZE)
+
+            async def get(offset, length, into, progress):
+                answer = await obstore.get_async(store, path,
+                                                 options={"range": (offset, offset + length)})
+                done = 0
+                async for chunk in answer.stream(min_chunk_size=1 << 20):
+                    into[done:done + len(chunk)] = memoryview(chunk)
+                    done += len(chunk)
+                    progress(len(chunk))
+                return done
+
+            reader.open_ranges(path, size, lambda ranges: _fetch_ranges(Loop, ranges, get, pace),
+                               max_header_size=max_header_size)
+    return ObstoreSource()
+
+
+def obstore_ranges(store, path, ranges):
+    import obstore
+    starts, ends = [a for a, _ in ranges], [b for _, b in ranges]
+    return obstore.get_ranges(store, path, starts=starts, ends=ends)
 
 
 def timed(ways, repeats):
     times = {label: [] for label, _ in ways}
+    for label, run in ways:     # warm-up: connections, caches, first-use imports
+        run()
     for _ in range(repeats):
         for label, run in ways:
             started = time.perf_counter()
@@ -70,98 +200,145 @@ def timed(ways, repeats):
 
 
 def table(title, times, size):
-    first = times["fastst load_file(url)"]
+    best_plain = min(times["single GET"], times["32 threads, 2 MiB ranges"])
+    raw = times.get("raw fs.cat(url)")
     print(f"\n### {title}\n")
-    print("| way | time | throughput | time / fastst |")
+    print("| way | time | throughput | best plain / time |")
     print("| --- | --- | --- | --- |")
     for label, seconds in times.items():
         print(f"| {label} | {seconds:.3f} s | {size / seconds / MiB:.0f} MiB/s | "
-              f"{seconds / first:.2f}x |")
+              f"{best_plain / seconds:.2f}x |")
+    fastst_time = times["fastst load_file(url)"]
+    print(f"\nfastst: {best_plain / fastst_time:.2f}x the best plain client, "
+          f"{times['single GET'] / fastst_time:.2f}x one GET"
+          + (f", {raw / fastst_time:.2f}x raw fs.cat" if raw else "") + ".")
 
 
-def store_ways(fs, url, options):
-    reference_label, reference = reference_way(fs, url)
-    return [("raw fs.cat(url)", lambda: fs.cat(url)),
-            ("fastst load_file(url)", lambda: fastst.load_file(url, storage_options=options)),
-            (reference_label, reference)]
-
-
-def one_tensor(server, fs, url, data):
-    name = f"t{len(data) // MiB // 2:04d}"   # one in the middle
-    rows = []
-    server.reset_counts()
-    with fastst.safe_open(url) as f:
-        f.get_tensor(name)
-    rows.append(("fastst safe_open(url).get_tensor", len(server.requests), server.bytes_sent))
-    label, _ = reference_way(fs, url)
-    server.reset_counts()
-    if "_safe_open_handle" in label:
-        import safetensors
-        with fs.open(url, "rb") as file, safetensors._safe_open_handle(file, framework="numpy") as f:
-            f.get_tensor(name)
-    else:
-        import safetensors.numpy
-        safetensors.numpy.load(fs.cat(url))[name]
-    rows.append((label.replace("numpy.load(fs.cat(url))", "numpy.load(fs.cat(url))[name]"),
-                 len(server.requests),
-                 server.bytes_sent))
-    print(f"\n### Reading one 1 MiB tensor of the {len(data) // MiB} MiB file over HTTP\n")
-    print("| way | requests | bytes moved | bytes / (header + tensor) |")
-    print("| --- | --- | --- | --- |")
-    with fastst.safe_open(url) as f:
-        needed = f.data_start + MiB
-    for label, requests, sent in rows:
-        print(f"| {label} | {requests} | {sent:,} | {sent / needed:.2f}x |")
-
-
-def serve(data: bytes, ready, stop) -> None:
+def serve(data: bytes, rate, delay, ready, stop) -> None:
     with RangeServer({"/model.safetensors": data}) as server:
+        server.rate, server.delay = rate, delay
         ready.put(server.url)
         stop.wait()
 
 
-def http_server_process(data: bytes):
-    """The HTTP server in a process of its own (forked), as a real store is: the
-    timings then do not share the benchmark's interpreter. Returns (URL, stop)."""
+def http_server_process(data: bytes, rate, delay):
+    """The HTTP server in a process of its own (forked). Returns (URL, stop, process)."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     ready, stop = context.Queue(), context.Event()
-    process = context.Process(target=serve, args=(data, ready, stop), daemon=True)
+    process = context.Process(target=serve, args=(data, rate, delay, ready, stop), daemon=True)
     process.start()
-    return ready.get(timeout=30) + "/model.safetensors", stop, process
+    return ready.get(timeout=60) + "/model.safetensors", stop, process
+
+
+def http_ways(url, data):
+    import fsspec
+    import safetensors.numpy
+    from obstore.store import HTTPStore
+
+    fs = fsspec.filesystem("http", skip_instance_cache=True)
+    folder, name = url.rsplit("/", 1)
+    store = HTTPStore.from_url(folder, client_options={"allow_http": True})
+    ranges = tensor_ranges(data)
+    return [("single GET", lambda: single_get(url)),
+            ("32 threads, 2 MiB ranges", lambda: threaded_ranges(url, len(data))),
+            ("fastst load_file(url)", lambda: fastst.load_file(url)),
+            ("fastst load_file, obstore prototype", lambda: fastst.load_file(
+                obstore_source(store, name, len(data)))),
+            ("raw fs.cat(url)", lambda: fs.cat(url)),
+            ("obstore get_ranges (64 tensors)", lambda: obstore_ranges(store, name, ranges)),
+            ("aiohttp, 16 x 8 MiB parts", lambda: parts_in_parallel(
+                aiohttp_transport(url), len(data))),
+            ("obstore, 16 x 8 MiB parts", lambda: parts_in_parallel(
+                obstore_transport(store, name), len(data))),
+            ("safetensors.numpy.load(fs.cat(url))",
+             lambda: safetensors.numpy.load(fs.cat(url)))]
+
+
+def s3_table(data, repeats):
+    import fsspec
+    import safetensors.numpy
+    from obstore.store import S3Store
+
+    with moto_s3("bench") as options:
+        fs = fsspec.filesystem("s3", **options)
+        url = "s3://bench/model.safetensors"
+        fs.pipe(url, data)
+        store = S3Store("bench", endpoint=options["client_kwargs"]["endpoint_url"],
+                        access_key_id="testing", secret_access_key="testing",
+                        region="eu-west-1", client_options={"allow_http": True})
+        ranges = tensor_ranges(data)
+        ways = [("fastst load_file(url)", lambda: fastst.load_file(url, storage_options=options)),
+                ("raw fs.cat(url)", lambda: fs.cat(url)),
+                ("obstore get_ranges (64 tensors)",
+                 lambda: obstore_ranges(store, "model.safetensors", ranges)),
+                ("safetensors.numpy.load(fs.cat(url))",
+                 lambda: safetensors.numpy.load(fs.cat(url)))]
+        times = timed(ways, repeats)
+    first = times["fastst load_file(url)"]
+    print(f"\n### S3 on loopback (moto server), {len(data) // MiB} MiB\n")
+    print("| way | time | throughput | time / fastst |")
+    print("| --- | --- | --- | --- |")
+    for label, seconds in times.items():
+        print(f"| {label} | {seconds:.3f} s | {len(data) / seconds / MiB:.0f} MiB/s | "
+              f"{seconds / first:.2f}x |")
+
+
+def one_tensor(data: bytes) -> None:
+    """The requests and bytes the server counts for reading one tensor: fastst against
+    the reference's way (download, then parse)."""
+    import fsspec
+    import safetensors.numpy
+
+    name = f"t{TENSORS // 2:04d}"    # one in the middle
+    rows = []
+    with RangeServer({"/model.safetensors": data}) as server:   # in process, to count
+        url = f"{server.url}/model.safetensors"
+        start, end = tensor_ranges(data)[TENSORS // 2]
+        needed = 8 + int.from_bytes(data[:8], "little") + end - start   # header + tensor
+        server.reset_counts()
+        with fastst.safe_open(url) as f:
+            f.get_tensor(name)
+        rows.append(("fastst safe_open(url).get_tensor", len(server.requests),
+                     server.bytes_sent))
+        server.reset_counts()
+        safetensors.numpy.load(fsspec.filesystem("http").cat(url))[name]
+        rows.append(("safetensors.numpy.load(fs.cat(url))[name]", len(server.requests),
+                     server.bytes_sent))
+    print(f"\n### Reading one tensor of the {len(data) // MiB} MiB file over HTTP\n")
+    print("| way | requests | bytes moved | bytes / (header + tensor) |")
+    print("| --- | --- | --- | --- |")
+    for label, requests, sent in rows:
+        print(f"| {label} | {requests} | {sent:,} | {sent / needed:.2f}x |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shapes", default="unshaped,40,20")
+    parser.add_argument("--no-s3", action="store_true")
     args = parser.parse_args()
-    import fsspec
-
-    data = build(args.mib)
-    print(f"Produced by `python bench/remote.py --mib {args.mib} --repeats {args.repeats}` on "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.mib} tensors of "
-          f"1 MiB, median of {args.repeats}.")
-    url, stop, process = http_server_process(data)
-    try:
-        fs = fsspec.filesystem("http")
-        table(f"HTTP on loopback (aiohttp; the server a Python process of its own), "
-              f"{args.mib} MiB", timed(store_ways(fs, url, None), args.repeats), len(data))
-    finally:
-        stop.set()
-        process.join(10)
-    with RangeServer({"/model.safetensors": data}) as server:   # in process, to count
-        one_tensor(server, fsspec.filesystem("http"), f"{server.url}/model.safetensors", data)
-    with moto_s3("bench") as options:
-        fs = fsspec.filesystem("s3", **options)
-        url = "s3://bench/model.safetensors"
-        fs.pipe(url, data)
-        table(f"S3 on loopback (moto server, s3fs), {args.mib} MiB",
-              timed(store_ways(fs, url, options), args.repeats), len(data))
-        small = timed([("1 KiB", lambda: fs.cat_file(url, start=0, end=1024))], args.repeats)
-        print(f"\nOne ranged GET of 1 KiB of this object on moto: {small['1 KiB']:.3f} s "
-              f"(moto reads the whole object to answer any range).")
+    print(f"Produced by `python bench/remote.py --mib {args.mib} --repeats {args.repeats}"
+          f"{' --shapes ' + args.shapes if args.shapes != 'unshaped,40,20' else ''}"
+          f"{' --no-s3' if args.no_s3 else ''}` on "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{os.getloadavg()[0]:.2f}: {TENSORS} tensors, median of {args.repeats} after a "
+          f"warm-up.")
+    for shape in args.shapes.split(","):
+        rate, delay, divide = SHAPES[shape]
+        data = build(args.mib // divide)
+        url, stop, process = http_server_process(data, rate, delay)
+        try:
+            times = timed(http_ways(url, data), args.repeats)
+        finally:
+            stop.set()
+            process.join(10)
+        table(f"HTTP, {SHAPE_NAMES[shape]}, {len(data) // MiB} MiB", times, len(data))
+    one_tensor(build(args.mib))
+    if not args.no_s3:
+        s3_table(build(args.mib), args.repeats)
 
 
 if __name__ == "__main__":

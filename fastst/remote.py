@@ -46,8 +46,9 @@ from ._files import write_atomically
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "MAX_WHOLE_READ", "READ_TIMEOUT", "FileObjectRanges",
-           "SpooledUpload", "UrlRanges", "read_object", "save_plan", "with_default_timeouts"]
+__all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "MAX_WHOLE_READ", "PART_SIZE", "READ_TIMEOUT",
+           "START_REQUESTS", "FileObjectRanges", "Pace", "SpooledUpload", "UrlRanges",
+           "read_object", "save_plan", "with_default_timeouts"]
 
 CONNECT_TIMEOUT = 10.0
 """Seconds to connect to a store (S3, HTTP), unless ``storage_options`` say otherwise
@@ -59,10 +60,21 @@ READ_TIMEOUT = 60.0
 `CONNECT_TIMEOUT`, plus the time its bytes take at 256 KiB a second, retries
 included."""
 SLOWEST_RATE = 256 << 10   # bytes a second below which a call's answer counts as stalled
-MAX_REQUESTS = 16
-"""Requests the reader of a URL keeps in flight at once, on stores fsspec reads
-asynchronously (S3, GCS, HTTP): the byte ranges of a read are fetched in parallel, at
-most this many at a time."""
+MAX_REQUESTS = 32
+"""The most requests the reader of a URL keeps in flight at once, on stores fsspec
+reads asynchronously (S3, GCS, HTTP), unless ``storage_options`` say otherwise
+(``max_concurrency``). A read starts with `START_REQUESTS` and adds requests while
+that makes the bytes come faster: see `Pace`."""
+START_REQUESTS = 4
+"""Requests in flight when the reader of a URL starts: a few large ones, which a fast
+link fills alone."""
+PART_SIZE = 8 << 20
+"""The largest request (8 MiB) of the reader of a URL, unless ``storage_options`` say
+otherwise (``part_size``): the byte ranges of a read are fetched in parts of at most
+this size, smaller ones at the end so that every connection stays busy to the last
+byte."""
+SMALLEST_PART = 4 << 20   # parts are cut no smaller than this, but for a range's last
+READ_OPTIONS = ("max_concurrency", "part_size")   # fastst's own keys in storage_options
 MAX_WHOLE_READ = 1 << 30
 """The largest object (1 GiB) read whole, in one request, from a server that ignores
 range requests (it answers them with status 200 and the whole object, as
@@ -321,6 +333,8 @@ class UrlRanges:
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
+        high, part_size = _read_limits(url, self.storage_options)
+        self.pace = Pace(START_REQUESTS, high, part_size)
         fs, self.path = _url_to_fs(url, self.storage_options)
         try:
             fs.invalidate_cache(self.path)   # a listing cached earlier may be stale
@@ -349,15 +363,20 @@ class UrlRanges:
         try:
             if getattr(self.fs, "async_impl", False):
                 get = _range_getter(self.fs)
-                got = _fetch_ranges(self.fs, ranges, lambda offset, length: get(
-                    self.fs, self.path, offset, length, self))
+                return list(_fetch_ranges(
+                    self.fs, ranges, lambda offset, length, into, progress: get(
+                        self.fs, self.path, offset, length, self, into, progress),
+                    self.pace, whole_requests=self.ranges_ignored))
             else:
                 got = self.fs.cat_ranges([self.path] * len(ranges),
                                          [offset for offset, _ in ranges],
                                          [offset + length for offset, length in ranges],
                                          on_error="return", **self.read_kwargs)
         except Exception as error:
-            raise _translated(error, self.url, f"reading {len(ranges)} byte ranges") from error
+            part = getattr(error, "fastst_range", None)
+            doing = (f"reading {len(ranges)} byte ranges" if part is None else
+                     f"reading bytes [{part[0]}, {part[0] + part[1]})")
+            raise _translated(error, self.url, doing) from error
         for (offset, length), item in zip(ranges, got):
             if isinstance(item, BaseException):
                 raise _translated(item, self.url, f"reading bytes [{offset}, "
@@ -408,35 +427,255 @@ def _seconds_for(size: int) -> float:
     return CONNECT_TIMEOUT + READ_TIMEOUT + size / SLOWEST_RATE
 
 
-def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range],
-                  get: Callable[[int, int], Awaitable[Any]]) -> List[Any]:
-    """Byte ranges from an async file system, each ``await get(offset, length)``, at
-    most MAX_REQUESTS at once, each its bytes or the exception that fetching it
-    raised. A call that outlasts its deadline raises TimeoutError with every request
-    of it cancelled, retries included (fsspec's ``cat_ranges`` leaves its requests
+class Pace:
+    """How many requests the reader of one URL keeps in flight, and how large they
+    are: learned while it reads, and kept from one read to the next.
+
+    It starts with `low` requests and, as TCP's slow start does, doubles them each
+    time that makes the bytes come in at least `GROWTH` times faster than at the level
+    measured before, up to `high`; when a level does not pay (`CHANCES` windows in a
+    row), it goes back to the last that did and keeps it. A level is measured over a window of at least `MIN_WINDOW`
+    seconds and four times a request's time to its first byte, from the first byte of
+    a read on, and from one such time after the level was raised (when the requests
+    added bring their first bytes), while every request it allows has a part to fetch
+    (a read too small to fill them teaches nothing). Parts are `part_size` bytes, smaller once fewer remain than
+    would keep every request busy to the last byte.
+
+    Parameters
+    ----------
+    low, high : int
+        The requests in flight at first, and at most.
+    part_size : int
+        The largest request, in bytes.
+
+    Attributes
+    ----------
+    allowed : int
+        The requests in flight now allowed.
+    settled : bool
+        Whether it stopped adding requests.
+
+    Examples
+    --------
+    >>> from fastst.remote import Pace
+    >>> pace = Pace(2, 16, 8 << 20)
+    >>> def seen(second, mib):   # bytes come in: by then, `mib` MiB in all
+    ...     pace.progress(second, mib << 20)
+    ...     return pace.allowed
+    >>> seen(0, 0), seen(1, 100)        # a read's first byte, then 100 MiB/s with 2
+    (2, 4)
+    >>> seen(1, 100), seen(2, 300)      # the 2 added bring bytes: 200 MiB/s with 4
+    (4, 8)
+    >>> seen(2, 300), seen(3, 550), seen(4, 800)   # 250 MiB/s with 8, twice: back to 4
+    (8, 8, 4)
+    >>> pace.settled
+    True
+    >>> pace.part_for(64 << 20), pace.part_for(40 << 20)   # smaller parts at the end
+    (8388608, 5242880)
+    """
+
+    GROWTH = 1.3
+    CHANCES = 2
+    MIN_WINDOW = 0.05
+
+    def __init__(self, low: int, high: int, part_size: int) -> None:
+        self.high = high
+        self.part_size = part_size
+        self.allowed = min(low, high)
+        self.settled = self.allowed >= high
+        self.best_rate = 0.0
+        self.best_allowed = self.allowed
+        self.misses = 0          # windows in a row that the level now allowed did not pay
+        self.latency = 0.0
+        self.window: Optional[Tuple[float, int]] = None   # (when it began, bytes by then)
+        self.waiting = True      # for a read's first byte, which opens the window
+        self.quiet_until = 0.0   # a raised level is measured from then on
+        self.starved = False     # a request found no part during the window
+
+    def start(self, now: float, done: int) -> None:
+        """Begin measuring at `now`, `done` bytes having come in so far."""
+        self.window, self.starved, self.waiting = (now, done), False, False
+
+    def start_at_first_byte(self) -> None:
+        """Begin measuring when the next byte comes in (a read's first)."""
+        self.waiting = True
+
+    def first_byte_after(self, seconds: float) -> None:
+        """Note a request's time to its first byte."""
+        self.latency = seconds if not self.latency else 0.7 * self.latency + 0.3 * seconds
+
+    def progress(self, now: float, done: int) -> None:
+        """Note that `done` bytes have come in by `now`; judge the level when its
+        window is over."""
+        if self.settled:
+            return
+        if self.waiting or self.window is None:
+            if now >= self.quiet_until:
+                self.start(now, done)
+            return
+        began, before = self.window
+        if now - began < max(self.MIN_WINDOW, 4 * self.latency):
+            return
+        if self.starved:
+            self.start(now, done)
+            return
+        level = self.allowed
+        self.judge((done - before) / (now - began))
+        self.start(now, done)
+        if self.allowed > level:
+            self.waiting, self.quiet_until = True, now + self.latency
+
+    def judge(self, rate: float) -> None:
+        """Take `rate` (bytes a second) as what the level now allowed gives: double
+        the level when it pays, else, after `CHANCES` windows that did not, go back to
+        the last that did and keep it."""
+        if rate >= self.best_rate * self.GROWTH:
+            self.best_rate, self.best_allowed, self.misses = rate, self.allowed, 0
+            self.allowed = min(self.high, 2 * self.allowed)
+            self.settled = self.best_allowed >= self.high
+        elif self.misses < self.CHANCES - 1:
+            self.misses += 1     # one window can be unlucky on a busy machine
+        else:
+            self.allowed, self.settled = self.best_allowed, True
+
+    @property
+    def smallest_part(self) -> int:
+        """The smallest part cut, but for a range's last."""
+        return min(SMALLEST_PART, self.part_size)
+
+    def part_for(self, remaining: int) -> int:
+        """The size of the next part when `remaining` bytes are still to be asked for."""
+        return max(self.smallest_part, min(self.part_size, remaining // (2 * self.allowed)))
+
+
+class _Span:
+    """Neighbouring ranges of one read, fetched into one buffer: each range's bytes
+    are a view of it, and parts are cut from it. `holes` are the (start, end) of
+    bytes a part did not bring (an answer cut short)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = self.end = offset
+        self.ranges: List[Range] = []
+        self.holes: List[Range] = []
+
+    def view_of(self, buffer: memoryview, offset: int, length: int) -> memoryview:
+        """The bytes of range [offset, offset + length), up to its first missing byte."""
+        end = offset + length
+        for first, last in self.holes:
+            if first < end and last > offset:
+                end = max(first, offset)
+        return buffer[offset - self.offset:end - self.offset]
+
+
+def _spans_of(ranges: Sequence[Range]) -> List[_Span]:
+    spans: List[_Span] = []
+    for offset, length in ranges:
+        if not spans or offset != spans[-1].end:
+            spans.append(_Span(offset))
+        spans[-1].ranges.append((offset, length))
+        spans[-1].end = offset + length
+    return spans
+
+
+# One ranged GET into memory: (offset, length, into, progress) -> the bytes put at the
+# start of `into` (fewer than `length` when the answer was cut short); progress(n) is
+# called as each n bytes come in.
+PartGetter = Callable[[int, int, memoryview, Callable[[int], None]], Awaitable[int]]
+
+
+def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range], get: PartGetter,
+                  pace: Pace, whole_requests: bool = False) -> List[memoryview]:
+    """Byte ranges from an async file system, fetched by parts into one buffer per
+    run of neighbouring ranges: a queue of parts that `pace` sizes, taken by as many
+    requests at once as it allows, each started as soon as one ends. With
+    `whole_requests`, each run is asked for in one request (a server that ignores
+    ranges). The first part that fails raises its error, with `.fastst_range` its
+    bytes; a call that outlasts its deadline raises TimeoutError with every request of
+    it cancelled, retries included (fsspec's ``cat_ranges`` leaves its requests
     running when its caller gives up)."""
     import asyncio
+    import time
 
+    import numpy as np
     from fsspec.asyn import sync  # type: ignore[import-untyped, unused-ignore]
 
-    async def fetch_all() -> List[Any]:
-        slots = asyncio.Semaphore(MAX_REQUESTS)
+    spans = _spans_of(ranges)
+    # not zeroed: each page is touched once, by the bytes that fill it
+    buffers = [memoryview(np.empty(span.end - span.offset, np.uint8)) for span in spans]
+    queue = [(k, span.offset) for k, span in enumerate(spans) if span.end > span.offset]
+    remaining = sum(span.end - span.offset for span in spans)
+    done = 0
 
-        async def fetch(offset: int, length: int) -> Any:
-            async with slots:
-                return await get(offset, length)
+    def next_part() -> Optional[Tuple[int, int, int]]:
+        nonlocal remaining
+        if not queue:
+            return None
+        k, offset = queue[0]
+        span = spans[k]
+        rest = span.end - offset
+        size = rest if whole_requests else pace.part_for(remaining)
+        if rest <= size or (rest < size + pace.smallest_part and rest <= pace.part_size):
+            size = rest     # the span's last part: no crumb left behind
+            queue.pop(0)
+        else:
+            queue[0] = (k, offset + size)
+        remaining -= size
+        return k, offset, size
 
-        tasks = [asyncio.ensure_future(fetch(offset, length)) for offset, length in ranges]
+    async def fetch_part(k: int, offset: int, size: int) -> None:
+        asked = time.monotonic()
+        first = True
+
+        def progress(count: int) -> None:
+            nonlocal done, first
+            now = time.monotonic()
+            if first:
+                pace.first_byte_after(now - asked)
+                first = False
+            done += count
+            pace.progress(now, done)
+
+        span = spans[k]
+        into = buffers[k][offset - span.offset:offset - span.offset + size]
         try:
-            return list(await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True),
-                                               _seconds_for(sum(n for _, n in ranges))))
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)   # each has ended
+            got = await get(offset, size, into, progress)
+        except Exception as error:
+            error.fastst_range = (offset, size)   # type: ignore[attr-defined]
+            raise
+        if got < size:
+            span.holes.append((offset + got, offset + size))
 
-    result: List[Any] = sync(fs.loop, fetch_all)
-    return result
+    async def fetch_all() -> None:
+        running: set = set()
+        pace.start_at_first_byte()
+        try:
+            while True:
+                while len(running) < pace.allowed:
+                    part = next_part()
+                    if part is None:
+                        break
+                    running.add(asyncio.ensure_future(fetch_part(*part)))
+                if not running:
+                    return
+                if not queue:
+                    pace.starved = True
+                # woken by a part's end, or soon enough to start the requests a
+                # better pace allows
+                ended, running = await asyncio.wait(running, timeout=pace.MIN_WINDOW / 4,
+                                                    return_when=asyncio.FIRST_COMPLETED)
+                for task in ended:
+                    task.result()    # the first error ends the read
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)   # each has ended
+
+    async def within_deadline() -> None:
+        await asyncio.wait_for(fetch_all(), _seconds_for(sum(n for _, n in ranges)))
+
+    sync(fs.loop, within_deadline)
+    return [span.view_of(buffer, offset, length)
+            for span, buffer in zip(spans, buffers) for offset, length in span.ranges]
 
 
 WHOLE_READ_ADVICE = ("read the whole file (load_file and get_tensors read an object of up "
@@ -445,10 +684,11 @@ WHOLE_READ_ADVICE = ("read the whole file (load_file and get_tensors read an obj
                      "requests")
 
 # One ranged GET per kind of store: (fs, path, offset, length, the UrlRanges: the version
-# opened, the precondition's keywords) -> the bytes. _get_http and _get_s3 read no more
-# than asked and check what the answer says of itself (and note a server that ignores
-# range requests); _get_other is fsspec's own whole read.
-RangeGetter = Callable[[Any, str, int, int, "UrlRanges"], Awaitable[Any]]
+# opened, the precondition's keywords, into, progress) -> the bytes put into `into`.
+# _get_http and _get_s3 read no more than asked and check what the answer says of itself
+# (and note a server that ignores range requests); _get_other is fsspec's own whole read.
+RangeGetter = Callable[[Any, str, int, int, "UrlRanges", memoryview, Callable[[int], None]],
+                       Awaitable[int]]
 
 
 def _range_getter(fs: AbstractFileSystem) -> RangeGetter:
@@ -460,11 +700,10 @@ def _range_getter(fs: AbstractFileSystem) -> RangeGetter:
     return _get_other
 
 
-async def _get_http(fs: Any, path: str, offset: int, length: int, opened: UrlRanges) -> Any:
-    """Bytes [offset, offset + length) of an HTTP object, on the aiohttp session of
-    fsspec's HTTPFileSystem (whose request options and headers apply)."""
-    if length == 0:
-        return b""
+async def _get_http(fs: Any, path: str, offset: int, length: int, opened: UrlRanges,
+                    into: memoryview, progress: Callable[[int], None]) -> int:
+    """Bytes [offset, offset + length) of an HTTP object into `into`, on the aiohttp
+    session of fsspec's HTTPFileSystem (whose request options and headers apply)."""
     version = opened.version
     options = {**fs.kwargs, **opened.read_kwargs}
     headers = {**options.pop("headers", {}), "Range": f"bytes={offset}-{offset + length - 1}",
@@ -479,29 +718,28 @@ async def _get_http(fs: Any, path: str, offset: int, length: int, opened: UrlRan
             body, whole = _checked_answer(version, offset, length, response.status,
                                           said.get("Content-Range"), response.content_length,
                                           said.get("ETag"), said.get("Last-Modified"))
-            data = await _read_at_most(response.content.read, body, version, offset, length,
-                                       rest_unread=whole)
+            got = await _read_into(response.content.read, into, body, version, offset,
+                                   length, progress, rest_unread=whole)
             if whole:
                 opened.ranges_ignored = True
                 response.close()   # the rest of the object goes unread, with the connection
-            return data
+            return got
         except BaseException:
             response.close()   # the connection goes with the answer's unread rest
             raise
 
 
-async def _get_s3(fs: Any, path: str, offset: int, length: int, opened: UrlRanges) -> Any:
-    """Bytes [offset, offset + length) of an S3 object: s3fs's GetObject (with its
-    IfMatch, its retries), the body read in pieces."""
-    if length == 0:
-        return b""
+async def _get_s3(fs: Any, path: str, offset: int, length: int, opened: UrlRanges,
+                  into: memoryview, progress: Callable[[int], None]) -> int:
+    """Bytes [offset, offset + length) of an S3 object into `into`: s3fs's GetObject
+    (with its IfMatch, its retries), the body read in pieces."""
     version, kwargs = opened.version, opened.read_kwargs
     from s3fs.core import (  # type: ignore[import-untyped, unused-ignore]
         _error_wrapper, version_id_kw)
 
     bucket, key, version_id = fs.split_path(path)
 
-    async def get_and_read() -> Any:
+    async def get_and_read() -> int:
         response = await fs._call_s3("get_object", Bucket=bucket, Key=key,
                                      Range=f"bytes={offset}-{offset + length - 1}",
                                      **version_id_kw(version_id), **kwargs)
@@ -512,22 +750,30 @@ async def _get_s3(fs: Any, path: str, offset: int, length: int, opened: UrlRange
                 response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
                 response.get("ContentRange"), response.get("ContentLength"),
                 response.get("ETag"), response.get("LastModified"))
-            data = await _read_at_most(stream.read, body, version, offset, length,
-                                       rest_unread=whole)
+            got = await _read_into(stream.read, into, body, version, offset, length,
+                                   progress, rest_unread=whole)
             if whole:
                 opened.ranges_ignored = True
-            return data
+            return got
         finally:
             stream.close()
 
     # as s3fs reads a body: an answer cut short is asked again, a refused one is not
-    return await _error_wrapper(get_and_read, retries=fs.retries)
+    got: int = await _error_wrapper(get_and_read, retries=fs.retries)
+    return got
 
 
-async def _get_other(fs: Any, path: str, offset: int, length: int, opened: UrlRanges) -> Any:
+async def _get_other(fs: Any, path: str, offset: int, length: int, opened: UrlRanges,
+                     into: memoryview, progress: Callable[[int], None]) -> int:
     """Bytes [offset, offset + length) through fsspec's ``_cat_file``, which reads
-    the whole answer: checked for length only, by the Reader."""
-    return await fs._cat_file(path, start=offset, end=offset + length, **opened.read_kwargs)
+    the whole answer: checked for length only."""
+    data = await fs._cat_file(path, start=offset, end=offset + length, **opened.read_kwargs)
+    if len(data) > length:
+        raise SafetensorError(f"{opened.url}: bytes [{offset}, {offset + length}) came back "
+                              f"{len(data)} bytes long, not {length} (too long)")
+    into[:len(data)] = data
+    progress(len(data))
+    return len(data)
 
 
 CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
@@ -596,15 +842,14 @@ def _changed(version: ObjectVersion, what: str, asked: str) -> SafetensorError:
                            f"while reading {asked}; open it again to read the new object")
 
 
-async def _read_at_most(read: Callable[[int], Awaitable[bytes]], body: int,
-                        version: ObjectVersion, offset: int, length: int, *,
-                        rest_unread: bool = False) -> bytearray:
-    """An answer's body, which should hold `body` bytes, read in pieces: one byte
-    past them is an error, and nothing beyond it is read; with `rest_unread` (a body
-    that goes on, the whole object), its first `body` bytes and not one more. A body
-    that ends early is returned as it is (the Reader reports the short read, naming
-    the tensor)."""
-    out = bytearray(body)
+async def _read_into(read: Callable[[int], Awaitable[bytes]], into: memoryview, body: int,
+                     version: ObjectVersion, offset: int, length: int,
+                     progress: Callable[[int], None], *, rest_unread: bool = False) -> int:
+    """An answer's body, which should hold `body` bytes, read in pieces into `into`:
+    one byte past them is an error, and nothing beyond it is read; with `rest_unread`
+    (a body that goes on, the whole object), its first `body` bytes and not one more.
+    Returns the bytes read: fewer than `body` when the body ends early (the Reader
+    reports the short read, naming the tensor)."""
     done = 0
     past = 0 if rest_unread else 1
     while done < body + past:
@@ -615,10 +860,10 @@ async def _read_at_most(read: Callable[[int], Awaitable[bytes]], body: int,
             raise SafetensorError(f"{version.url}: the answer for bytes [{offset}, "
                                   f"{offset + length}) goes on past the {body} bytes it "
                                   f"should hold (too long); the rest was not read")
-        out[done:done + len(piece)] = piece
+        into[done:done + len(piece)] = piece
         done += len(piece)
-    del out[done:]
-    return out
+        progress(len(piece))
+    return done
 
 
 def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileSystem, str]:
@@ -628,7 +873,14 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
         raise ImportError(f"{url}: URLs are read through fsspec: pip install fsspec s3fs "
                           f"aiohttp (fastst's 'remote' extra)") from None
     protocol = url.split("://", 1)[0].lower()
-    options = with_default_timeouts(protocol, storage_options)
+    options = with_default_timeouts(protocol, {
+        key: value for key, value in storage_options.items() if key not in READ_OPTIONS})
+    if protocol in S3_PROTOCOLS:
+        high, _ = _read_limits(url, storage_options)
+        # s3fs sends the parts of an upload this many at once; botocore's pool of
+        # connections (10 unless told) must hold as many requests as a read sends
+        options["max_concurrency"] = high
+        options["config_kwargs"] = {"max_pool_connections": high, **options["config_kwargs"]}
     try:
         fs, path = url_to_fs(url, **options)
     except ImportError as error:
@@ -636,6 +888,20 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
                           f"({error}); fastst's 'remote' extra installs s3fs and "
                           f"aiohttp") from None
     return fs, path
+
+
+def _read_limits(url: str, storage_options: Mapping[str, Any]) -> Tuple[int, int]:
+    """The most requests in flight and the largest part that `storage_options` allow
+    (``max_concurrency``, ``part_size``), `MAX_REQUESTS` and `PART_SIZE` unless they
+    say."""
+    limits = []
+    for key, default in zip(READ_OPTIONS, (MAX_REQUESTS, PART_SIZE)):
+        value = storage_options.get(key, default)
+        if type(value) is not int or value < 1:
+            raise SafetensorError(f"{url}: storage_options[{key!r}] must be an integer >= 1, "
+                                  f"got {value!r}")
+        limits.append(value)
+    return limits[0], limits[1]
 
 
 def with_default_timeouts(protocol: str, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -799,7 +1065,9 @@ class SpooledUpload:
     For the streaming writer, which fills its file in any order, which an
     upload cannot take. `path` is where to write the file; `upload` sends it,
     as ``save_file`` sends a file (in parts where the store stages uploads, so
-    the object appears whole or not at all), and removes it; `discard`
+    the object appears whole or not at all; on S3 a multipart upload whose
+    parts go at once, ``max_concurrency`` of them, each ``part_size`` bytes and
+    at least 5 MiB), and removes it; `discard`
     removes it. A ``file://`` URL is written in place, with no spool. The
     spool lies in ``tempfile.gettempdir()`` (``TMPDIR``), which needs room
     for the file.
@@ -832,7 +1100,8 @@ class SpooledUpload:
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
         self.url = url
-        self.fs, self.remote_path = _url_to_fs(url, dict(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.remote_path = _url_to_fs(url, self.storage_options)
         self.spool: Optional[str] = None
         if _is_local(self.fs):
             self.path = self.remote_path
@@ -854,7 +1123,9 @@ class SpooledUpload:
         if self.spool is None:
             return
         try:
-            if _is_staged(self.fs):
+            if _protocols(self.fs) & set(S3_PROTOCOLS):
+                self.upload_in_parts()
+            elif _is_staged(self.fs):
                 with open(self.path, "rb") as local:
                     _upload_staged(self.fs, self.remote_path,
                                    lambda file: shutil.copyfileobj(local, file, UPLOAD_PIECE))
@@ -867,6 +1138,14 @@ class SpooledUpload:
         finally:
             self.discard()
 
+    def upload_in_parts(self) -> None:
+        """Send the file to S3 as a multipart upload, its parts sent at once as
+        ``max_concurrency`` allows (s3fs's ``put_file``, which aborts the upload when
+        a part fails: the previous object stays until the upload completes)."""
+        high, part_size = _read_limits(self.url, self.storage_options)
+        self.fs.put_file(self.path, self.remote_path, max_concurrency=high,
+                         chunksize=max(part_size, SMALLEST_S3_PART))
+
     def discard(self) -> None:
         """Remove the local spool without uploading it; again does nothing."""
         if self.spool is not None:
@@ -875,6 +1154,7 @@ class SpooledUpload:
 
 
 UPLOAD_PIECE = 16 << 20   # bytes a spooled file is uploaded by
+SMALLEST_S3_PART = 5 << 20   # S3 refuses smaller parts, but for an upload's last
 
 
 def _protocols(fs: AbstractFileSystem) -> set[str]:

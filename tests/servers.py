@@ -45,7 +45,9 @@ class RangeServer:
     than asked, and a Content-Range that says so. An endless body stops when the
     client hangs up, at ``endless_limit`` bytes, or when the test ends. The first
     ``honest_gets`` GETs are answered honestly whatever the mode.
-    ``delay`` seconds are waited before each GET's answer. Each object has a
+    ``delay`` seconds are waited before each GET's answer (a store's time to first
+    byte), and ``rate``, when set, caps what each answer sends to that many bytes a
+    second (a store's speed per connection). Each object has a
     Last-Modified date (a content first seen is a second later than the one before
     it), and ``If-Unmodified-Since`` is honoured; ``etags = False`` leaves ETags out,
     ``sizes = False`` the Content-Length of HEAD answers; ``accept_ranges`` is what
@@ -87,6 +89,7 @@ class RangeServer:
         self.mode = None
         self.honest_gets = 0
         self.delay = 0.0
+        self.rate = None
         self.etags = True
         self.sizes = True
         self.accept_ranges = "bytes"
@@ -215,9 +218,13 @@ class RangeServer:
                 if self.mode == "short" and len(body) > 1:
                     body = body[:len(body) // 2]
                     self.close_connection = True
-                body = memoryview(body)
-                for start in range(0, len(body), SEND_PIECE):
-                    piece = body[start:start + SEND_PIECE]
+                body, rate = memoryview(body), store.rate
+                step = SEND_PIECE if rate is None else THROTTLED_PIECE
+                started = time.monotonic()
+                for start in range(0, len(body), step):
+                    piece = body[start:start + step]
+                    if rate is not None:    # paced: piece k leaves no sooner than k/rate
+                        time.sleep(max(0.0, started + start / rate - time.monotonic()))
                     with store.lock:   # counted first: the client may go on before write returns
                         store.bytes_sent += len(piece)
                     try:
@@ -262,12 +269,57 @@ class RangeServer:
                 self.in_flight -= 1
 
 
+@contextlib.contextmanager
+def range_server_process(objects, rate=None, delay=0.0, timeout=60):
+    """A RangeServer serving `objects` (with `rate` and `delay` set) in a process of its
+    own, so that its threads do not share the client's interpreter, as a real store's
+    do not; yields (URL, counts), where counts() returns the server's
+    ``{"most_in_flight": ..., "gets": [(offset, end), ...]}`` so far."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_serve_in_process, args=(objects, rate, delay, theirs),
+                              daemon=True)
+    process.start()
+    try:
+        if not ours.poll(timeout):
+            raise TimeoutError(f"the server process said nothing in {timeout} s")
+        url = ours.recv()
+
+        def counts():
+            ours.send("counts")
+            return ours.recv()
+        yield url, counts
+    finally:
+        ours.send("stop")
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+        ours.close()
+
+
+def _serve_in_process(objects, rate, delay, pipe):
+    with RangeServer(objects) as server:
+        server.rate, server.delay = rate, delay
+        pipe.send(server.url)
+        while pipe.recv() != "stop":
+            with server.lock:
+                gets = [asked for method, _, asked in server.requests if method == "GET"]
+                pipe.send({"most_in_flight": server.most_in_flight, "gets": gets})
+
+
 SEND_PIECE = 1 << 20
+THROTTLED_PIECE = 64 << 10   # a paced answer's pieces: small, so that its rate is smooth
 
 
 class QuietServer(http.server.ThreadingHTTPServer):
-    """A threaded HTTP server that takes a client hanging up in silence."""
+    """A threaded HTTP server that takes a client hanging up in silence, and a burst of
+    connections at once (socketserver's backlog of 5 drops the rest, which then wait a
+    second to try again)."""
     daemon_threads = True
+    request_queue_size = 128
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], ConnectionError):

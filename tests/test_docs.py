@@ -225,13 +225,13 @@ def test_strict_build_fails_on(fault, tmp_path):
 # The modules that define the public names (or, for the compiled core, its stub that
 # documents them), and the public modules whose own docstrings show examples: every
 # example in them runs, those needing a package that is not installed left out.
-DOCSTRING_MODULES = ["fastst", "fastst._api", "fastst._checksums", "fastst._core",
-                     "fastst._edit", "fastst._files", "fastst._handle", "fastst._index",
+DOCSTRING_MODULES = ["fastst", "fastst._api", "fastst._checksums", "fastst._core", "fastst._edit",
+                     "fastst._files", "fastst._handle", "fastst._index", "fastst._loader",
                      "fastst._lowlevel", "fastst._slicing", "fastst._specs",
                      "fastst._torch_adapter", "fastst.checkpoint", "fastst.dask", "fastst.data",
-                     "fastst.distributed",
-                     "fastst.flax", "fastst.integrity", "fastst.jax", "fastst.numpy",
-                     "fastst.remote", "fastst.state", "fastst.torch", "fastst.writer"]
+                     "fastst.distributed", "fastst.flax", "fastst.integrity", "fastst.jax",
+                     "fastst.numpy", "fastst.remote", "fastst.state", "fastst.torch",
+                     "fastst.writer"]
 OPTIONAL = ["dask", "fsspec", "jax", "torch", "xxhash"]
 # the reference pages whose names are documented, examples and all
 DOCUMENTED_MODULES = ["fastst", "fastst.numpy", "fastst.torch", "fastst.flax", "fastst.jax",

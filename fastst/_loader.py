@@ -1,0 +1,765 @@
+"""The thread loader behind ``fastst.data.Loader``: batches of rows of one file or
+many, gathered by a few threads (the gathers release the GIL) into a ring of reused
+buffers, shuffled, split between ranks, resumable, with no worker processes.
+``fastst.data`` is its public face."""
+from __future__ import annotations
+
+import atexit
+import glob
+import os
+import queue
+import sys
+import threading
+import weakref
+from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
+
+import numpy as np
+
+from ._core import SafetensorError, TensorNotFoundError
+from ._api import safe_open
+from ._handle import Backend
+from ._index import INDEX_SUFFIX
+from ._source import Identity, LocalFile, as_source, identity_of
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["Loader"]
+
+Names = Union[str, Sequence[str]]
+
+
+class Loader:
+    """Batches of the rows of tensors `names` of one file or many, gathered by a
+    few threads into a ring of reused buffers: a data loader with no worker
+    processes.
+
+    The rows of all the files are numbered in order, the first file's first.
+    Each epoch draws its order (shuffled or not), gives each rank its part of
+    it, and cuts that into batches; a pool of `threads` gathers them (each
+    tensor's rows in one ``gather``, which runs without the GIL) at most
+    `prefetch` batches ahead of the one taken, straight into preallocated
+    buffers. A batch is a dict, tensor name -> array of its rows.
+
+    **The arrays of a batch are reused**: they hold that batch until `prefetch`
+    more batches are taken, then a later one is gathered into them. Keep a
+    batch longer with ``copy=True`` (fresh arrays each batch) or copy what you
+    keep. JAX arrays are always copies.
+
+    Iterating continues from the loader's position, ``(epoch, batch)``: the
+    first iteration starts at batch 0 of epoch 0; after the last batch of an
+    epoch the position is batch 0 of the next epoch, whose order is drawn anew
+    (from ``(seed, epoch)``), so that each ``for`` loop over the loader is one
+    epoch. A loop left early (``break``) is continued by the next one.
+    ``set_epoch(epoch)`` moves to an epoch, as ``DistributedSampler``'s does;
+    ``state_dict()`` and ``load_state_dict()`` save and restore the position.
+    The threads end with the iteration: at its end, on ``break``, on an
+    exception, when the iterator is collected, and at interpreter exit.
+
+    Parameters
+    ----------
+    source : path, URL, or a sequence of them
+        A safetensors file, a URL, a sharded checkpoint (its directory or
+        ``*.index.json``), a directory of ``.safetensors`` shards (read in the
+        order of their names), a glob pattern (``"data/train-*.safetensors"``,
+        files in sorted order), or a list of any of these.
+    names : str or sequence of str
+        The tensors, of equal length along their first axis in each file.
+        Every file must hold them all, with the same dtype and row shape.
+    batch_size : int
+        Rows a batch, at least 1.
+    shuffle : bool or "blocks", default False
+        ``True``: a permutation of all the rows, drawn from ``(seed, epoch)``.
+        ``"blocks"``: rows in blocks of `block_rows` adjacent rows, the blocks
+        in a random order, the rows shuffled within each window of
+        `window_blocks` blocks: reads stay local (a cold disk, an object store).
+    seed : int, optional
+        The seed of the shuffled orders; None draws one (saved in
+        ``state_dict()``). Needed when there are several ranks.
+    drop_last : bool, default False
+        Leave out each rank's last batch when it is shorter.
+    rank, world_size : int, optional
+        This process's part of each epoch: its rank among `world_size`. Both
+        None: torch.distributed's when it is initialised, else 0 of 1. Each
+        rank takes every `world_size`-th row of the epoch's order, as
+        ``DistributedSampler`` does: without `drop_last` the order is padded
+        with its first rows to a multiple of `world_size`; with it, cut to
+        one. Every rank gets the same number of batches.
+    threads : int, default 2
+        Threads that gather.
+    prefetch : int, default 4
+        Batches gathered ahead of the one taken; the ring holds twice as many.
+    copy : bool, default False
+        Give each batch fresh arrays instead of the ring's.
+    framework : str, default "np"
+        NumPy arrays (``"np"``), torch tensors (``"pt"``) or JAX arrays
+        (``"jax"``); torch and JAX are imported only when asked for.
+    device : str, default "cpu"
+        Where the framework's tensors go (see ``fastst.safe_open``).
+    pin_memory : bool, default False
+        With ``framework="pt"``: the ring's buffers in pinned memory (needs
+        CUDA), for fast copies to the GPU.
+    block_rows, window_blocks : int, default 4096 and 16
+        The blocks of ``shuffle="blocks"``.
+    backend : "mmap" or "pread", default "mmap"
+        How local files are read (see ``fastst.safe_open``); URLs are read by
+        byte ranges, each batch's rows of a file in as few requests as their
+        ranges allow.
+    storage_options : dict, optional
+        The fsspec options of the URLs.
+
+    Attributes
+    ----------
+    names : tuple of str
+        The tensors.
+    rows : int
+        Rows of the dataset, all files together.
+    epoch : int
+        The epoch the next batch is of.
+
+    Raises
+    ------
+    SafetensorError
+        When a file lacks a tensor (``TensorNotFoundError``), when a tensor's
+        dtype or row shape differs between files, or its length between
+        tensors of a file (each message names the file); when a pattern or a
+        directory has no file.
+    ValueError
+        For a `batch_size`, `threads`, `prefetch`, `rank` or `world_size`
+        out of range, or several ranks with no seed.
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.data import Loader
+    >>> folder = tempfile.mkdtemp()
+    >>> for k in range(2):      # two files: 6 rows, numbered across both
+    ...     fastst.save_file({"x": np.arange(6.0).reshape(3, 2) + 6 * k,
+    ...                       "y": np.arange(3) + 3 * k},
+    ...                      os.path.join(folder, f"part-{k}.safetensors"))
+    >>> with Loader(folder, ["x", "y"], batch_size=4) as loader:
+    ...     [batch["y"].tolist() for batch in loader]
+    [[0, 1, 2, 3], [4, 5]]
+    >>> with Loader(folder, "y", batch_size=2, shuffle=True, seed=0, copy=True) as loader:
+    ...     epoch_0 = [batch["y"].tolist() for batch in loader]
+    ...     epoch_1 = [batch["y"].tolist() for batch in loader]     # a new order
+    >>> sorted(sum(epoch_0, [])), epoch_0 != epoch_1
+    ([0, 1, 2, 3, 4, 5], True)
+    """
+
+    def __init__(self, source: Any, names: Names, batch_size: int, *, shuffle: Any = False,
+                 seed: Optional[int] = None, drop_last: bool = False,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 threads: int = 2, prefetch: int = 4, copy: bool = False,
+                 framework: str = "np", device: Any = "cpu", pin_memory: bool = False,
+                 block_rows: int = 4096, window_blocks: int = 16, backend: Backend = "mmap",
+                 storage_options: Optional[Dict[str, Any]] = None) -> None:
+        for what, value in (("batch_size", batch_size), ("threads", threads),
+                            ("prefetch", prefetch), ("block_rows", block_rows),
+                            ("window_blocks", window_blocks)):
+            _check_positive(what, value)
+        if shuffle not in (False, True, "blocks"):
+            raise ValueError(f"shuffle must be False, True or 'blocks', got {shuffle!r}")
+        if pin_memory and framework not in ("pt", "torch", "pytorch"):
+            raise ValueError("pin_memory=True needs framework='pt'")
+        self.rank, self.world_size = _world(rank, world_size)
+        if seed is None:
+            if shuffle and self.world_size > 1:
+                raise ValueError("several ranks need one seed, the same on every rank, "
+                                 "so that they share one order")
+            seed = int(np.random.SeedSequence().entropy) if shuffle else 0
+        self.names: Tuple[str, ...] = (names,) if isinstance(names, str) else tuple(names)
+        self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, int(seed)
+        self.drop_last, self.threads, self.prefetch = drop_last, threads, prefetch
+        self.copy, self.framework, self.device = copy, framework, device
+        self.pin_memory, self.block_rows, self.window_blocks = pin_memory, block_rows, window_blocks
+        if pin_memory:
+            _check_pinned_memory()
+        self._dataset = _Dataset(source, self.names, backend, storage_options)
+        self.rows = self._dataset.rows
+        self._epoch = self._batch = 0
+        self._converter: Any = None
+        self._ring: Optional[List[Dict[str, Any]]] = None    # the buffers, between iterations
+
+    # -- the order of an epoch ------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches of an epoch, on this rank."""
+        share = self._share()
+        return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
+
+    def _share(self) -> int:
+        if self.drop_last:
+            return self.rows // self.world_size
+        return -(-self.rows // self.world_size)
+
+    def _rank_rows(self, epoch: int) -> npt.NDArray[np.int64]:
+        """This rank's rows of epoch `epoch`, in order."""
+        order = _epoch_order(self.rows, self.shuffle, self.seed, epoch, self.block_rows,
+                             self.window_blocks)
+        every = self._share() * self.world_size
+        order = np.resize(order, every) if every > len(order) else order[:every]
+        return np.ascontiguousarray(order[self.rank::self.world_size])
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch is of."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Continue at batch 0 of `epoch`; the epoch the loader is at is left where
+        it is (so that a loop that calls it each epoch continues a resumed run).
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch, from 0.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.data import Loader
+        >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+        >>> fastst.save_file({"y": np.arange(4)}, path)
+        >>> with Loader(path, "y", 2, shuffle=True, seed=1, copy=True) as loader:
+        ...     first = [b["y"].tolist() for b in loader]
+        ...     loader.set_epoch(0)
+        ...     again = [b["y"].tolist() for b in loader]
+        >>> first == again
+        True
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be an integer from 0, got {epoch!r}")
+        if epoch != self._epoch:
+            self._epoch, self._batch = int(epoch), 0
+
+    # -- iterating ------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return self._batches(self._epoch, self._batch, 0, 1, track=True)
+
+    def _batches(self, epoch: int, start: int, worker: int, workers: int, *,
+                 track: bool) -> Iterator[Dict[str, Any]]:
+        """The batches of `epoch` from `start`, every `workers`-th from start + worker;
+        `track`: move the loader's position as they are taken."""
+        rows = self._rank_rows(epoch)
+        count = len(self)
+        todo = range(start + worker, count, workers)
+        if not todo:
+            if track:
+                self._epoch, self._batch = epoch + 1, 0
+            return
+        slots = self._take_ring(min(2 * self.prefetch, len(todo)))
+        pipeline = _Pipeline(self._dataset, rows, self.batch_size, todo, slots,
+                             self.prefetch, self.threads)
+        delivered: Dict[int, Dict[str, Any]] = {}
+        try:
+            for position, index in enumerate(todo):
+                slot = pipeline.take(position)
+                if track:
+                    last = index + 1 == count
+                    self._epoch, self._batch = (epoch + 1, 0) if last else (epoch, index + 1)
+                yield self._deliver(slots, slot, pipeline.size(index), delivered)
+        finally:
+            pipeline.stop()
+            self._ring = slots
+
+    def _take_ring(self, size: int) -> List[Dict[str, Any]]:
+        """The buffers of the last iteration (its threads ended), else new ones: an
+        iteration under way holds its own."""
+        ring, self._ring = self._ring, None
+        if ring is None or len(ring) != size:
+            ring = [self._dataset.buffers(self.batch_size, self._allocate) for _ in range(size)]
+        return ring
+
+    def _deliver(self, slots: List[Dict[str, Any]], slot: int, size: int,
+                 delivered: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
+        buffers = slots[slot]
+        if self.copy or self.framework in ("jax", "flax") or size < self.batch_size:
+            arrays = {name: buffer[:size] for name, buffer in buffers.items()}
+            if self.copy or self.framework in ("jax", "flax"):
+                arrays = {name: array.copy() for name, array in arrays.items()}
+            return self._converted(arrays)
+        if slot not in delivered:       # the ring's arrays, as the framework's: made once
+            delivered[slot] = self._converted(buffers)
+        return dict(delivered[slot])
+
+    def _converted(self, arrays: Dict[str, Any]) -> Dict[str, Any]:
+        if self.framework in ("np", "numpy"):
+            return arrays
+        if self._converter is None:
+            from ._adapters import converter
+            self._converter = converter(self.framework, self.device)
+        return {name: self._converter(array, name, self._dataset.infos[name])
+                for name, array in arrays.items()}
+
+    def _allocate(self, shape: Tuple[int, ...], dtype: np.dtype) -> npt.NDArray[Any]:
+        if not self.pin_memory:
+            return np.empty(shape, dtype)
+        import torch
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        return pinned.numpy()[:nbytes].view(dtype).reshape(shape)
+
+    # -- the position ---------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The position (the next batch to take) and what it is a position in: small
+        (no rows), plain (JSON-able), for ``load_state_dict``.
+
+        Returns
+        -------
+        dict
+            ``epoch`` and ``batch`` (the next batch), ``seed``, the order's
+            settings, and the dataset's ``fingerprint`` (its files' versions,
+            its tensors, their rows).
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.data import Loader
+        >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+        >>> fastst.save_file({"y": np.arange(10)}, path)
+        >>> loader = Loader(path, "y", 3, shuffle=True, seed=7)
+        >>> for batch in loader:
+        ...     state = loader.state_dict()      # after the first batch
+        ...     break
+        >>> rest = [b["y"].tolist() for b in loader]
+        >>> again = Loader(path, "y", 3, shuffle=True, seed=7)
+        >>> again.load_state_dict(state)
+        >>> [b["y"].tolist() for b in again] == rest, state["epoch"], state["batch"]
+        (True, 0, 1)
+        >>> loader.close(); again.close()
+        """
+        return {"epoch": self._epoch, "batch": self._batch, "seed": self.seed,
+                "settings": self._settings(), "fingerprint": self._dataset.fingerprint()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue where `state` (from ``state_dict``) was: the next iteration
+        starts with the batch that followed.
+
+        Parameters
+        ----------
+        state : dict
+            What ``state_dict()`` gave, in this process or another.
+
+        Raises
+        ------
+        SafetensorError
+            When the state is of another dataset: a file changed (or another
+            file), other tensors, other lengths.
+        ValueError
+            When the state's order was made with other settings (batch size,
+            shuffle, ranks...), or it is not a loader's state.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> from fastst.data import Loader
+        >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+        >>> fastst.save_file({"y": np.arange(6)}, path)
+        >>> with Loader(path, "y", 2) as loader:
+        ...     loader.load_state_dict({**loader.state_dict(), "batch": 2})
+        ...     [b["y"].tolist() for b in loader]
+        [[4, 5]]
+        """
+        if not isinstance(state, dict) or not {"epoch", "batch", "seed", "settings",
+                                                "fingerprint"} <= set(state):
+            raise ValueError("not a Loader's state_dict()")
+        settings = self._settings()
+        if state["settings"] != settings:
+            raise ValueError(f"the state's order was made with {state['settings']}, this "
+                             f"loader's with {settings}: make the loader as it was")
+        self._dataset.check_fingerprint(state["fingerprint"])
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if epoch < 0 or not 0 <= batch <= len(self):
+            raise ValueError(f"no batch {batch} of epoch {epoch}: {len(self)} batches an epoch")
+        self.seed, self._epoch, self._batch = int(state["seed"]), epoch, batch
+
+    def _settings(self) -> Dict[str, Any]:
+        return {"batch_size": self.batch_size, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
+                "block_rows": self.block_rows, "window_blocks": self.window_blocks}
+
+    # -- torch ----------------------------------------------------------------
+
+    def torch_dataset(self) -> Any:
+        """This loader's batches as a torch ``IterableDataset``, for a
+        ``DataLoader(dataset, batch_size=None, num_workers=...)``: each worker
+        gathers its own batches (every `num_workers`-th, from the loader's
+        position), none twice, and the ``DataLoader`` gives them in the
+        loader's order. Each batch is a fresh copy (it crosses processes).
+
+        The loader in the main process does not move: call its ``set_epoch``
+        before each epoch. Where no worker processes are needed, iterate the
+        loader itself.
+
+        Returns
+        -------
+        torch.utils.data.IterableDataset
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> from fastst.data import Loader
+        >>> path = os.path.join(tempfile.mkdtemp(), "rows.safetensors")
+        >>> fastst.save_file({"y": np.arange(7)}, path)
+        >>> loader = Loader(path, "y", 2, framework="pt", threads=1)
+        >>> batches = torch.utils.data.DataLoader(loader.torch_dataset(), batch_size=None,
+        ...                                       num_workers=0)   # or 2: the same batches
+        >>> [batch["y"].tolist() for batch in batches]
+        [[0, 1], [2, 3], [4, 5], [6]]
+        >>> loader.close()
+        """
+        return _torch_batches_class()(self)
+
+    # -- the files ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the files (iterations under way end at their next batch)."""
+        self._dataset.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {**self.__dict__, "_converter": None, "_ring": None}
+
+    def __repr__(self) -> str:
+        return (f"<fastst.data.Loader {list(self.names)} ({self.rows} rows, batches of "
+                f"{self.batch_size}, epoch {self._epoch} batch {self._batch})>")
+
+
+class _Part(NamedTuple):
+    """A file (or checkpoint) of a dataset: its handle, its first row's number."""
+    handle: Any
+    start: int
+    rows: int
+
+
+class _Dataset:
+    """The rows of tensors `names` of several files, numbered across them."""
+
+    def __init__(self, source: Any, names: Tuple[str, ...], backend: Backend,
+                 storage_options: Optional[Dict[str, Any]]) -> None:
+        if not names or not all(isinstance(name, str) for name in names):
+            raise SafetensorError(f"name at least one tensor (str) to read rows of, "
+                                  f"got {names!r}")
+        self.names, self.storage_options = names, storage_options
+        self.parts: List[_Part] = []
+        self.layouts: Dict[str, Tuple[np.dtype, Tuple[int, ...]]] = {}
+        self.infos: Dict[str, Any] = {}
+        try:
+            for target in _dataset_files(source, storage_options):
+                self._add(safe_open(target, "np", backend=backend,
+                                    storage_options=storage_options))
+        except BaseException:
+            self.close()
+            raise
+        self.rows = sum(part.rows for part in self.parts)
+        self.starts = np.array([part.start for part in self.parts], np.int64)
+
+    def _add(self, handle: Any) -> None:
+        start = self.parts[-1].start + self.parts[-1].rows if self.parts else 0
+        self.parts.append(_Part(handle, start, 0))    # closed with the others on error
+        for name in self.names:
+            if name not in handle:
+                raise TensorNotFoundError(f"{handle.source}: no tensor named {name!r}; every "
+                                          f"file of a dataset needs each tensor read")
+        rows = _common_length(handle, self.names)
+        for name in self.names:
+            empty = handle.gather(name, np.empty(0, np.intp))   # the dtype and row shape
+            layout = (empty.dtype, empty.shape[1:])
+            first = self.layouts.setdefault(name, layout)
+            self.infos.setdefault(name, handle.info(name))
+            if layout != first:
+                raise SafetensorError(
+                    f"{handle.source}: tensor {name!r} has rows of {layout[0]} {layout[1]}, "
+                    f"where {self.parts[0].handle.source} has rows of {first[0]} {first[1]}: "
+                    f"every file of a dataset needs the same")
+        self.parts[-1] = _Part(handle, start, rows)
+
+    def buffers(self, batch_size: int, allocate: Any) -> Dict[str, Any]:
+        return {name: allocate((batch_size, *shape), dtype)
+                for name, (dtype, shape) in self.layouts.items()}
+
+    def fill(self, buffers: Dict[str, Any], rows: npt.NDArray[np.int64]) -> None:
+        """Gather rows `rows` (numbers across the files) into `buffers`."""
+        size = len(rows)
+        if len(self.parts) == 1:
+            for name in self.names:
+                self.parts[0].handle.gather(name, rows, out=buffers[name][:size])
+            return
+        which = np.searchsorted(self.starts, rows, side="right") - 1
+        for number in np.unique(which):
+            part = self.parts[number]
+            places = np.flatnonzero(which == number)
+            local = rows[places] - part.start
+            first, last = int(places[0]), int(places[-1])
+            for name in self.names:
+                if last - first + 1 == len(places):     # adjacent places: gathered in place
+                    part.handle.gather(name, local, out=buffers[name][first:last + 1])
+                else:
+                    buffers[name][places] = part.handle.gather(name, local)
+
+    def fingerprint(self) -> Dict[str, Any]:
+        files = [[identity.location, list(identity.version)]
+                 for part in self.parts for identity in self._identities(part.handle)]
+        return {"files": files, "names": list(self.names),
+                "rows": [part.rows for part in self.parts]}
+
+    def _identities(self, handle: Any) -> List[Identity]:
+        """The versions of the files `handle` reads: a file's, or a checkpoint's
+        index and the shards of the tensors read."""
+        index = getattr(handle, "index", None)
+        if index is None:
+            seen = identity_of(handle)
+            return [] if seen is None else [seen]
+        place = as_source(index.path, self.storage_options)
+        shards = sorted({index.weight_map[name] for name in self.names})
+        found = [place.identity()] + [place.sibling(shard).identity() for shard in shards]
+        return [identity for identity in found if identity is not None]
+
+    def check_fingerprint(self, seen: Any) -> None:
+        now = self.fingerprint()
+        if seen == now:
+            return
+        if not isinstance(seen, dict) or not isinstance(seen.get("files"), list):
+            raise SafetensorError("the state's fingerprint is not a Loader's")
+        then_files = {location: version for location, version in seen["files"]}
+        for location, version in now["files"]:
+            before = then_files.get(location)
+            if before is not None and before != version:
+                raise Identity(location, tuple(before)).changed(
+                    Identity(location, tuple(version)), "file", "the state was saved",
+                    "the state is of the dataset as it was; start a new run")
+        raise SafetensorError(
+            f"the state is of another dataset: files {[f for f, _ in seen['files']]}, tensors "
+            f"{seen.get('names')}, rows {seen.get('rows')}; this loader reads files "
+            f"{[f for f, _ in now['files']]}, tensors {now['names']}, rows {now['rows']}")
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.handle.close()
+
+
+class _Pipeline:
+    """Threads that gather the batches `todo` into the ring `slots`, at most `ahead`
+    beyond the one taken: batch k (its place in `todo`) goes into slot
+    k % len(slots), and is started once batch k - ahead is taken.
+
+    The consumer hands out the batches to start, in order, through a queue (any
+    free thread takes the next); a slot's lock, held while it is being filled,
+    is released when its batch is in."""
+
+    def __init__(self, dataset: _Dataset, rows: npt.NDArray[np.int64], batch_size: int,
+                 todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int) -> None:
+        self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
+        self.slots, self.ahead = slots, min(ahead, len(slots))
+        self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
+        self.filled = [threading.Lock() for _ in slots]
+        self.errors: List[Optional[BaseException]] = [None] * len(slots)
+        self.stopping = False
+        for position in range(min(self.ahead, len(todo))):
+            self._start(position)
+        self.workers = [threading.Thread(target=self._work, daemon=True,
+                                         name=f"fastst-loader-{k}")
+                        for k in range(min(threads, len(todo)))]
+        _PIPELINES.add(self)
+        for worker in self.workers:
+            worker.start()
+
+    def size(self, index: int) -> int:
+        return min(self.batch_size, len(self.rows) - index * self.batch_size)
+
+    def _start(self, position: int) -> None:
+        self.filled[position % len(self.slots)].acquire()    # released by the filling
+        self.to_start.put(position)
+
+    def _work(self) -> None:
+        while True:
+            position = self.to_start.get()
+            if position is None or self.stopping:
+                return
+            slot = position % len(self.slots)
+            try:
+                index = self.todo[position]
+                rows = self.rows[index * self.batch_size:(index + 1) * self.batch_size]
+                self.dataset.fill(self.slots[slot], rows)
+            except BaseException as error:   # raised in the consumer, at this batch
+                self.errors[slot] = error
+            finally:
+                self.filled[slot].release()
+
+    def take(self, position: int) -> int:
+        """The slot of batch `position`, once gathered; the batch `ahead` after it is
+        started."""
+        slot = position % len(self.slots)
+        following = position + self.ahead
+        if following < len(self.todo):
+            self._start(following)
+        self.filled[slot].acquire()
+        self.filled[slot].release()
+        error = self.errors[slot]
+        if error is not None:
+            self.errors[slot] = None
+            raise error
+        return slot
+
+    def stop(self) -> None:
+        self.stopping = True
+        for _ in self.workers:
+            self.to_start.put(None)
+        for worker in self.workers:
+            if worker is not threading.current_thread():
+                worker.join()
+        _PIPELINES.discard(self)
+
+
+_PIPELINES: weakref.WeakSet[_Pipeline] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_pipelines() -> None:
+    """Threads still gathering at interpreter exit (an iterator left unfinished in
+    a global) are stopped, not left in a gather while the interpreter ends."""
+    for pipeline in list(_PIPELINES):
+        pipeline.stop()
+
+
+def _check_pinned_memory() -> None:
+    import torch
+    try:
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError as error:
+        raise RuntimeError(f"pin_memory=True needs pinned memory, which this torch cannot "
+                           f"give ({error}); leave pin_memory out") from None
+
+
+def _check_positive(what: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+
+
+def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """(rank, world size): given, or torch.distributed's when it is initialised."""
+    if rank is None and world_size is None:
+        distributed = sys.modules.get("torch.distributed")    # never imported here
+        if distributed is not None and distributed.is_available() \
+                and distributed.is_initialized():
+            return distributed.get_rank(), distributed.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ValueError("give both rank and world_size, or neither")
+    _check_positive("world_size", world_size)
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+            or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
+    return int(rank), int(world_size)
+
+
+def _dataset_files(source: Any, storage_options: Optional[Dict[str, Any]]) -> List[Any]:
+    """The files (or checkpoints) `source` names, in the order of their rows."""
+    given = [source] if isinstance(source, (str, bytes, os.PathLike)) else list(source)
+    if not given:
+        raise SafetensorError("a Loader needs at least one file")
+    found: List[Any] = []
+    for target in given:
+        place = as_source(target, storage_options)
+        if isinstance(place, LocalFile) and place.is_directory():
+            found += _directory_files(place)
+        elif isinstance(place, LocalFile) and glob.has_magic(place.label) \
+                and not os.path.exists(place.label):
+            matches = sorted(glob.glob(place.label))
+            if not matches:
+                raise SafetensorError(f"{place.label}: no file matches this pattern")
+            found += matches
+        else:
+            found.append(target)
+    return found
+
+
+def _directory_files(place: LocalFile) -> List[str]:
+    """A checkpoint's directory (it has an index: read as one), else its shards."""
+    names = sorted(os.listdir(place.label))
+    if any(name.endswith(INDEX_SUFFIX) for name in names):
+        return [place.label]
+    shards = [os.path.join(place.label, name) for name in names
+              if name.endswith(".safetensors")]
+    if not shards:
+        raise SafetensorError(f"{place.label}: no .safetensors file in this directory")
+    return shards
+
+
+def _epoch_order(rows: int, shuffle: Any, seed: int, epoch: int, block_rows: int,
+                 window_blocks: int) -> npt.NDArray[np.int64]:
+    """The order of the rows in epoch `epoch`."""
+    if not shuffle:
+        return np.arange(rows, dtype=np.int64)
+    generator = np.random.default_rng([seed, epoch])
+    if shuffle is True:
+        return generator.permutation(rows).astype(np.int64, copy=False)
+    blocks = generator.permutation(-(-rows // block_rows))
+    order = (blocks[:, None] * block_rows + np.arange(block_rows)).ravel()
+    order = order[order < rows].astype(np.int64, copy=False)
+    # where each window of blocks ends in the order (the last block may be short)
+    sizes = np.minimum(block_rows, rows - blocks * block_rows)
+    ends = np.cumsum(sizes)[window_blocks - 1::window_blocks].tolist() + [rows]
+    start = 0
+    for end in ends:
+        generator.shuffle(order[start:end])
+        start = end
+    return order
+
+
+def _torch_batches_class() -> type:
+    """The IterableDataset of a Loader's batches, made on first use (torch's)."""
+    cls = globals().get("_TorchBatches")
+    if cls is not None:
+        return cls
+    from torch.utils.data import IterableDataset, get_worker_info
+
+    class _TorchBatches(IterableDataset):  # type: ignore[misc, type-arg]
+        def __init__(self, loader: Loader) -> None:
+            self.loader = loader
+
+        def __iter__(self) -> Iterator[Dict[str, Any]]:
+            worker = get_worker_info()
+            loader = self.loader
+            if worker is None:
+                return loader._batches(loader.epoch, loader._batch, 0, 1, track=False)
+            loader.copy = True     # each batch crosses to the main process: its own
+            return loader._batches(loader.epoch, loader._batch, worker.id,
+                                   worker.num_workers, track=False)
+
+    globals()["_TorchBatches"] = _TorchBatches
+    _TorchBatches.__module__ = __name__
+    _TorchBatches.__qualname__ = "_TorchBatches"    # so that pickle finds it here
+    return _TorchBatches
+
+
+def _common_length(handle: Any, names: Tuple[str, ...]) -> int:
+    if not names:
+        raise SafetensorError(f"{handle.source}: name at least one tensor to read rows of")
+    lengths = {}
+    for name in names:
+        if not isinstance(name, str):
+            raise TensorNotFoundError(f"{handle.source}: no tensor named {name!r}")
+        shape = handle.info(name).shape
+        if not shape:
+            raise SafetensorError(f"{handle.source}: tensor {name!r} is 0-d: it has no rows")
+        lengths[name] = shape[0]
+    if len(set(lengths.values())) > 1:
+        raise SafetensorError(f"{handle.source}: tensors must have as many rows each; "
+                              f"rows by tensor: {lengths}")
+    return int(lengths[names[0]])
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_TorchBatches":     # a spawned worker unpickling a Loader's dataset
+        return _torch_batches_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -78,6 +78,7 @@ cdef bint READ_DIRECT = False           # O_DIRECT, where the file system takes 
 cdef bint READ_HINTS = True             # posix_fadvise for plans read in file order
 cdef uint64_t DIRECT_ALIGN = 4096       # O_DIRECT: offsets, lengths and memory aligned to it
 cdef uint64_t MAX_READ_THREADS = 64
+cdef uint64_t GROUP_GAP = 4096          # small jobs this close share a request (alignment padding)
 
 ReadOptions = namedtuple("ReadOptions", ["threads", "request_bytes", "direct", "hints"],
                          module="fastst")
@@ -130,6 +131,17 @@ def read_counters():
     return dict(_COUNTERS)
 
 
+def hint_sequential(int fd, uint64_t offset, uint64_t length):
+    """Tell the kernel that bytes [offset, offset + length) of the file open as `fd`
+    will be read once, in order (posix_fadvise SEQUENTIAL), unless read_options()
+    turned hints off: True when it was told. For readers of their own (the CUDA
+    ring) what read plans do themselves."""
+    if not READ_HINTS or posix_fadvise(fd, offset, length, POSIX_FADV_SEQUENTIAL) != 0:
+        return False
+    _COUNTERS["hinted_plans"] += 1
+    return True
+
+
 cdef class _ReadPlan:
     """Byte ranges to copy into arrays, cut into requests that threads share."""
     cdef ReadJob* jobs
@@ -142,6 +154,9 @@ cdef class _ReadPlan:
     cdef uint64_t short_by      # bytes a short read (a file that shrank) left unread
     cdef uint64_t chunk         # the largest request
     cdef uint64_t requests, direct_requests, direct_bytes, bounced_bytes
+    cdef Py_ssize_t* groups     # group g: jobs [groups[g], groups[g + 1]) (see group())
+    cdef Py_ssize_t ngroups
+    cdef bint grouped           # some group holds several jobs
 
     def __cinit__(self):
         self.direct_fd = -1
@@ -149,6 +164,7 @@ cdef class _ReadPlan:
 
     def __dealloc__(self):
         free(self.jobs)
+        free(self.groups)
 
     cdef add(self, char* dest, uint64_t length, uint64_t offset):
         cdef uint64_t part
@@ -181,33 +197,49 @@ cdef class _ReadPlan:
                 memcpy(self.jobs[k].dest, base + self.jobs[k].offset, self.jobs[k].length)
 
     def run(self, Py_ssize_t first, Py_ssize_t step):
-        """pread jobs first, first + step, ... (one thread's share)."""
-        cdef Py_ssize_t k
+        """Read groups first, first + step, ... (one thread's share): a group of one
+        job with pread into its memory (or with O_DIRECT), a group of several small
+        jobs adjacent in the file with one pread into a buffer of the thread's,
+        copied out to each."""
+        cdef Py_ssize_t g, k
         cdef Py_ssize_t got
         cdef int error = 0
         cdef uint64_t short_by = 0
         cdef _ReadTally tally
         memset(&tally, 0, sizeof(tally))
         cdef char* bounce = NULL
+        cdef char* staging = NULL
         if self.direct_fd >= 0 and posix_memalign(<void**>&bounce, DIRECT_ALIGN,
                                                   self.chunk + DIRECT_ALIGN) != 0:
             bounce = NULL      # no aligned buffer: this thread reads through the cache
+        if self.grouped and bounce == NULL:
+            staging = <char*>malloc(self.chunk)     # NULL: each job is read alone
         with nogil:
-            k = first
-            while k < self.n:
-                if bounce != NULL:
-                    got = _read_direct(self.direct_fd, self.fd, &self.jobs[k], bounce,
-                                       self.chunk + DIRECT_ALIGN, &tally)
-                else:
-                    got = _pread_all(self.fd, self.jobs[k].dest, self.jobs[k].length,
-                                     self.jobs[k].offset)
+            g = first
+            while g < self.ngroups:
+                if staging != NULL and self.groups[g + 1] - self.groups[g] > 1:
+                    got = _read_group(self.fd, self.jobs, self.groups[g], self.groups[g + 1],
+                                      staging, &short_by)
                     tally.requests += 1
-                if got < 0:
-                    error = -got
-                elif <uint64_t>got < self.jobs[k].length:
-                    short_by += self.jobs[k].length - got
-                k += step
+                    if got < 0:
+                        error = -got
+                    g += step
+                    continue
+                for k in range(self.groups[g], self.groups[g + 1]):
+                    if bounce != NULL:
+                        got = _read_direct(self.direct_fd, self.fd, &self.jobs[k], bounce,
+                                           self.chunk + DIRECT_ALIGN, &tally)
+                    else:
+                        got = _pread_all(self.fd, self.jobs[k].dest, self.jobs[k].length,
+                                         self.jobs[k].offset)
+                        tally.requests += 1
+                    if got < 0:
+                        error = -got
+                    elif <uint64_t>got < self.jobs[k].length:
+                        short_by += self.jobs[k].length - got
+                g += step
             free(bounce)
+            free(staging)
         # back under the GIL: threads report one at a time
         self.error = self.error or error
         self.short_by += short_by
@@ -216,10 +248,39 @@ cdef class _ReadPlan:
         self.direct_bytes += tally.direct_bytes
         self.bounced_bytes += tally.bounced_bytes
 
+    cdef group(self):
+        """Cut the jobs into groups that threads take whole: runs of small jobs that
+        follow one another in the file, GROUP_GAP bytes apart at most, up to a
+        request's bytes (one pread for all; many small tensors are read as a few
+        large requests, in file order), and each other job alone."""
+        cdef Py_ssize_t k
+        cdef uint64_t span_start = 0
+        cdef ReadJob* job
+        cdef ReadJob* previous
+        free(self.groups)
+        self.groups = <Py_ssize_t*>malloc((self.n + 1) * sizeof(Py_ssize_t))
+        if self.groups == NULL:
+            raise MemoryError()
+        self.ngroups = 0
+        for k in range(self.n):
+            job = &self.jobs[k]
+            if k and job.length <= self.chunk // 4 and self.jobs[k - 1].length <= self.chunk // 4:
+                previous = &self.jobs[k - 1]
+                if (previous.offset + previous.length <= job.offset
+                        and job.offset - (previous.offset + previous.length) <= GROUP_GAP
+                        and job.offset + job.length - span_start <= self.chunk):
+                    self.grouped = True
+                    continue
+            self.groups[self.ngroups] = k
+            self.ngroups += 1
+            span_start = job.offset
+        self.groups[self.ngroups] = self.n
+
     cdef run_threaded(self):
         cdef Py_ssize_t threads = 1
+        self.group()
         if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
-            threads = min(READ_THREADS, self.n)
+            threads = min(READ_THREADS, self.ngroups)
         if threads > 1:
             self._run_on(threads)
         else:
@@ -258,8 +319,7 @@ cdef class _ReadPlan:
             return
         cdef uint64_t begin = self.jobs[0].offset
         cdef uint64_t end = self.jobs[self.n - 1].offset + self.jobs[self.n - 1].length
-        if posix_fadvise(self.fd, begin, end - begin, POSIX_FADV_SEQUENTIAL) == 0:
-            _COUNTERS["hinted_plans"] += 1
+        hint_sequential(self.fd, begin, end - begin)
 
     cdef raise_if_failed(self, str source, object what):
         if self.error:
@@ -275,6 +335,28 @@ cdef struct _ReadTally:
     uint64_t direct_requests
     uint64_t direct_bytes
     uint64_t bounced_bytes
+
+
+cdef Py_ssize_t _read_group(int fd, ReadJob* jobs, Py_ssize_t first, Py_ssize_t last,
+                            char* staging, uint64_t* short_by) noexcept nogil:
+    """Jobs [first, last), adjacent in the file (small gaps between them), read by one
+    pread into `staging` and copied out; the bytes a short read left out are added to
+    `short_by`. The bytes read, or -errno."""
+    cdef uint64_t start = jobs[first].offset
+    cdef uint64_t span = jobs[last - 1].offset + jobs[last - 1].length - start
+    cdef Py_ssize_t got = _pread_all(fd, staging, span, start)
+    if got < 0:
+        return got
+    cdef Py_ssize_t k
+    cdef uint64_t at, have
+    for k in range(first, last):
+        at = jobs[k].offset - start
+        have = 0 if <uint64_t>got <= at else <uint64_t>got - at
+        if have > jobs[k].length:
+            have = jobs[k].length
+        memcpy(jobs[k].dest, staging + at, have)
+        short_by[0] += jobs[k].length - have
+    return got
 
 
 cdef Py_ssize_t _read_direct(int direct_fd, int fd, ReadJob* job, char* bounce,

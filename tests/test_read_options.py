@@ -119,6 +119,30 @@ def test_a_small_plan_is_read_by_the_calling_thread(tmp_path):
     assert done["requests"] == 2 and done["threads_started"] == 0 and done["hinted_plans"] == 0
 
 
+def test_small_tensors_adjacent_in_the_file_share_requests(tmp_path):
+    path = tmp_path / "x.safetensors"
+    tensors = {f"t{k:03d}": np.full(1000 + k, k, np.uint8) for k in range(200)}
+    fastst.save_file(tensors, path)
+    fastst.read_options(threads=4, request_bytes=64 * KIB)
+    result = {}
+    done = counted(lambda: result.update(fastst.load_file(path, copy=True)))
+    assert all(result[name].tobytes() == tensors[name].tobytes() for name in tensors)
+    total = sum(array.nbytes for array in tensors.values())     # 219,900 bytes
+    assert done["requests"] == -(-total // (64 * KIB)) == 4 and done["bytes"] == total
+    assert done["threads_started"] == 3
+
+
+def test_a_truncated_file_is_found_in_a_shared_request(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k:03d}": np.full(1000, k, np.uint8) for k in range(200)}, path)
+    fastst.read_options(request_bytes=64 * KIB)
+    with fastst.safe_open(path, backend="pread") as f:
+        os.truncate(path, f.data_start + 150_500)
+        with pytest.raises(fastst.SafetensorError, match=r"200 tensors: file was truncated "
+                                                         r"under the reader \(49500 bytes"):
+            f.copy_tensors()
+
+
 def test_hints_are_given_only_to_plans_in_file_order(tmp_path):
     path = tmp_path / "x.safetensors"
     fastst.save_file({"a": np.zeros(MIB, np.uint8), "b": np.zeros(MIB, np.uint8)}, path)

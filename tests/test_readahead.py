@@ -60,7 +60,7 @@ def test_the_tensors_come_in_the_order_asked_with_their_bytes(tmp_path, sizes, b
     assert [name for name, _ in walked] == (list(tensors) if names is None else names)
     for name, array in walked:
         assert array.tobytes() == tensors[name].tobytes()
-        assert array.flags.writeable and array.base is None or array.base.base is None
+        assert array.flags.owndata and array.flags.writeable   # fresh memory, not the map
 
 
 def test_framework_handles_convert_each_tensor(tmp_path, no_thread_left):
@@ -286,3 +286,44 @@ def test_a_closed_handle_is_a_clear_error(tmp_path, no_thread_left):
     f.close()
     with pytest.raises(fastst.SafetensorError, match="file is closed"):
         list(walk)
+
+
+# --- who reads ahead -------------------------------------------------------------------------
+
+class Walks:
+    """Records each walk a NumpyHandle starts: (its names, its budget)."""
+
+    def __init__(self, monkeypatch):
+        self.started = []
+        real = fastst.NumpyHandle.iter_tensors
+
+        def recorded(handle, names=None, *, prefetch_bytes=_readahead.DEFAULT_PREFETCH_BYTES):
+            walk = real(handle, names, prefetch_bytes=prefetch_bytes)
+            self.started.append((list(names) if names is not None else None, prefetch_bytes))
+            return walk
+
+        monkeypatch.setattr(fastst.NumpyHandle, "iter_tensors", recorded)
+
+
+def test_verify_hashes_each_tensor_while_the_next_are_read(tmp_path, monkeypatch, no_thread_left):
+    pytest.importorskip("xxhash")
+    from fastst.integrity import verify_file
+
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"b": np.arange(10), "a": np.ones(3)}, path, checksum="xxh3_64")
+    walks = Walks(monkeypatch)
+    report = verify_file(str(path))
+    assert report["ok"] and report["checked"] == 2
+    assert walks.started == [(["b", "a"], _readahead.DEFAULT_PREFETCH_BYTES)]
+
+
+def test_the_converter_compares_its_output_tensor_by_tensor_read_ahead(tmp_path, monkeypatch,
+                                                                      no_thread_left):
+    torch = pytest.importorskip("torch")
+    from fastst.convert import torch_to_safetensors
+
+    torch.save({"w": torch.arange(6.0), "b": torch.ones(2)}, tmp_path / "model.pt")
+    walks = Walks(monkeypatch)
+    torch_to_safetensors(str(tmp_path / "model.pt"), str(tmp_path / "model.safetensors"),
+                         verify_torch=True)
+    assert walks.started == [(None, _readahead.DEFAULT_PREFETCH_BYTES)]

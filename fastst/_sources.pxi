@@ -78,7 +78,6 @@ cdef bint READ_DIRECT = False           # O_DIRECT, where the file system takes 
 cdef bint READ_HINTS = True             # posix_fadvise for plans read in file order
 cdef uint64_t DIRECT_ALIGN = 4096       # O_DIRECT: offsets, lengths and memory aligned to it
 cdef uint64_t MAX_READ_THREADS = 64
-cdef uint64_t GROUP_GAP = 4096          # small jobs this close share a request (alignment padding)
 
 ReadOptions = namedtuple("ReadOptions", ["threads", "request_bytes", "direct", "hints"],
                          module="fastst")
@@ -249,10 +248,10 @@ cdef class _ReadPlan:
         self.bounced_bytes += tally.bounced_bytes
 
     cdef group(self):
-        """Cut the jobs into groups that threads take whole: runs of small jobs that
-        follow one another in the file, GROUP_GAP bytes apart at most, up to a
-        request's bytes (one pread for all; many small tensors are read as a few
-        large requests, in file order), and each other job alone."""
+        """Cut the jobs into groups that threads take whole: runs of small jobs each
+        starting where the one before ends in the file, up to a request's bytes (one
+        pread for all: many small tensors are read as a few large requests, in file
+        order, and no byte that was not asked for), and each other job alone."""
         cdef Py_ssize_t k
         cdef uint64_t span_start = 0
         cdef ReadJob* job
@@ -266,8 +265,7 @@ cdef class _ReadPlan:
             job = &self.jobs[k]
             if k and job.length <= self.chunk // 4 and self.jobs[k - 1].length <= self.chunk // 4:
                 previous = &self.jobs[k - 1]
-                if (previous.offset + previous.length <= job.offset
-                        and job.offset - (previous.offset + previous.length) <= GROUP_GAP
+                if (previous.offset + previous.length == job.offset
                         and job.offset + job.length - span_start <= self.chunk):
                     self.grouped = True
                     continue
@@ -339,7 +337,7 @@ cdef struct _ReadTally:
 
 cdef Py_ssize_t _read_group(int fd, ReadJob* jobs, Py_ssize_t first, Py_ssize_t last,
                             char* staging, uint64_t* short_by) noexcept nogil:
-    """Jobs [first, last), adjacent in the file (small gaps between them), read by one
+    """Jobs [first, last), one after another in the file, read by one
     pread into `staging` and copied out; the bytes a short read left out are added to
     `short_by`. The bytes read, or -errno."""
     cdef uint64_t start = jobs[first].offset

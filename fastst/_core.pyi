@@ -904,14 +904,16 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
     requests of `request_bytes` that `threads` threads share, the GIL released:
     on a cold disk several requests in flight keep its queue full where one
     thread would wait for each in turn. With the page cache hot the threads
-    share the copy. The defaults (4 threads, 4 MiB requests) came from a
-    sweep on a cold local disk (``bench/cold.py --sweep``). They are settings
-    of the process, shared by its threads.
+    share the copy. The defaults (one thread per usable CPU, at most 4, and
+    4 MiB requests) came from a sweep on a cold local disk
+    (``bench/cold.py --sweep``). They are settings of the process, shared by
+    its threads.
 
     Parameters
     ----------
     threads : int, optional
-        Threads one read plan is shared by, 1 to 64.
+        Threads one read plan is shared by, 1 to 64; 0 (the default): one
+        per usable CPU, at most 4.
     request_bytes : int, optional
         The largest request, a multiple of 4096 from 64 KiB to 1 GiB.
     direct : bool, optional

@@ -70,9 +70,11 @@ cdef struct ReadJob:
 
 
 # How plans read files: set by read_options(). Defaults measured by bench/cold.py on a
-# cold local disk (bench/RESULTS.md): a few threads, each with requests of a few MiB in
-# flight, keep the disk's queue full where one thread waits on each request in turn.
-cdef Py_ssize_t READ_THREADS = 4
+# cold local disk (bench/RESULTS.md): two threads with 4 MiB requests in flight read
+# at the speed of `cat` on 2 cores, where one thread waited on each request in turn,
+# and more threads than cores lost time to one another.
+cdef Py_ssize_t READ_THREADS = 0        # 0: the usable CPUs, at most AUTO_THREADS
+cdef Py_ssize_t AUTO_THREADS = 4
 cdef uint64_t CHUNK = 4 << 20           # bytes one request reads at most
 cdef bint READ_DIRECT = False           # O_DIRECT, where the file system takes it
 cdef bint READ_HINTS = True             # posix_fadvise for plans read in file order
@@ -93,15 +95,15 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None):
     """Set how local files are read into fresh memory (copies, the pread backend,
     load_into, checkpoints) and return the options in force before the call, as a
     ReadOptions; with no argument, only return them. `threads`: threads one read
-    plan is shared by (1 to 64); `request_bytes`: the largest request (a multiple of
+    plan is shared by (1 to 64; 0, the default: the usable CPUs, at most 4); `request_bytes`: the largest request (a multiple of
     4096, 64 KiB to 1 GiB); `direct`: read with O_DIRECT (bypassing the page cache)
     where the file system takes it, buffered where it refuses; `hints`: tell the
     kernel (posix_fadvise) that a plan reads its bytes in order."""
     global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS
     before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS)
     if threads is not None:
-        if type(threads) is not int or not 1 <= threads <= MAX_READ_THREADS:
-            raise SafetensorError(f"threads must be an integer from 1 to {MAX_READ_THREADS}, "
+        if type(threads) is not int or not 0 <= threads <= MAX_READ_THREADS:
+            raise SafetensorError(f"threads must be an integer from 0 to {MAX_READ_THREADS}, "
                                   f"got {_shown(threads)}")
     if request_bytes is not None:
         if (type(request_bytes) is not int or not (64 << 10) <= request_bytes <= (1 << 30)
@@ -278,7 +280,7 @@ cdef class _ReadPlan:
         cdef Py_ssize_t threads = 1
         self.group()
         if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
-            threads = min(READ_THREADS, self.ngroups)
+            threads = min(READ_THREADS or min(usable_cpus(), AUTO_THREADS), self.ngroups)
         if threads > 1:
             self._run_on(threads)
         else:

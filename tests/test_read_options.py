@@ -101,6 +101,14 @@ def test_a_plan_is_cut_into_requests_that_threads_share(tmp_path):
     assert counted(lambda: fastst.load_file(path, copy=True))["threads_started"] == 0
 
 
+def test_by_default_a_plan_has_a_thread_per_usable_cpu_and_at_most_four(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k}": np.full(256 * KIB, k, np.uint8) for k in range(8)}, path)
+    assert fastst.read_options(request_bytes=256 * KIB).threads == 0
+    started = counted(lambda: fastst.load_file(path, copy=True))["threads_started"]
+    assert started == min(fastst._core.usable_cpus(), 4) - 1
+
+
 def test_the_pread_backend_reads_a_whole_file_in_one_plan(tmp_path):
     path = tmp_path / "x.safetensors"
     fastst.save_file({f"t{k}": np.full(256 * KIB, k, np.uint8) for k in range(8)}, path)
@@ -268,8 +276,8 @@ def aligned_like(array):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(threads=0), "threads must be an integer from 1 to 64, got 0"),
-    (dict(threads=65), "threads must be an integer from 1 to 64"),
+    (dict(threads=-1), "threads must be an integer from 0 to 64, got -1"),
+    (dict(threads=65), "threads must be an integer from 0 to 64"),
     (dict(threads=2.0), "threads must be an integer"),
     (dict(request_bytes=4095 * 16), "request_bytes must be a multiple of 4096 from 64 KiB"),
     (dict(request_bytes=32 * KIB), "request_bytes must be a multiple of 4096"),

@@ -227,13 +227,23 @@ print(json.dumps({"seconds": seconds, "peak_delta": peak() - base}))
 """
 
 
+def fastst_file() -> str:
+    import fastst
+
+    return fastst.__file__
+
+
 def walk(path: str, mode: str, work: float, budget: int) -> Dict[str, float]:
     import json
 
     drop_pages(path)
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(
+        fastst_file())), env.get("PYTHONPATH", "")]))
+    # run outside the checkout, so that PYTHONPATH (or the installed fastst) is what it imports
     done = subprocess.run([sys.executable, "-c", WALK_CHILD, path, mode, str(work), str(budget)],
-                          check=True, capture_output=True, text=True, env=env)
+                          check=True, capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(path))
     return json.loads(done.stdout)
 
 

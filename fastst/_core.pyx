@@ -26,7 +26,7 @@ from libc.errno cimport EINTR, EINVAL, errno
 from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
-from posix.fcntl cimport POSIX_FADV_SEQUENTIAL, posix_fadvise
+from posix.fcntl cimport POSIX_FADV_NORMAL, POSIX_FADV_SEQUENTIAL, posix_fadvise
 from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
 from posix.stdlib cimport posix_memalign
 from posix.types cimport off_t

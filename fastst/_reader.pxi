@@ -542,7 +542,7 @@ cdef class Reader:
     cdef _read_file(self, _ReadPlan plan):
         """pread the plan from plan.fd: hinted, shared by threads, and with O_DIRECT
         where read_options() asks for it and the file system takes it."""
-        plan.hint()
+        cdef bint hinted = plan.hint()
         if READ_DIRECT and plan.total >= plan.chunk:     # else the cache is as good
             plan.direct_fd = self._open_direct()
         try:
@@ -551,6 +551,9 @@ cdef class Reader:
             if plan.direct_fd >= 0:
                 os.close(plan.direct_fd)
                 plan.direct_fd = -1
+            if hinted and plan.fd == self.fd:
+                # the pread backend's descriptor serves later reads, rows at random too
+                posix_fadvise(plan.fd, 0, 0, POSIX_FADV_NORMAL)
 
     cdef int _open_direct(self) except -2:
         """The opened file again with O_DIRECT, checked to be that file; -1 where the

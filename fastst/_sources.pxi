@@ -312,14 +312,14 @@ cdef class _ReadPlan:
                 return False
         return True
 
-    cdef hint(self):
+    cdef bint hint(self):
         """Tell the kernel that a large plan read in file order will read its span
-        once, in order: it reads ahead further, and drops nothing it still needs."""
+        once, in order, so that it reads further ahead: True when it was told."""
         if not READ_HINTS or self.total < 2 * self.chunk or not self.in_file_order():
-            return
+            return False
         cdef uint64_t begin = self.jobs[0].offset
         cdef uint64_t end = self.jobs[self.n - 1].offset + self.jobs[self.n - 1].length
-        hint_sequential(self.fd, begin, end - begin)
+        return hint_sequential(self.fd, begin, end - begin)
 
     cdef raise_if_failed(self, str source, object what):
         if self.error:

@@ -95,10 +95,11 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None):
     """Set how local files are read into fresh memory (copies, the pread backend,
     load_into, checkpoints) and return the options in force before the call, as a
     ReadOptions; with no argument, only return them. `threads`: threads one read
-    plan is shared by (1 to 64; 0, the default: the usable CPUs, at most 4); `request_bytes`: the largest request (a multiple of
-    4096, 64 KiB to 1 GiB); `direct`: read with O_DIRECT (bypassing the page cache)
-    where the file system takes it, buffered where it refuses; `hints`: tell the
-    kernel (posix_fadvise) that a plan reads its bytes in order."""
+    plan is shared by (1 to 64; 0, the default: the usable CPUs, at most 4);
+    `request_bytes`: the largest request (a multiple of 4096, 64 KiB to 1 GiB);
+    `direct`: read with O_DIRECT (bypassing the page cache) where the file system
+    takes it, buffered where it refuses; `hints`: tell the kernel (posix_fadvise)
+    that a plan reads its bytes in order."""
     global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS
     before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS)
     if threads is not None:
@@ -339,8 +340,8 @@ cdef struct _ReadTally:
 
 cdef Py_ssize_t _read_group(int fd, ReadJob* jobs, Py_ssize_t first, Py_ssize_t last,
                             char* staging, uint64_t* short_by) noexcept nogil:
-    """Jobs [first, last), one after another in the file, read by one
-    pread into `staging` and copied out; the bytes a short read left out are added to
+    """Jobs [first, last), one after another in the file, read by one pread into
+    `staging` and copied out; the bytes a short read left out are added to
     `short_by`. The bytes read, or -errno."""
     cdef uint64_t start = jobs[first].offset
     cdef uint64_t span = jobs[last - 1].offset + jobs[last - 1].length - start
@@ -363,8 +364,9 @@ cdef Py_ssize_t _read_direct(int direct_fd, int fd, ReadJob* job, char* bounce,
                              uint64_t bounce_bytes, _ReadTally* tally) noexcept nogil:
     """Read one job with O_DIRECT: straight into its memory when its offset, length
     and address are aligned, else the aligned blocks around it through `bounce`
-    (`bounce_bytes` long, a multiple of DIRECT_ALIGN). A read the file system refuses (EINVAL)
-    goes through the cache instead. The bytes of the job read, or -errno."""
+    (`bounce_bytes` long, a multiple of DIRECT_ALIGN). A read the file system
+    refuses (EINVAL) goes through the cache instead. The bytes of the job read, or
+    -errno."""
     cdef uint64_t mask = DIRECT_ALIGN - 1
     cdef Py_ssize_t got
     if (job.offset & mask) == 0 and (job.length & mask) == 0 and (<size_t>job.dest & mask) == 0:

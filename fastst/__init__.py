@@ -28,6 +28,7 @@ from ._core import (
     SafetensorTypeError,
     TensorInfo,
     TensorNotFoundError,
+    read_options,
 )
 
 if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first use
@@ -90,6 +91,7 @@ __all__ = [
     "load_file",
     "load_into",
     "load_state",
+    "read_options",
     "safe_open",
     "save",
     "save_file",

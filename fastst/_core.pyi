@@ -385,6 +385,46 @@ class Reader:
         >>> copies["x"].tolist(), copies["x"].base is None
         ([0, 1, 2], True)
         """
+    def prefetch(self, names: Iterable[str], /) -> int:
+        """Ask the kernel to start reading tensors into the page cache, and return.
+
+        For a plan the caller knows but will read in its own order (a converter
+        that writes tensors out of file order, rows gathered later): the kernel
+        reads their bytes in the background (``posix_fadvise(POSIX_FADV_WILLNEED)``
+        over each run of adjacent tensors), so that the reads that follow find
+        them in memory. The process holds no memory for them: the page cache
+        does, and may drop them again under memory pressure. To read ahead into
+        memory of the process, within a budget, use ``iter_tensors``.
+
+        Parameters
+        ----------
+        names : iterable of str
+            The tensors to read ahead.
+
+        Returns
+        -------
+        int
+            The bytes asked for: 0 for a buffer (its bytes are in memory
+            already) and for URLs and file objects (read by ranges, with no page
+            cache).
+
+        Raises
+        ------
+        TensorNotFoundError
+            When a name is not a tensor of the file.
+        SafetensorError
+            When the handle is closed, or the file was replaced or truncated
+            since it was opened.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"a": np.zeros(4, np.uint8), "b": np.ones(4, np.uint8)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     f.prefetch(["b", "a"]), f.get_tensor("b").tolist()
+        (8, [1, 1, 1, 1])
+        """
     def read_into(self, arrays: dict[str, npt.NDArray[Any]], /) -> None:
         """Read the named tensors into caller-supplied arrays, allocating nothing.
 
@@ -845,6 +885,74 @@ def spec_of_array(name: str, array: npt.ArrayLike, /) -> WriteSpec:
     WriteSpec(name='x', dtype='F16', shape=(2, 3), data=array([[0., 0., 0.],
            [0., 0., 0.]], dtype=float16))
     """
+class ReadOptions(NamedTuple):
+    """How local files are read into fresh memory (see `read_options`)."""
+    threads: int
+    request_bytes: int
+    direct: bool
+    hints: bool
+
+
+def read_options(*, threads: int | None = None, request_bytes: int | None = None,
+                 direct: bool | None = None, hints: bool | None = None) -> ReadOptions:
+    """Set how local files are read into fresh memory, and return the options
+    that were in force.
+
+    They apply to every read plan on a local file: ``load_file(copy=True)``,
+    the ``"pread"`` backend, ``load_into``, ``copy_tensors``, ``read_into``,
+    checkpoints, and ``iter_tensors``. A plan of 8 MiB or more is cut into
+    requests of `request_bytes` that `threads` threads share, the GIL released:
+    on a cold disk several requests in flight keep its queue full where one
+    thread would wait for each in turn. With the page cache hot the threads
+    share the copy. The defaults (one thread per usable CPU, at most 4, and
+    4 MiB requests) came from a sweep on a cold local disk
+    (``bench/cold.py --sweep``). They are settings of the process, shared by
+    its threads.
+
+    Parameters
+    ----------
+    threads : int, optional
+        Threads one read plan is shared by, 1 to 64; 0 (the default): one
+        per usable CPU, at most 4.
+    request_bytes : int, optional
+        The largest request, a multiple of 4096 from 64 KiB to 1 GiB.
+    direct : bool, optional
+        Read with ``O_DIRECT``, bypassing the page cache, where the file
+        system takes it (tmpfs does not: its reads then go through the page
+        cache, and ``read_counters()["direct_refused"]`` counts it). A
+        tensor whose offset, length and memory are 4096-aligned (a file
+        saved with ``align=4096``, read by ``read_into`` into aligned
+        arrays) is read straight into its memory; any other through an
+        aligned buffer of the thread's. The results are the same bytes.
+        Plans under 1 MiB always go through the cache.
+    hints : bool, optional
+        Tell the kernel (``posix_fadvise(POSIX_FADV_SEQUENTIAL)``) that a plan
+        of 8 MiB or more reads its bytes in file order, so that it reads
+        further ahead.
+
+    Returns
+    -------
+    ReadOptions
+        The options in force before the call; pass ``**options._asdict()``
+        to restore them.
+
+    Raises
+    ------
+    SafetensorError
+        When a value is out of its range or of the wrong type.
+
+    Examples
+    --------
+    >>> import fastst
+    >>> before = fastst.read_options(threads=8, request_bytes=8 << 20)
+    >>> fastst.read_options().threads
+    8
+    >>> _ = fastst.read_options(**before._asdict())
+    """
+
+
+def read_counters() -> dict[str, int]: ...
+def hint_sequential(fd: int, offset: int, length: int, /) -> bool: ...
 def usable_cpus() -> int: ...
 def foreign_format(head: Buffer, /) -> str | None:
     """What the first bytes of a file say it is, when its length prefix is no

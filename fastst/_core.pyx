@@ -5,6 +5,7 @@ zero-copy array views, and writes straight from array buffers.
 Everything here validates before it trusts: no view exists until the whole header has
 been checked against the file's size.
 """
+import errno as errno_module
 import os
 import stat
 from collections import namedtuple
@@ -21,11 +22,13 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.errno cimport EINTR, errno
+from libc.errno cimport EINTR, EINVAL, errno
 from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
+from posix.fcntl cimport POSIX_FADV_NORMAL, POSIX_FADV_SEQUENTIAL, posix_fadvise
 from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
+from posix.stdlib cimport posix_memalign
 from posix.types cimport off_t
 from posix.unistd cimport pread, pwrite, write
 

@@ -24,7 +24,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, O
 import numpy as np
 import torch
 
-from ._core import SafetensorError, TensorInfo
+from ._core import SafetensorError, TensorInfo, hint_sequential
 from ._source import Identity, identity_of, local_version
 from ._torch_dtypes import numpy_array_torch_dtypes, torch_dtype_of_bytes
 
@@ -495,6 +495,7 @@ def fill(fd: int, source: str, data_start: int, specs: List[TensorPlace], dest: 
             f"truncated after its header was read")
 
     if total:
+        hint_sequential(fd, data_start, total)     # the kernel reads further ahead
         try:
             ring = make_ring(dest, total)
             try:

@@ -7,13 +7,14 @@ opening its Source again, which must hold the same version of the file.
 """
 from __future__ import annotations
 
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterator, List, Literal,
-                    Optional, Protocol, Set, Tuple, Union, overload, runtime_checkable)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Iterator, List,
+                    Literal, Optional, Protocol, Set, Tuple, Union, overload, runtime_checkable)
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
                     TensorInfo, read_runs)
 from ._files import PathLike
+from ._readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
 from ._slicing import Converter, SafeSlice, T
 from ._source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
 
@@ -202,6 +203,61 @@ class NumpyHandle(Reader):
         """
         result: npt.NDArray[Any] = read_runs(self, name, offsets, length, out)
         return result
+
+    def iter_tensors(self, names: Optional[Iterable[str]] = None, *,
+                     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+                     ) -> ReadAhead[npt.NDArray[Any]]:
+        """The tensors, one by one, each in fresh memory, read ahead in the
+        background while the caller works on the one it was given.
+
+        A thread reads the tensors in the order of `names` (several small ones
+        in one read plan, a large one by the core's reading threads), while the
+        caller hashes, converts, quantises or writes the tensor before: a walk
+        costs about the longer of reading and working, not their sum. The bytes
+        read ahead and not yet taken never exceed `prefetch_bytes`; a tensor
+        larger than that is read alone, once every tensor before it was taken.
+        So the process holds at most `prefetch_bytes` plus the tensors the
+        caller keeps. The thread stops when the iterator is exhausted, closed,
+        left by ``break`` or an exception, or dropped.
+
+        Parameters
+        ----------
+        names : iterable of str, optional
+            The tensors, in the order to read them; by default every tensor in
+            the order of its bytes in the file.
+        prefetch_bytes : int, default 256 MiB
+            The budget of bytes read ahead.
+
+        Returns
+        -------
+        ReadAhead
+            An iterator of ``(name, array)``, and a context manager that stops
+            the thread on exit. An error reading a tensor (a file truncated or
+            replaced since it was opened: a `SafetensorError`) is raised when
+            that tensor's turn comes.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When a name is not a tensor of the file.
+        SafetensorError
+            When `prefetch_bytes` is not a positive integer.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({f"w{i}": np.full(1000, i, np.float32) for i in range(4)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     for name, array in f.iter_tensors(prefetch_bytes=8000):
+        ...         print(name, array.sum())
+        w0 0.0
+        w1 1000.0
+        w2 2000.0
+        w3 3000.0
+        """
+        return ReadAhead([(self, name, None) for name in _names_to_read(self, names)],
+                         prefetch_bytes)
 
     def __reduce__(self) -> Tuple[Any, ...]:
         """Pickled, a handle opens its Source again (see ``_reopened``)."""
@@ -435,6 +491,69 @@ class FrameworkHandle(Generic[T]):
         """
         return SafeSlice(self._reader, name, self._convert, handle=self)
 
+    def iter_tensors(self, names: Optional[Iterable[str]] = None, *,
+                     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> ReadAhead[T]:
+        """The tensors, one by one, read ahead in the background within a budget
+        of bytes (see ``NumpyHandle.iter_tensors``), each converted to the
+        framework's tensor when its turn comes.
+
+        Parameters
+        ----------
+        names : iterable of str, optional
+            The tensors, in the order to read them; by default every tensor in
+            the order of its bytes in the file.
+        prefetch_bytes : int, default 256 MiB
+            The budget of bytes read ahead.
+
+        Returns
+        -------
+        ReadAhead
+            An iterator of ``(name, tensor)``, and a context manager.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"a": np.zeros(2), "b": np.ones(2)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     dict(f.iter_tensors(["b", "a"]))
+        {'b': tensor([1., 1.], dtype=torch.float64), 'a': tensor([0., 0.], dtype=torch.float64)}
+        """
+        convert = self._convert
+        info = self._info
+
+        def converted(array: Any, name: str) -> T:
+            return convert(array, name, info(name))
+
+        return ReadAhead([(self._reader, name, converted)
+                          for name in _names_to_read(self._reader, names)], prefetch_bytes)
+
+    def prefetch(self, names: Iterable[str]) -> int:
+        """Ask the kernel to start reading tensors into the page cache (see
+        ``NumpyHandle.prefetch``).
+
+        Parameters
+        ----------
+        names : iterable of str
+            The tensors to read ahead.
+
+        Returns
+        -------
+        int
+            The bytes asked for (0 for URLs, file objects and buffers).
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"a": np.zeros(2, np.float32)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     f.prefetch(["a"])
+        8
+        """
+        hinted: int = self._reader.prefetch(names)
+        return hinted
+
     def keys(self) -> List[str]:
         """The names of the file's tensors, sorted (see ``NumpyHandle.keys``).
 
@@ -563,6 +682,21 @@ def _pickled(reader: NumpyHandle, framework: str, device: Any) -> Tuple[Any, ...
         raise SafetensorTypeError(f"{reader.source}: {reader.origin.cannot_reopen()}")
     return (_reopened, (reader.origin, seen, reader.data_start - 8, framework, device,
                         type(reader)))
+
+
+def _names_to_read(reader: Any, names: Optional[Iterable[str]]) -> List[str]:
+    """`names` as a list, each checked to be a tensor of `reader`; by default every
+    tensor in file order."""
+    if names is None:
+        listed: List[str] = reader.offset_keys()
+        return listed
+    if isinstance(names, str):
+        raise SafetensorTypeError(f"{reader.source}: names must be an iterable of tensor "
+                                  f"names, not a str")
+    wanted = list(names)
+    for name in wanted:
+        reader.info(name)     # TensorNotFoundError for a name it does not hold
+    return wanted
 
 
 def _origin_of(reader: Reader) -> Source:

@@ -350,6 +350,32 @@ cdef class Reader:
         self._fill(list(enumerate(arrays)))
         return dict(zip(names, arrays))
 
+    def prefetch(self, names):
+        """Ask the kernel to start reading the tensors `names` of a local file into
+        the page cache (posix_fadvise WILLNEED over their bytes, adjacent ones as one
+        range), and return at once: the number of bytes asked for. A buffer holds its
+        bytes already, and a file read by ranges has no page cache: 0."""
+        positions = sorted(self._position(name) for name in names)
+        if self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES or not positions:
+            return 0
+        cdef Entry* entry
+        spans = []
+        for i in positions:
+            entry = &self.header.entries[<Py_ssize_t>i]
+            begin, end = self.data_offset + entry.begin, self.data_offset + entry.end
+            last = spans[len(spans) - 1] if spans else None
+            if last is not None and begin <= last[1]:
+                last[1] = max(last[1], end)
+            elif end > begin:
+                spans.append([begin, end])
+        fd = self._reopen()     # the page cache is the file's, whichever descriptor asks
+        try:
+            for begin, end in spans:
+                os.posix_fadvise(fd, begin, end - begin, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+        return sum(end - begin for begin, end in spans)
+
     def read_into(self, dict arrays):
         """Read each named tensor into the array given for it."""
         self._fill([(self._position(name), out) for name, out in arrays.items()])
@@ -498,7 +524,7 @@ cdef class Reader:
             self._check_open()
             plan.fd = self._reopen()
             try:
-                plan.run_threaded()
+                self._read_file(plan)
             finally:
                 os.close(plan.fd)
             plan.raise_if_failed(self.source, what)
@@ -507,11 +533,48 @@ cdef class Reader:
         try:
             self._check_open()
             plan.fd = self.fd
-            plan.run_threaded()
+            self._read_file(plan)
         finally:
             self.busy -= 1
             self._release_fd_if_closed()
         plan.raise_if_failed(self.source, what)
+
+    cdef _read_file(self, _ReadPlan plan):
+        """pread the plan from plan.fd: hinted, shared by threads, and with O_DIRECT
+        where read_options() asks for it and the file system takes it."""
+        cdef bint hinted = plan.hint()
+        if READ_DIRECT and plan.total >= plan.chunk:     # else the cache is as good
+            plan.direct_fd = self._open_direct()
+        try:
+            plan.run_threaded()
+        finally:
+            if plan.direct_fd >= 0:
+                os.close(plan.direct_fd)
+                plan.direct_fd = -1
+            if hinted and plan.fd == self.fd:
+                # the pread backend's descriptor serves later reads, rows at random too
+                posix_fadvise(plan.fd, 0, 0, POSIX_FADV_NORMAL)
+
+    cdef int _open_direct(self) except -2:
+        """The opened file again with O_DIRECT, checked to be that file; -1 where the
+        platform or the file system refuses it (tmpfs does): reads then go through
+        the page cache, and read_counters() counts the refusal."""
+        flag = getattr(os, "O_DIRECT", 0)
+        try:
+            if not flag:
+                raise OSError(EINVAL, "O_DIRECT is not supported on this platform")
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | flag)
+        except OSError as error:
+            if error.errno not in (EINVAL, errno_module.EOPNOTSUPP):
+                raise
+            _COUNTERS["direct_refused"] += 1
+            return -1
+        info = os.fstat(fd)
+        if <uint64_t>info.st_dev != self.file_dev or <uint64_t>info.st_ino != self.file_ino:
+            os.close(fd)
+            _fail(self.source, "file was replaced since it was opened; open it again "
+                               "to read the new file")
+        return fd
 
     cdef int _reopen(self) except -1:
         """A descriptor on the mapped file, for one copy. Copies read with pread rather
@@ -553,9 +616,9 @@ cdef class Reader:
 
     def get_tensors(self):
         """Every tensor, in buffer order, as a dict of views (of fresh memory for a
-        file read by ranges: all of them in one read plan)."""
+        file read by ranges or with pread: all of them in one read plan)."""
         self._check_open()
-        if self.kind == BACKEND_RANGES:
+        if self.kind == BACKEND_RANGES or self.kind == BACKEND_PREAD:
             return self.copy_tensors()
         cdef Py_ssize_t i
         names = self.header.names

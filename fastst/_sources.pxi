@@ -69,22 +69,104 @@ cdef struct ReadJob:
     uint64_t offset             # in the file (or buffer)
 
 
-cdef uint64_t CHUNK = 16 << 20
-cdef uint64_t THREADED_BELOW = 64 << 20   # total bytes under which one thread reads
+# How plans read files: set by read_options(). Defaults measured by bench/cold.py on a
+# cold local disk (bench/RESULTS.md): two threads with 4 MiB requests in flight read
+# at the speed of `cat` on 2 cores, where one thread waited on each request in turn,
+# and more threads than cores lost time to one another.
+cdef Py_ssize_t READ_THREADS = 0        # 0: the usable CPUs, at most AUTO_THREADS
+cdef Py_ssize_t AUTO_THREADS = 4
+cdef uint64_t CHUNK = 4 << 20           # bytes one request reads at most
+cdef bint READ_DIRECT = False           # O_DIRECT, where the file system takes it
+cdef bint READ_HINTS = True             # posix_fadvise for plans read in file order
+cdef uint64_t DIRECT_ALIGN = 4096       # O_DIRECT: offsets, lengths and memory aligned to it
+cdef uint64_t MAX_READ_THREADS = 64
+
+ReadOptions = namedtuple("ReadOptions", ["threads", "request_bytes", "direct", "hints"],
+                         module="fastst")
+ReadOptions.__doc__ = """How local files are read into fresh memory (see read_options)."""
+
+# what plans have read, for read_counters(): requests and bytes by path
+cdef dict _COUNTERS = dict.fromkeys(
+    ["requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
+     "direct_refused", "hinted_plans", "threads_started"], 0)
+
+
+def read_options(*, threads=None, request_bytes=None, direct=None, hints=None):
+    """Set how local files are read into fresh memory (copies, the pread backend,
+    load_into, checkpoints) and return the options in force before the call, as a
+    ReadOptions; with no argument, only return them. `threads`: threads one read
+    plan is shared by (1 to 64; 0, the default: the usable CPUs, at most 4);
+    `request_bytes`: the largest request (a multiple of 4096, 64 KiB to 1 GiB);
+    `direct`: read with O_DIRECT (bypassing the page cache) where the file system
+    takes it, buffered where it refuses; `hints`: tell the kernel (posix_fadvise)
+    that a plan reads its bytes in order."""
+    global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS
+    before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS)
+    if threads is not None:
+        if type(threads) is not int or not 0 <= threads <= MAX_READ_THREADS:
+            raise SafetensorError(f"threads must be an integer from 0 to {MAX_READ_THREADS}, "
+                                  f"got {_shown(threads)}")
+    if request_bytes is not None:
+        if (type(request_bytes) is not int or not (64 << 10) <= request_bytes <= (1 << 30)
+                or request_bytes % DIRECT_ALIGN):
+            raise SafetensorError(f"request_bytes must be a multiple of {DIRECT_ALIGN} from "
+                                  f"64 KiB to 1 GiB, got {_shown(request_bytes)}")
+    for name, flag in (("direct", direct), ("hints", hints)):
+        if flag is not None and type(flag) is not bool:
+            raise SafetensorError(f"{name} must be True or False, got {_shown(flag)}")
+    if threads is not None:
+        READ_THREADS = threads
+    if request_bytes is not None:
+        CHUNK = request_bytes
+    if direct is not None:
+        READ_DIRECT = direct
+    if hints is not None:
+        READ_HINTS = hints
+    return before
+
+
+def read_counters():
+    """What read plans on local files have done since the process started: requests
+    and bytes read (all of them), those read with O_DIRECT, the bytes of those read
+    through an aligned buffer, files that refused O_DIRECT, plans given posix_fadvise
+    hints, and threads started. For tests and benchmarks: compare two snapshots."""
+    return dict(_COUNTERS)
+
+
+def hint_sequential(int fd, uint64_t offset, uint64_t length):
+    """Tell the kernel that bytes [offset, offset + length) of the file open as `fd`
+    will be read once, in order (posix_fadvise SEQUENTIAL), unless read_options()
+    turned hints off: True when it was told. For readers of their own (the CUDA
+    ring) what read plans do themselves."""
+    if not READ_HINTS or posix_fadvise(fd, offset, length, POSIX_FADV_SEQUENTIAL) != 0:
+        return False
+    _COUNTERS["hinted_plans"] += 1
+    return True
 
 
 cdef class _ReadPlan:
-    """Byte ranges to copy into arrays, cut into chunks that threads share."""
+    """Byte ranges to copy into arrays, cut into requests that threads share."""
     cdef ReadJob* jobs
     cdef Py_ssize_t n
     cdef Py_ssize_t capacity
     cdef uint64_t total
     cdef int fd
+    cdef int direct_fd          # the file opened with O_DIRECT, or -1
     cdef int error              # first errno a read met
     cdef uint64_t short_by      # bytes a short read (a file that shrank) left unread
+    cdef uint64_t chunk         # the largest request
+    cdef uint64_t requests, direct_requests, direct_bytes, bounced_bytes
+    cdef Py_ssize_t* groups     # group g: jobs [groups[g], groups[g + 1]) (see group())
+    cdef Py_ssize_t ngroups
+    cdef bint grouped           # some group holds several jobs
+
+    def __cinit__(self):
+        self.direct_fd = -1
+        self.chunk = CHUNK      # fixed for the plan: read_options() may change CHUNK
 
     def __dealloc__(self):
         free(self.jobs)
+        free(self.groups)
 
     cdef add(self, char* dest, uint64_t length, uint64_t offset):
         cdef uint64_t part
@@ -93,11 +175,11 @@ cdef class _ReadPlan:
         if self.n:     # continues the previous range in memory and in the file: extend it
             last = &self.jobs[self.n - 1]
             if (last.dest + last.length == dest and last.offset + last.length == offset
-                    and last.length + length <= CHUNK):
+                    and last.length + length <= self.chunk):
                 last.length += length
                 return
         while True:
-            part = length if length < CHUNK else CHUNK
+            part = length if length < self.chunk else self.chunk
             if self.n == self.capacity:
                 self.capacity = _grow(<void**>&self.jobs, self.capacity, sizeof(ReadJob))
             self.jobs[self.n].dest = dest
@@ -117,35 +199,104 @@ cdef class _ReadPlan:
                 memcpy(self.jobs[k].dest, base + self.jobs[k].offset, self.jobs[k].length)
 
     def run(self, Py_ssize_t first, Py_ssize_t step):
-        """pread jobs first, first + step, ... (one thread's share)."""
-        cdef Py_ssize_t k
+        """Read groups first, first + step, ... (one thread's share): a group of one
+        job with pread into its memory (or with O_DIRECT), a group of several small
+        jobs adjacent in the file with one pread into a buffer of the thread's,
+        copied out to each."""
+        cdef Py_ssize_t g, k
         cdef Py_ssize_t got
         cdef int error = 0
         cdef uint64_t short_by = 0
+        cdef _ReadTally tally
+        memset(&tally, 0, sizeof(tally))
+        cdef char* bounce = NULL
+        cdef char* staging = NULL
+        if self.direct_fd >= 0 and posix_memalign(<void**>&bounce, DIRECT_ALIGN,
+                                                  self.chunk + DIRECT_ALIGN) != 0:
+            bounce = NULL      # no aligned buffer: this thread reads through the cache
+        if self.grouped and bounce == NULL:
+            staging = <char*>malloc(self.chunk)     # NULL: each job is read alone
         with nogil:
-            k = first
-            while k < self.n:
-                got = _pread_all(self.fd, self.jobs[k].dest, self.jobs[k].length,
-                                 self.jobs[k].offset)
-                if got < 0:
-                    error = -got
-                elif <uint64_t>got < self.jobs[k].length:
-                    short_by += self.jobs[k].length - got
-                k += step
+            g = first
+            while g < self.ngroups:
+                if staging != NULL and self.groups[g + 1] - self.groups[g] > 1:
+                    got = _read_group(self.fd, self.jobs, self.groups[g], self.groups[g + 1],
+                                      staging, &short_by)
+                    tally.requests += 1
+                    if got < 0:
+                        error = -got
+                    g += step
+                    continue
+                for k in range(self.groups[g], self.groups[g + 1]):
+                    if bounce != NULL:
+                        got = _read_direct(self.direct_fd, self.fd, &self.jobs[k], bounce,
+                                           self.chunk + DIRECT_ALIGN, &tally)
+                    else:
+                        got = _pread_all(self.fd, self.jobs[k].dest, self.jobs[k].length,
+                                         self.jobs[k].offset)
+                        tally.requests += 1
+                    if got < 0:
+                        error = -got
+                    elif <uint64_t>got < self.jobs[k].length:
+                        short_by += self.jobs[k].length - got
+                g += step
+            free(bounce)
+            free(staging)
         # back under the GIL: threads report one at a time
         self.error = self.error or error
         self.short_by += short_by
+        self.requests += tally.requests
+        self.direct_requests += tally.direct_requests
+        self.direct_bytes += tally.direct_bytes
+        self.bounced_bytes += tally.bounced_bytes
+
+    cdef group(self):
+        """Cut the jobs into groups that threads take whole: runs of small jobs each
+        starting where the one before ends in the file, up to a request's bytes (one
+        pread for all: many small tensors are read as a few large requests, in file
+        order, and no byte that was not asked for), and each other job alone."""
+        cdef Py_ssize_t k
+        cdef uint64_t span_start = 0
+        cdef ReadJob* job
+        cdef ReadJob* previous
+        free(self.groups)
+        self.groups = <Py_ssize_t*>malloc((self.n + 1) * sizeof(Py_ssize_t))
+        if self.groups == NULL:
+            raise MemoryError()
+        self.ngroups = 0
+        for k in range(self.n):
+            job = &self.jobs[k]
+            if k and job.length <= self.chunk // 4 and self.jobs[k - 1].length <= self.chunk // 4:
+                previous = &self.jobs[k - 1]
+                if (previous.offset + previous.length == job.offset
+                        and job.offset + job.length - span_start <= self.chunk):
+                    self.grouped = True
+                    continue
+            self.groups[self.ngroups] = k
+            self.ngroups += 1
+            span_start = job.offset
+        self.groups[self.ngroups] = self.n
 
     cdef run_threaded(self):
         cdef Py_ssize_t threads = 1
-        if self.total >= THREADED_BELOW:
-            threads = min(usable_cpus(), 8, self.n)
-        if threads <= 1:
+        self.group()
+        if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
+            threads = min(READ_THREADS or min(usable_cpus(), AUTO_THREADS), self.ngroups)
+        if threads > 1:
+            self._run_on(threads)
+        else:
             self.run(0, 1)
-            return
+        _COUNTERS["requests"] += self.requests
+        _COUNTERS["bytes"] += self.total - self.short_by
+        _COUNTERS["direct_requests"] += self.direct_requests
+        _COUNTERS["direct_bytes"] += self.direct_bytes
+        _COUNTERS["bounced_bytes"] += self.bounced_bytes
+
+    cdef _run_on(self, Py_ssize_t threads):
         import threading
-        helpers = [threading.Thread(target=self.run, args=(k, threads))
+        helpers = [threading.Thread(target=self.run, args=(k, threads), daemon=True)
                    for k in range(1, threads)]
+        _COUNTERS["threads_started"] += len(helpers)
         for helper in helpers:
             helper.start()
         try:
@@ -154,6 +305,23 @@ cdef class _ReadPlan:
             for helper in helpers:
                 helper.join()
 
+    cdef bint in_file_order(self):
+        """Whether the jobs read the file forward, each at or after the previous."""
+        cdef Py_ssize_t k
+        for k in range(1, self.n):
+            if self.jobs[k].offset < self.jobs[k - 1].offset + self.jobs[k - 1].length:
+                return False
+        return True
+
+    cdef bint hint(self):
+        """Tell the kernel that a large plan read in file order will read its span
+        once, in order, so that it reads further ahead: True when it was told."""
+        if not READ_HINTS or self.total < 2 * self.chunk or not self.in_file_order():
+            return False
+        cdef uint64_t begin = self.jobs[0].offset
+        cdef uint64_t end = self.jobs[self.n - 1].offset + self.jobs[self.n - 1].length
+        return hint_sequential(self.fd, begin, end - begin)
+
     cdef raise_if_failed(self, str source, object what):
         if self.error:
             raise OSError(self.error, os.strerror(self.error), source)
@@ -161,6 +329,84 @@ cdef class _ReadPlan:
             tensors = f"tensor {_shown(what)}" if isinstance(what, str) else f"{what} tensors"
             _fail(source, f"{tensors}: file was truncated under the reader ({self.short_by} "
                           f"bytes missing)")
+
+
+cdef struct _ReadTally:
+    uint64_t requests
+    uint64_t direct_requests
+    uint64_t direct_bytes
+    uint64_t bounced_bytes
+
+
+cdef Py_ssize_t _read_group(int fd, ReadJob* jobs, Py_ssize_t first, Py_ssize_t last,
+                            char* staging, uint64_t* short_by) noexcept nogil:
+    """Jobs [first, last), one after another in the file, read by one pread into
+    `staging` and copied out; the bytes a short read left out are added to
+    `short_by`. The bytes read, or -errno."""
+    cdef uint64_t start = jobs[first].offset
+    cdef uint64_t span = jobs[last - 1].offset + jobs[last - 1].length - start
+    cdef Py_ssize_t got = _pread_all(fd, staging, span, start)
+    if got < 0:
+        return got
+    cdef Py_ssize_t k
+    cdef uint64_t at, have
+    for k in range(first, last):
+        at = jobs[k].offset - start
+        have = 0 if <uint64_t>got <= at else <uint64_t>got - at
+        if have > jobs[k].length:
+            have = jobs[k].length
+        memcpy(jobs[k].dest, staging + at, have)
+        short_by[0] += jobs[k].length - have
+    return got
+
+
+cdef Py_ssize_t _read_direct(int direct_fd, int fd, ReadJob* job, char* bounce,
+                             uint64_t bounce_bytes, _ReadTally* tally) noexcept nogil:
+    """Read one job with O_DIRECT: straight into its memory when its offset, length
+    and address are aligned, else the aligned blocks around it through `bounce`
+    (`bounce_bytes` long, a multiple of DIRECT_ALIGN). A read the file system
+    refuses (EINVAL) goes through the cache instead. The bytes of the job read, or
+    -errno."""
+    cdef uint64_t mask = DIRECT_ALIGN - 1
+    cdef Py_ssize_t got
+    if (job.offset & mask) == 0 and (job.length & mask) == 0 and (<size_t>job.dest & mask) == 0:
+        got = _pread_all(direct_fd, job.dest, job.length, job.offset)
+        if got == -EINVAL:
+            tally.requests += 1
+            return _pread_all(fd, job.dest, job.length, job.offset)
+        tally.requests += 1
+        tally.direct_requests += 1
+        if got > 0:
+            tally.direct_bytes += got
+        return got
+    cdef uint64_t start = job.offset & ~mask
+    cdef uint64_t stop = (job.offset + job.length + mask) & ~mask
+    cdef uint64_t at = start, span, skip, take, done = 0
+    while at < stop and done < job.length:
+        span = stop - at if stop - at < bounce_bytes else bounce_bytes
+        got = _pread_all(direct_fd, bounce, span, at)
+        if got == -EINVAL:
+            tally.requests += 1
+            got = _pread_all(fd, job.dest + done, job.length - done, job.offset + done)
+            return got if got < 0 else <Py_ssize_t>(done + got)
+        tally.requests += 1
+        if got < 0:
+            return got
+        tally.direct_requests += 1
+        tally.direct_bytes += got
+        skip = job.offset + done - at       # bytes of the first block before the job's
+        if <uint64_t>got <= skip:
+            break                           # the file ends before the job's next byte
+        take = <uint64_t>got - skip
+        if take > job.length - done:
+            take = job.length - done
+        memcpy(job.dest + done, bounce + skip, take)
+        tally.bounced_bytes += take
+        done += take
+        if <uint64_t>got < span:
+            break                           # end of file
+        at += span
+    return done
 
 
 def usable_cpus():

@@ -29,8 +29,8 @@ import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import (Any, Callable, Dict, Generic, Hashable, Iterator, List, Mapping, NamedTuple,
-                    Optional, Sequence, Tuple, Union)
+from typing import (Any, Callable, Dict, Generic, Hashable, Iterable, Iterator, List, Mapping,
+                    NamedTuple, Optional, Sequence, Tuple, Union)
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
 from ._checksums import plan_with_checksums
@@ -41,6 +41,7 @@ from ._handle import FrameworkHandle, NumpyHandle, open_handle
 from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
                      find_checkpoint, is_checkpoint, index_name, index_text, is_index_name, read_index, remove_leftovers, save_place, shard_names, write_files)
 from ._progress import byte_bar
+from ._readahead import DEFAULT_PREFETCH_BYTES, ChainedReadAhead
 from ._slicing import Converter, SafeSlice, T
 from ._source import Identity, LocalFile, Source, as_source, identity_of
 
@@ -308,6 +309,90 @@ class ShardedHandle(Generic[T]):
             tensors.update(handle.get_tensors() if shardings is None
                            else handle.get_tensors(shardings=shardings))
         return tensors
+
+    def iter_tensors(self, names: Optional[Iterable[str]] = None, *,
+                     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> ChainedReadAhead[T]:
+        """The tensors, one by one, read ahead in the background within a budget
+        of bytes (see ``NumpyHandle.iter_tensors``): by default shard by shard in
+        index order, each shard's in the order of its bytes. Each run of names
+        from one shard is read ahead by that shard's handle, one run after
+        another.
+
+        Parameters
+        ----------
+        names : iterable of str, optional
+            The tensors, in the order to read them.
+        prefetch_bytes : int, default 256 MiB
+            The budget of bytes read ahead.
+
+        Returns
+        -------
+        ChainedReadAhead
+            An iterator of ``(name, tensor)``, and a context manager.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no such tensor.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> fastst.save_file({f"w{i}": np.full(100, i, np.float32) for i in range(3)}, folder,
+        ...                  max_shard_size=800)
+        >>> with fastst.safe_open(folder) as f:
+        ...     [(name, int(t[0])) for name, t in f.iter_tensors()]
+        [('w0', 0), ('w1', 1), ('w2', 2)]
+        """
+        if names is None:
+            runs = [(handle, None) for _, handle in self._all_shards()]
+        else:
+            if isinstance(names, str):
+                raise SafetensorTypeError(f"{self._index.path}: names must be an iterable "
+                                          f"of tensor names, not a str")
+            runs = []
+            for name in names:
+                handle = self._shard_of(name)
+                if runs and runs[-1][0] is handle:
+                    runs[-1][1].append(name)
+                else:
+                    runs.append((handle, [name]))
+
+        def part(handle: Shard, run: Optional[List[str]]) -> Callable[[], Any]:
+            return lambda: handle.iter_tensors(run, prefetch_bytes=prefetch_bytes)
+
+        return ChainedReadAhead([part(handle, run) for handle, run in runs], prefetch_bytes)
+
+    def prefetch(self, names: Iterable[str]) -> int:
+        """Ask the kernel to start reading tensors into the page cache, each from
+        its shard (see ``NumpyHandle.prefetch``).
+
+        Parameters
+        ----------
+        names : iterable of str
+            The tensors to read ahead.
+
+        Returns
+        -------
+        int
+            The bytes asked for.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> fastst.save_file({f"w{i}": np.zeros(100, np.float32) for i in range(3)}, folder,
+        ...                  max_shard_size=800)
+        >>> with fastst.safe_open(folder) as f:
+        ...     f.prefetch(["w2", "w0"])
+        800
+        """
+        by_shard: Dict[int, Tuple[Shard, List[str]]] = {}
+        for name in names:
+            handle = self._shard_of(name)
+            by_shard.setdefault(id(handle), (handle, []))[1].append(name)
+        return sum(handle.prefetch(part) for handle, part in by_shard.values())
 
     def gather(self, name: str, rows: Any) -> T:
         """Rows `rows` of tensor `name`'s first axis, from its shard (see

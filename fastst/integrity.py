@@ -108,12 +108,17 @@ def _verify_open_file(reader: NumpyHandle, report: Dict[str, Any],
             report["errors"].append({"tensor": name, "error": (
                 f"has no checksum (the file's checksums cover {covered} of its "
                 f"{len(names)} tensors)")})
-            continue
-        actual = digest_of(reader.get_tensor(name), algorithm, progress)
-        report["checked"] += 1
-        if actual != digests[name]:
-            report["errors"].append({"tensor": name,
-                                     "error": mismatch(algorithm, digests[name], actual)})
+    # the next tensors are read while this one is hashed
+    with reader.iter_tensors([name for name in names if name in digests]) as tensors:
+        for name, array in tensors:
+            actual = digest_of(array, algorithm, progress)
+            report["checked"] += 1
+            if actual != digests[name]:
+                report["errors"].append({"tensor": name,
+                                         "error": mismatch(algorithm, digests[name], actual)})
+            del array
+    position = {name: k for k, name in enumerate(names)}
+    report["errors"].sort(key=lambda error: position[error["tensor"]])
 
 
 def _opened(target: Any, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> NumpyHandle:

@@ -218,11 +218,11 @@ def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None
     tree = torch.load(src, map_location="cpu", weights_only=True)
     expected = dict(flatten(tree, src, key, tensor_type=torch.Tensor)[0])
     for filename in files:
-        with safe_open(filename, backend="pread") as reader:
-            for name in reader.keys():
+        with safe_open(filename, backend="pread") as reader, reader.iter_tensors() as read:
+            for name, array in read:    # the next tensors are read while this one is compared
                 tensor = expected[name].detach().contiguous().reshape(-1)
                 reference = tensor.view(torch.uint8).numpy() if tensor.numel() else b""
-                got = np.ascontiguousarray(reader.get_tensor(name)).reshape(-1).view(np.uint8)
+                got = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
                 if got.tobytes() != bytes(reference):
                     raise SafetensorError(f"{filename}: tensor {name!r} differs from what "
                                           f"torch.load gives for {src}")

@@ -1,0 +1,332 @@
+"""How local files are read into fresh memory: threads, request sizes, posix_fadvise
+hints and O_DIRECT (fastst.read_options). Whatever the options, the bytes are the
+same; the counts of requests say what the plan did."""
+import io
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fastst
+from fastst._core import read_counters
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def restore_read_options():
+    before = fastst.read_options()
+    yield
+    fastst.read_options(**before._asdict())
+
+
+def counted(action):
+    """What `action` did, as the change of the core's read counters."""
+    before = read_counters()
+    action()
+    after = read_counters()
+    return {key: after[key] - before[key] for key in after}
+
+
+def direct_io_works(folder):
+    """Whether the file system of `folder` takes O_DIRECT."""
+    probe = os.path.join(folder, "probe")
+    with open(probe, "wb") as file:
+        file.write(b"\0" * 4096)
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.remove(probe)
+
+
+TMPFS = "/dev/shm"
+OPTIONS = [dict(threads=threads, request_bytes=request, direct=direct, hints=hints)
+           for threads in (1, 3, 8) for request in (64 * KIB, 192 * KIB)
+           for direct in (False, True) for hints in (True, False)]
+
+
+def layout_strategy():
+    """Tensors of a file: sizes from empty to several requests, any order of dtypes."""
+    size = st.one_of(st.integers(0, 64), st.integers(4000, 5000), st.integers(60 * KIB, 70 * KIB),
+                     st.integers(200 * KIB, 420 * KIB))
+    dtype = st.sampled_from([np.uint8, np.int16, np.float32, np.float64])
+    return st.lists(st.tuples(size, dtype), min_size=1, max_size=12)
+
+
+def build(layout, seed):
+    rng = np.random.default_rng(seed)
+    return {f"t{k:02d}": rng.integers(0, 255, count * np.dtype(dtype).itemsize, np.uint8)
+            .view(dtype) for k, (count, dtype) in enumerate(layout)}
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=layout_strategy(), seed=st.integers(0, 2**32 - 1), align=st.sampled_from([None, 4096]),
+       options=st.sampled_from(OPTIONS), tmpfs=st.booleans())
+def test_every_option_reads_the_same_bytes(tmp_path, layout, seed, align, options, tmpfs):
+    folder = TMPFS if tmpfs and os.path.isdir(TMPFS) else str(tmp_path)
+    path = os.path.join(folder, f"layout-{os.getpid()}.safetensors")
+    tensors = build(layout, seed)
+    fastst.save_file(tensors, path, align=align)
+    try:
+        fastst.read_options(**options)
+        loaded = [fastst.load_file(path, copy=True), fastst.load_file(path, backend="pread")]
+        into = {name: np.empty_like(array) for name, array in tensors.items()}
+        fastst.load_into(path, into)
+        with fastst.safe_open(path) as f:
+            walked = dict(f.iter_tensors(prefetch_bytes=100 * KIB))
+        for result in loaded + [into, walked]:
+            assert sorted(result) == sorted(tensors)
+            for name, array in tensors.items():
+                assert result[name].dtype == array.dtype
+                assert result[name].tobytes() == array.tobytes()
+    finally:
+        os.remove(path)
+
+
+def test_a_plan_is_cut_into_requests_that_threads_share(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.zeros(MIB, np.uint8), "b": np.ones(MIB // 2, np.uint8)}, path)
+    fastst.read_options(threads=3, request_bytes=256 * KIB)
+    done = counted(lambda: fastst.load_file(path, copy=True))
+    # the two tensors are one range of the file but two arrays: 4 + 2 requests
+    assert done["requests"] == 6 and done["bytes"] == MIB + MIB // 2
+    assert done["threads_started"] == 2
+    fastst.read_options(threads=1)
+    assert counted(lambda: fastst.load_file(path, copy=True))["threads_started"] == 0
+
+
+def test_by_default_a_plan_has_a_thread_per_usable_cpu_and_at_most_four(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k}": np.full(256 * KIB, k, np.uint8) for k in range(8)}, path)
+    assert fastst.read_options(request_bytes=256 * KIB).threads == 0
+    started = counted(lambda: fastst.load_file(path, copy=True))["threads_started"]
+    assert started == min(fastst._core.usable_cpus(), 4) - 1
+
+
+def test_the_pread_backend_reads_a_whole_file_in_one_plan(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k}": np.full(256 * KIB, k, np.uint8) for k in range(8)}, path)
+    fastst.read_options(threads=4, request_bytes=256 * KIB)
+    done = counted(lambda: fastst.load_file(path, backend="pread"))
+    # one plan of 8 requests, shared by 4 threads (3 started): not 8 plans of one thread
+    assert done["requests"] == 8 and done["threads_started"] == 3
+    assert done["hinted_plans"] == 1
+
+
+def test_a_small_plan_is_read_by_the_calling_thread(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.zeros(100 * KIB, np.uint8)}, path)
+    fastst.read_options(threads=8, request_bytes=64 * KIB)
+    done = counted(lambda: fastst.load_file(path, copy=True))
+    assert done["requests"] == 2 and done["threads_started"] == 0 and done["hinted_plans"] == 0
+
+
+def test_small_tensors_adjacent_in_the_file_share_requests(tmp_path):
+    path = tmp_path / "x.safetensors"
+    tensors = {f"t{k:03d}": np.full(1000 + k, k, np.uint8) for k in range(200)}
+    fastst.save_file(tensors, path)
+    fastst.read_options(threads=4, request_bytes=64 * KIB)
+    result = {}
+    done = counted(lambda: result.update(fastst.load_file(path, copy=True)))
+    assert all(result[name].tobytes() == tensors[name].tobytes() for name in tensors)
+    total = sum(array.nbytes for array in tensors.values())     # 219,900 bytes
+    assert done["requests"] == -(-total // (64 * KIB)) == 4 and done["bytes"] == total
+    assert done["threads_started"] == 3
+
+
+def test_a_truncated_file_is_found_in_a_shared_request(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k:03d}": np.full(1000, k, np.uint8) for k in range(200)}, path)
+    fastst.read_options(request_bytes=64 * KIB)
+    with fastst.safe_open(path, backend="pread") as f:
+        os.truncate(path, f.data_start + 150_500)
+        with pytest.raises(fastst.SafetensorError, match=r"200 tensors: file was truncated "
+                                                         r"under the reader \(49500 bytes"):
+            f.copy_tensors()
+
+
+def test_hints_are_given_only_to_plans_in_file_order(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.zeros(MIB, np.uint8), "b": np.zeros(MIB, np.uint8)}, path)
+    fastst.read_options(request_bytes=128 * KIB)
+    out = {"b": np.empty(MIB, np.uint8), "a": np.empty(MIB, np.uint8)}
+    with fastst.safe_open(path) as f:
+        assert counted(lambda: f.read_into(out))["hinted_plans"] == 0       # b before a
+        assert counted(lambda: f.read_into(dict(reversed(out.items()))))["hinted_plans"] == 1
+        fastst.read_options(hints=False)
+        assert counted(lambda: f.copy_tensors())["hinted_plans"] == 0
+
+
+def test_direct_reads_aligned_tensors_straight_into_aligned_memory(tmp_path):
+    if not direct_io_works(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT")
+    path = tmp_path / "x.safetensors"
+    tensors = {"a": np.arange(MIB // 4, dtype=np.float32), "b": np.arange(MIB // 2, dtype=np.int16)}
+    fastst.save_file(tensors, path, align=4096)
+    fastst.read_options(direct=True, request_bytes=256 * KIB, threads=2)
+    out = {name: aligned_like(array) for name, array in tensors.items()}
+    done = counted(lambda: fastst.load_into(path, out))
+    assert all(out[name].tobytes() == tensors[name].tobytes() for name in tensors)
+    assert done["direct_requests"] == done["requests"] == 8
+    assert done["direct_bytes"] == 2 * MIB and done["bounced_bytes"] == 0
+
+
+def test_direct_reads_unaligned_tensors_through_an_aligned_buffer(tmp_path):
+    if not direct_io_works(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT")
+    path = tmp_path / "x.safetensors"
+    tensors = {"odd": np.arange(3, 300_003, dtype=np.uint8), "b": np.arange(MIB, dtype=np.uint8)}
+    fastst.save_file(tensors, path)      # unaligned: the header's length decides the offsets
+    fastst.read_options(direct=True, request_bytes=256 * KIB)
+    done = counted(lambda: loaded.update(fastst.load_file(path, copy=True)))
+    assert all(loaded[name].tobytes() == tensors[name].tobytes() for name in tensors)
+    assert done["direct_requests"] >= 6 and done["direct_refused"] == 0
+    assert done["bounced_bytes"] == 300_000 + MIB
+
+
+loaded = {}
+
+
+@pytest.mark.skipif(not os.path.isdir(TMPFS), reason="no tmpfs at /dev/shm")
+def test_direct_reads_on_tmpfs_give_the_same_bytes_whether_it_takes_them_or_not():
+    # tmpfs refused O_DIRECT before Linux 6.6, and takes it since
+    path = os.path.join(TMPFS, f"fastst-direct-{os.getpid()}.safetensors")
+    tensors = {"a": np.arange(MIB, dtype=np.uint8)}
+    fastst.save_file(tensors, path, align=4096)
+    try:
+        fastst.read_options(direct=True, request_bytes=256 * KIB)
+        result = {}
+        done = counted(lambda: result.update(fastst.load_file(path, copy=True)))
+        assert result["a"].tobytes() == tensors["a"].tobytes()
+        if direct_io_works(TMPFS):
+            assert done["direct_refused"] == 0 and done["direct_requests"] == 4
+        else:
+            assert done["direct_refused"] == 1 and done["direct_requests"] == 0
+        assert done["requests"] == 4
+    finally:
+        os.remove(path)
+
+
+@pytest.mark.parametrize("refusal", ["EINVAL", "no O_DIRECT"])
+def test_a_file_system_that_refuses_direct_reads_is_read_through_the_cache(
+        tmp_path, monkeypatch, refusal):
+    path = tmp_path / "x.safetensors"
+    tensors = {"a": np.arange(MIB, dtype=np.uint8)}
+    fastst.save_file(tensors, path, align=4096)
+    if refusal == "EINVAL":
+        real_open = os.open
+
+        def refusing_open(name, flags, *args, **kwargs):
+            if flags & os.O_DIRECT:
+                raise OSError(22, "Invalid argument", name)
+            return real_open(name, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refusing_open)
+    else:
+        monkeypatch.delattr(os, "O_DIRECT")
+    fastst.read_options(direct=True, request_bytes=256 * KIB)
+    result = {}
+    done = counted(lambda: result.update(fastst.load_file(path, copy=True)))
+    assert result["a"].tobytes() == tensors["a"].tobytes()
+    assert done["direct_refused"] == 1 and done["direct_requests"] == 0
+    assert done["requests"] == 4
+
+
+def test_a_direct_open_that_fails_otherwise_is_an_error(tmp_path, monkeypatch):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.arange(MIB, dtype=np.uint8)}, path)
+    real_open = os.open
+
+    def failing_open(name, flags, *args, **kwargs):
+        if flags & os.O_DIRECT:
+            raise PermissionError(13, "Permission denied", name)
+        return real_open(name, flags, *args, **kwargs)
+
+    fastst.read_options(direct=True, request_bytes=256 * KIB)
+    with fastst.safe_open(path) as f:
+        monkeypatch.setattr(os, "open", failing_open)
+        with pytest.raises(PermissionError):
+            f.copy_tensors()
+
+
+def test_direct_reads_find_a_truncated_file(tmp_path):
+    if not direct_io_works(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT")
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.zeros(2 * MIB, np.uint8)}, path, align=4096)
+    fastst.read_options(direct=True, request_bytes=256 * KIB)
+    with fastst.safe_open(path, backend="pread") as f:
+        os.truncate(path, os.path.getsize(path) - MIB - 100)
+        with pytest.raises(fastst.SafetensorError, match=r"tensor 'a': file was truncated "
+                                                         r"under the reader \(1048676 bytes"):
+            f.get_tensor("a")
+
+
+def aligned_like(array):
+    """An empty array of `array`'s dtype and shape whose memory starts on a page."""
+    raw = np.empty(array.nbytes + 4096, np.uint8)
+    start = -raw.ctypes.data % 4096
+    return raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(threads=-1), "threads must be an integer from 0 to 64, got -1"),
+    (dict(threads=65), "threads must be an integer from 0 to 64"),
+    (dict(threads=2.0), "threads must be an integer"),
+    (dict(request_bytes=4095 * 16), "request_bytes must be a multiple of 4096 from 64 KiB"),
+    (dict(request_bytes=32 * KIB), "request_bytes must be a multiple of 4096"),
+    (dict(request_bytes=2 << 30), "request_bytes must be a multiple of 4096"),
+    (dict(direct=1), "direct must be True or False, got 1"),
+    (dict(hints="yes"), "hints must be True or False"),
+])
+def test_options_out_of_range_are_refused(options, message):
+    before = fastst.read_options()
+    with pytest.raises(fastst.SafetensorError, match=message.replace("(", r"\(")):
+        fastst.read_options(**options)
+    assert fastst.read_options() == before      # nothing changed
+
+
+def test_read_options_returns_what_was_in_force():
+    first = fastst.read_options(threads=5)
+    assert fastst.read_options(request_bytes=128 * KIB).threads == 5
+    assert fastst.read_options(**first._asdict()).request_bytes == 128 * KIB
+    assert fastst.read_options() == first
+
+
+# --- prefetch: kernel read-ahead hints -------------------------------------------------------
+
+def test_prefetch_asks_for_the_bytes_of_the_tensors_named(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.zeros(100, np.uint8), "b": np.zeros(50, np.uint8),
+                      "c": np.zeros(7, np.uint8)}, path)
+    for backend in ("mmap", "pread"):
+        with fastst.safe_open(path, backend=backend) as f:
+            assert f.prefetch(["c", "a"]) == 107
+            assert f.prefetch(["a", "b", "c", "a"]) == 157      # one range, counted once
+            assert f.prefetch([]) == 0
+            with pytest.raises(fastst.TensorNotFoundError):
+                f.prefetch(["nope"])
+
+
+def test_prefetch_of_a_buffer_or_a_file_object_asks_for_nothing():
+    data = fastst.save({"a": np.zeros(100, np.uint8)})
+    with fastst.safe_open(io.BytesIO(data)) as f:
+        assert f.backend == "ranges" and f.prefetch(["a"]) == 0
+    with fastst.NumpyHandle() as f:
+        f.open_buffer(data)
+        assert f.prefetch(["a"]) == 0
+
+
+def test_prefetch_refuses_a_replaced_file(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.zeros(100, np.uint8)}, path)
+    with fastst.safe_open(path) as f:
+        fastst.save_file({"a": np.ones(100, np.uint8)}, path)
+        with pytest.raises(fastst.SafetensorError, match="file was replaced"):
+            f.prefetch(["a"])

@@ -19,9 +19,9 @@ class ByteBar:
     ``update(nbytes)`` counts work done; the line is drawn again only when the
     percentage changes (at most 101 times), and erased by ``close()``."""
 
-    def __init__(self, total: int, desc: str, stream: TextIO) -> None:
+    def __init__(self, total: int, desc: str, stream: TextIO, done: int = 0) -> None:
         self.total, self.desc, self.stream = max(total, 1), desc, stream
-        self.done = 0
+        self.done = done
         self.start = time.monotonic()
         self.shown_percent = -1
         self.width = 0
@@ -77,11 +77,12 @@ def is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def byte_bar(total: int, desc: str, min_bytes: Optional[int] = None) -> Optional[ByteBar]:
-    """A bar over `total` bytes on stderr, whose ``update(nbytes)`` counts work
-    done; None when stderr is not a terminal or the work is under `min_bytes`
-    (default: `PROGRESS_MIN_BYTES`, 64 MiB)."""
+def byte_bar(total: int, desc: str, min_bytes: Optional[int] = None,
+             done: int = 0) -> Optional[ByteBar]:
+    """A bar over `total` bytes on stderr, `done` of them done already, whose
+    ``update(nbytes)`` counts work done; None when stderr is not a terminal or the
+    work is under `min_bytes` (default: `PROGRESS_MIN_BYTES`, 64 MiB)."""
     least = PROGRESS_MIN_BYTES if min_bytes is None else min_bytes
     if total < least or not is_terminal(sys.stderr):
         return None
-    return ByteBar(total, desc, sys.stderr)
+    return ByteBar(total, desc, sys.stderr, done)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import operator
 import pickle
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Sized, Tuple
 
 import numpy as np
 
@@ -42,6 +42,13 @@ from ._loader import Loader, Names, _common_length
 if TYPE_CHECKING:
     import numpy.typing as npt
     import torch  # type: ignore[import-not-found, unused-ignore]
+    from torch.utils.data import BatchSampler, DataLoader, Dataset
+
+    class RowDataset(Rows, Dataset[Any]):   # what _row_dataset_class makes at run time
+        def __init__(self, path: PathLike, names: Names, *, backend: Backend = "mmap",
+                     framework: str = "pt") -> None: ...
+        def __getitem__(self, index: Any) -> Any: ...
+        def __getitems__(self, indices: Sequence[int]) -> list[Any]: ...
 
 # RowDataset too, when torch is installed (not listed: `import *` must not need torch)
 __all__ = ["Loader", "Rows", "batches", "batch_sampler", "data_loader"]
@@ -287,8 +294,9 @@ def batches(path: PathLike, names: Names, batch_size: int, *, shuffle: bool = Fa
         yield from rows.batches(batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
 
 
-def batch_sampler(dataset: Any, batch_size: int, *, shuffle: bool = False,
-                  drop_last: bool = False, generator: Optional[torch.Generator] = None) -> Any:
+def batch_sampler(dataset: Sized, batch_size: int, *, shuffle: bool = False,
+                  drop_last: bool = False, generator: Optional[torch.Generator] = None
+                  ) -> BatchSampler:
     """torch's ``BatchSampler`` over a dataset's rows, in order or shuffled: lists
     of row numbers that a ``RowDataset`` gathers in one call each.
 
@@ -333,9 +341,9 @@ def batch_sampler(dataset: Any, batch_size: int, *, shuffle: bool = False,
     return BatchSampler(order, batch_size, drop_last)
 
 
-def data_loader(dataset: Any, batch_size: int, *, shuffle: bool = False,
+def data_loader(dataset: RowDataset, batch_size: int, *, shuffle: bool = False,
                 drop_last: bool = False, generator: Optional[torch.Generator] = None,
-                **options: Any) -> Any:
+                **options: Any) -> DataLoader[Any]:
     """torch's ``DataLoader`` over a ``RowDataset``, each batch gathered in one
     call by the worker that makes it.
 

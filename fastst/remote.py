@@ -42,6 +42,7 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping
 
 from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
+from ._progress import PROGRESS_MIN_BYTES, ByteBar, byte_bar
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
@@ -355,18 +356,39 @@ class UrlRanges:
         self.ranges_ignored = info.get("partial") is False    # Accept-Ranges: none
         self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag,
                                                        modified)
+        self.fetched = 0      # bytes asked by earlier calls: where a download bar goes on
 
     def __call__(self, ranges: Sequence[Range]) -> List[Any]:
         if self.ranges_ignored:
             for offset, length in ranges:
                 self.check_answerable(offset, length)
+        asked = sum(length for _, length in ranges)
+        bar = self._download_bar(asked)
+        try:
+            return self._fetch(ranges, None if bar is None else bar.update)
+        finally:
+            self.fetched += asked
+            if bar is not None:
+                bar.close()
+
+    def _download_bar(self, asked: int) -> Optional[ByteBar]:
+        """A bar over the object's bytes on a terminal, for a large object and a call
+        that asks for a good part of what makes a bar worth drawing; it goes on from
+        the bytes earlier calls fetched (a whole-file load is one bar from 0 to 100%),
+        and is erased when the call ends."""
+        if asked < PROGRESS_MIN_BYTES // 8:
+            return None
+        return byte_bar(self.size, "download", done=self.fetched)
+
+    def _fetch(self, ranges: Sequence[Range],
+               on_bytes: Optional[Callable[[int], None]]) -> List[Any]:
         try:
             if getattr(self.fs, "async_impl", False):
                 get = _range_getter(self.fs)
                 return list(_fetch_ranges(
                     self.fs, ranges, lambda offset, length, into, progress: get(
                         self.fs, self.path, offset, length, self, into, progress),
-                    self.pace, whole_requests=self.ranges_ignored))
+                    self.pace, whole_requests=self.ranges_ignored, on_bytes=on_bytes))
             else:
                 got = self.fs.cat_ranges([self.path] * len(ranges),
                                          [offset for offset, _ in ranges],
@@ -381,6 +403,8 @@ class UrlRanges:
             if isinstance(item, BaseException):
                 raise _translated(item, self.url, f"reading bytes [{offset}, "
                                                   f"{offset + length})") from item
+            if on_bytes is not None:
+                on_bytes(length)
         return list(got)
 
     def check_answerable(self, offset: int, length: int) -> None:
@@ -584,7 +608,8 @@ PartGetter = Callable[[int, int, memoryview, Callable[[int], None]], Awaitable[i
 
 
 def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range], get: PartGetter,
-                  pace: Pace, whole_requests: bool = False) -> List[memoryview]:
+                  pace: Pace, whole_requests: bool = False,
+                  on_bytes: Optional[Callable[[int], None]] = None) -> List[memoryview]:
     """Byte ranges from an async file system, fetched by parts into one buffer per
     run of neighbouring ranges: a queue of parts that `pace` sizes, taken by as many
     requests at once as it allows, each started as soon as one ends. With
@@ -634,6 +659,8 @@ def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range], get: PartGett
                 first = False
             done += count
             pace.progress(now, done)
+            if on_bytes is not None:
+                on_bytes(count)
 
         span = spans[k]
         into = buffers[k][offset - span.offset:offset - span.offset + size]

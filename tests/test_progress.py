@@ -1,5 +1,5 @@
-"""Progress bars of the command line: drawn on a terminal for long work (convert,
-verify, sharded conversions), never into a pipe; without any library installed.
+"""Progress bars: drawn on a terminal for long work (convert, verify, sharded
+conversions and saves, loads from a URL), never into a pipe; without any library installed.
 
 Each command runs in a child whose stdout and stderr are a pseudo-terminal (or
 pipes), and the test reads what it drew. The child hides tqdm, as a fresh
@@ -21,7 +21,7 @@ import pytest
 
 import fastst
 
-BAR = re.compile(r"\r(convert|verify|save) +(\d+)% \|[# ]+\| \d+/\d+ MiB")
+BAR = re.compile(r"\r(convert|verify|save|download) +(\d+)% \|[# ]+\| \d+/\d+ MiB")
 CHILD = """
 import sys
 sys.modules["tqdm"] = None          # not installed
@@ -198,3 +198,67 @@ def test_a_sharded_save_draws_a_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
     assert piped.returncode == 0 and piped.stderr == "saved\n"
     assert fastst.load_file(tmp_path / "in-pipe").keys() == \
         fastst.load_file(tmp_path / "on-terminal").keys()
+
+
+REMOTE_LOAD = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+import fastst, fastst._progress
+from servers import RangeServer
+fastst._progress.PROGRESS_MIN_BYTES = 0
+arrays = {{f"layer{{k}}": np.full(1 << 18, k, np.float32) for k in range(8)}}
+if {scheme!r} == "memory":
+    import fsspec
+    url = "memory://bars/model.safetensors"
+    fsspec.filesystem("memory").pipe_file(url, fastst.save(arrays))
+    loaded = fastst.load_file(url)
+else:
+    with RangeServer({{"/model.safetensors": fastst.save(arrays)}}) as server:
+        loaded = fastst.load_file(server.url + "/model.safetensors")
+assert all((loaded[name] == array).all() for name, array in arrays.items())
+print("loaded", file=sys.stderr)
+"""
+
+
+def run_script_on_terminal(script):
+    """Run a Python script on an 80-column pseudo-terminal: its exit status and what
+    it drew there."""
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL,
+                             stdout=follower, stderr=follower)
+    os.close(follower)
+    drawn = []
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], TIMEOUT)
+            if not ready:
+                break
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:       # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            drawn.append(chunk)
+        code = child.wait(timeout=TIMEOUT)
+    finally:
+        child.kill()
+        os.close(leader)
+    return code, b"".join(drawn).decode()
+
+
+@pytest.mark.needs("fsspec", "aiohttp")
+@pytest.mark.parametrize("scheme", ["memory", "http"])
+def test_a_load_from_a_url_draws_a_bar_on_a_terminal_and_none_in_a_pipe(scheme):
+    """The bytes a load brings from a store, on a terminal; nothing in a pipe."""
+    script = REMOTE_LOAD.format(tests=os.path.dirname(__file__), scheme=scheme)
+    code, drawn = run_script_on_terminal(script)
+    assert code == 0, drawn
+    shown = [percent for kind, percent in bars(drawn) if kind == "download"]
+    assert shown and shown[-1] >= 99 and shown == sorted(shown), drawn
+    piped = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+    assert piped.returncode == 0 and piped.stderr == "loaded\n", piped.stderr
+

@@ -108,6 +108,9 @@ def test_framework_handles_give_framework_types(mypy_report):
         "dict[str, torch._C.dtype | None]",
         STATE_OF.format(leaf=TENSOR),
         "tuple[set[str], list[str]]",
+        "fastst.data.RowDataset",
+        "torch.utils.data.dataloader.DataLoader[Any]",
+        "torch.utils.data.sampler.BatchSampler",
     ]
 
 

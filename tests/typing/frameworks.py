@@ -1,6 +1,7 @@
 import torch
 
 import fastst
+import fastst.data
 import fastst.flax
 import fastst.torch
 
@@ -21,3 +22,7 @@ reveal_type(fastst.flax.load_file("model.safetensors"))
 reveal_type(fastst.torch.TORCH_DTYPES)
 reveal_type(fastst.load_state("state.safetensors", "pt"))
 reveal_type(fastst.torch.load_model(torch.nn.Linear(2, 2), "model.safetensors"))
+rows = fastst.data.RowDataset("rows.safetensors", ["x", "y"])
+reveal_type(rows)
+reveal_type(fastst.data.data_loader(rows, 256, shuffle=True))
+reveal_type(fastst.data.batch_sampler(rows, 256))

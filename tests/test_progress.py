@@ -42,9 +42,15 @@ def child_command(argv, min_bytes):
 def run_on_terminal(argv, *, min_bytes=0, size=(24, 80)):
     """Run ``fastst argv`` on a pseudo-terminal of `size` (rows, columns); its exit
     status and everything it wrote there."""
+    return run_command_on_terminal(child_command(argv, min_bytes), size)
+
+
+def run_command_on_terminal(command, size=(24, 80)):
+    """Run `command` on a pseudo-terminal of `size` (rows, columns): its exit status
+    and everything it wrote there."""
     leader, follower = os.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
-    child = subprocess.Popen(child_command(argv, min_bytes), stdin=subprocess.DEVNULL,
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                              stdout=follower, stderr=follower)
     os.close(follower)
     drawn = []
@@ -168,29 +174,8 @@ print("saved", file=sys.stderr)
 def test_a_sharded_save_draws_a_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
     """The library's sharded save shows its bytes on a terminal, never in a pipe."""
     script = SHARDED_SAVE.format(folder=str(tmp_path / "on-terminal"))
-    leader, follower = os.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL,
-                             stdout=follower, stderr=follower)
-    os.close(follower)
-    drawn = []
-    try:
-        while True:
-            ready, _, _ = select.select([leader], [], [], TIMEOUT)
-            if not ready:
-                break
-            try:
-                chunk = os.read(leader, 1 << 16)
-            except OSError:
-                break
-            if not chunk:
-                break
-            drawn.append(chunk)
-        assert child.wait(timeout=TIMEOUT) == 0
-    finally:
-        child.kill()
-        os.close(leader)
-    text = b"".join(drawn).decode()
+    code, text = run_command_on_terminal([sys.executable, "-c", script])
+    assert code == 0, text
     shown = [percent for kind, percent in bars(text) if kind == "save"]
     assert shown and shown[-1] == 100 and shown == sorted(shown), text
     piped = subprocess.run([sys.executable, "-c", SHARDED_SAVE.format(
@@ -221,40 +206,12 @@ print("loaded", file=sys.stderr)
 """
 
 
-def run_script_on_terminal(script):
-    """Run a Python script on an 80-column pseudo-terminal: its exit status and what
-    it drew there."""
-    leader, follower = os.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL,
-                             stdout=follower, stderr=follower)
-    os.close(follower)
-    drawn = []
-    try:
-        while True:
-            ready, _, _ = select.select([leader], [], [], TIMEOUT)
-            if not ready:
-                break
-            try:
-                chunk = os.read(leader, 1 << 16)
-            except OSError:       # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            drawn.append(chunk)
-        code = child.wait(timeout=TIMEOUT)
-    finally:
-        child.kill()
-        os.close(leader)
-    return code, b"".join(drawn).decode()
-
-
 @pytest.mark.needs("fsspec", "aiohttp")
 @pytest.mark.parametrize("scheme", ["memory", "http"])
 def test_a_load_from_a_url_draws_a_bar_on_a_terminal_and_none_in_a_pipe(scheme):
     """The bytes a load brings from a store, on a terminal; nothing in a pipe."""
     script = REMOTE_LOAD.format(tests=os.path.dirname(__file__), scheme=scheme)
-    code, drawn = run_script_on_terminal(script)
+    code, drawn = run_command_on_terminal([sys.executable, "-c", script])
     assert code == 0, drawn
     shown = [percent for kind, percent in bars(drawn) if kind == "download"]
     assert shown and shown[-1] >= 99 and shown == sorted(shown), drawn

@@ -5,7 +5,6 @@ zero-copy array views, and writes straight from array buffers.
 Everything here validates before it trusts: no view exists until the whole header has
 been checked against the file's size.
 """
-import errno as errno_module
 import os
 import stat
 from collections import namedtuple
@@ -22,7 +21,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.errno cimport EINTR, EINVAL, errno
+from libc.errno cimport EINTR, EINVAL, EOPNOTSUPP, errno
 from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset

@@ -565,7 +565,7 @@ cdef class Reader:
                 raise OSError(EINVAL, "O_DIRECT is not supported on this platform")
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | flag)
         except OSError as error:
-            if error.errno not in (EINVAL, errno_module.EOPNOTSUPP):
+            if error.errno not in (EINVAL, EOPNOTSUPP):
                 raise
             _COUNTERS["direct_refused"] += 1
             return -1

@@ -300,6 +300,12 @@ class Reader:
         a list of ``(offset, length)`` and returns one bytes-like object per range,
         exactly that long (what ``safe_open`` does for URLs and file objects).
 
+        A `fetch` may also have a ``fetch_into(ranges, buffers)`` method, which
+        puts each range's bytes into its buffer (a writable memoryview exactly
+        as long, valid only during the call) and returns a list of the bytes
+        each got: big tensors (1 MiB or more) are then fetched straight into
+        their arrays, all in one call with the first batch of the others.
+
         A `fetch` whose store ignores range requests says so with a true
         ``ranges_ignored`` attribute: it is then asked only for ranges that
         start at byte 0 (the rest of a header longer than the first request's
@@ -891,10 +897,12 @@ class ReadOptions(NamedTuple):
     request_bytes: int
     direct: bool
     hints: bool
+    huge_pages: bool
 
 
 def read_options(*, threads: int | None = None, request_bytes: int | None = None,
-                 direct: bool | None = None, hints: bool | None = None) -> ReadOptions:
+                 direct: bool | None = None, hints: bool | None = None,
+                 huge_pages: bool | None = None) -> ReadOptions:
     """Set how local files are read into fresh memory, and return the options
     that were in force.
 
@@ -929,6 +937,14 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
         Tell the kernel (``posix_fadvise(POSIX_FADV_SEQUENTIAL)``) that a plan
         of 8 MiB or more reads its bytes in file order, so that it reads
         further ahead.
+    huge_pages : bool, optional
+        Give fresh arrays of 4 MiB or more (from files, buffers, file objects
+        and URLs alike) memory mapped for transparent huge pages
+        (``madvise(MADV_HUGEPAGE)``, Linux), through a NumPy allocation
+        handler: a fault brings 2 MiB, not 4 KiB, which makes filling fresh
+        memory several times cheaper. The arrays own their memory as any
+        other (``flags.owndata``, ``resize``, pickling), and each gives it
+        back when freed. True by default.
 
     Returns
     -------

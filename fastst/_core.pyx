@@ -14,21 +14,23 @@ import numpy as np
 
 cimport numpy as cnp
 from cpython.buffer cimport (
-    PyBUF_ANY_CONTIGUOUS, PyBuffer_FillInfo, PyBuffer_Release,
+    PyBUF_ANY_CONTIGUOUS, PyBUF_WRITE, PyBuffer_FillInfo, PyBuffer_Release,
     PyObject_GetBuffer,
 )
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.errno cimport EINTR, EINVAL, EOPNOTSUPP, errno
-from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t
+from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
 from posix.fcntl cimport POSIX_FADV_NORMAL, POSIX_FADV_SEQUENTIAL, posix_fadvise
 from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
 from posix.stdlib cimport posix_memalign
 from posix.types cimport off_t
+from posix.uio cimport iovec, preadv
 from posix.unistd cimport pread, pwrite, write
 
 cnp.import_array()
@@ -46,6 +48,7 @@ cdef extern from "numpy/arrayobject.h":
     object PyArray_NewFromDescr(PyTypeObject* subtype, Descr* descr, int nd,
                                 cnp.npy_intp* dims, cnp.npy_intp* strides, void* data,
                                 int flags, PyObject* obj)
+    object PyDataMem_SetHandler(object handler)   # returns the handler it replaced
 
 cdef extern from "_fastst.h":
     bint fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t* out) noexcept nogil
@@ -54,6 +57,8 @@ cdef extern from "_fastst.h":
                                  int* ascii) noexcept nogil
     void fastst_transpose_rows(const char* src, char* dst, Py_ssize_t m, Py_ssize_t n,
                                Py_ssize_t row0, Py_ssize_t rows, int itemsize) noexcept nogil
+    object fastst_huge_handler_capsule()
+    void fastst_prefetch(const char* source, uint64_t length) noexcept nogil
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
 cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS

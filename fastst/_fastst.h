@@ -3,8 +3,11 @@
 #define FASTST_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <Python.h>
+#include <numpy/ndarraytypes.h>
 
 static inline int fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t *out) {
     return __builtin_mul_overflow(a, b, out);
@@ -62,6 +65,15 @@ static inline Py_ssize_t fastst_string_end(const unsigned char *p, Py_ssize_t po
     }                                                                         \
 }
 
+/* Ask for a copy's source bytes ahead of the copy: a gather of rows scattered over a
+   big table otherwise waits, row after row, for a TLB walk and a cache miss. A short
+   source is asked for whole, a long one by its first line (the hardware prefetcher
+   follows a long copy by itself). */
+static inline void fastst_prefetch(const char *source, uint64_t length) {
+    uint64_t span = length <= 1024 ? length : 64;
+    for (uint64_t at = 0; at < span; at += 64) __builtin_prefetch(source + at, 0, 1);
+}
+
 static void fastst_transpose_rows(const char *src, char *dst, Py_ssize_t m,
                                   Py_ssize_t n, Py_ssize_t row0, Py_ssize_t rows,
                                   int itemsize) {
@@ -71,6 +83,84 @@ static void fastst_transpose_rows(const char *src, char *dst, Py_ssize_t m,
         case 4: FASTST_TRANSPOSE(uint32_t) break;
         case 8: FASTST_TRANSPOSE(uint64_t) break;
     }
+}
+
+/* Fresh memory for big arrays, in huge pages where the kernel gives them: a NumPy
+   allocation handler (numpy >= 1.22), set only around the allocation of a big array,
+   so the array owns its memory as any other does and frees it through the handler.
+   Touching fresh memory page by page is much of what filling a big array costs (a
+   fault per 4 KiB, each zeroing its page): a mapping whose length is a multiple of
+   2 MiB is placed on a 2 MiB boundary by Linux, and with MADV_HUGEPAGE each fault
+   brings 2 MiB. Every block carries, just before its data, its mapped length (0 for
+   a block from malloc) and its size, which realloc needs and NumPy does not give. */
+#define FASTST_HUGE_PAGE ((size_t)2 << 20)
+#define FASTST_MAPPED_HEAD ((size_t)4096)  /* data page-aligned after a header page */
+#define FASTST_HEAD ((size_t)16)           /* malloc's alignment */
+
+static void *fastst_block_with(char *start, size_t head, size_t mapped, size_t size) {
+    size_t *fields = (size_t *)(start + head) - 2;
+    fields[0] = mapped;
+    fields[1] = size;
+    return start + head;
+}
+
+static void *fastst_huge_alloc(size_t size, int zeroed) {
+#ifdef MADV_HUGEPAGE
+    if (size >= FASTST_HUGE_PAGE && size <= SIZE_MAX - 2 * FASTST_HUGE_PAGE) {
+        size_t whole = size + FASTST_MAPPED_HEAD;
+        size_t mapped = (whole + FASTST_HUGE_PAGE - 1) & ~(FASTST_HUGE_PAGE - 1);
+        char *start = mmap(NULL, mapped, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (start != MAP_FAILED) {
+            /* the last, partly used 2 MiB stay in small pages: no more memory held
+               than asked, within a page */
+            madvise(start, whole & ~(FASTST_HUGE_PAGE - 1), MADV_HUGEPAGE);
+            return fastst_block_with(start, FASTST_MAPPED_HEAD, mapped, size);
+        }
+    }
+#endif
+    if (size > SIZE_MAX - FASTST_HEAD) return NULL;
+    char *start = zeroed ? calloc(1, size + FASTST_HEAD) : malloc(size + FASTST_HEAD);
+    return start == NULL ? NULL : fastst_block_with(start, FASTST_HEAD, 0, size);
+}
+
+static void *fastst_huge_malloc(void *ctx, size_t size) {
+    (void)ctx;
+    return fastst_huge_alloc(size, 0);
+}
+
+static void *fastst_huge_calloc(void *ctx, size_t count, size_t itemsize) {
+    size_t size;
+    (void)ctx;
+    if (__builtin_mul_overflow(count, itemsize, &size)) return NULL;
+    return fastst_huge_alloc(size, 1);    /* a fresh mapping is zeroed */
+}
+
+static void fastst_huge_free(void *ctx, void *data, size_t size) {
+    (void)ctx; (void)size;
+    if (data == NULL) return;
+    size_t *fields = (size_t *)data - 2;
+    if (fields[0]) munmap((char *)data - FASTST_MAPPED_HEAD, fields[0]);
+    else free((char *)data - FASTST_HEAD);
+}
+
+static void *fastst_huge_realloc(void *ctx, void *data, size_t size) {
+    if (data == NULL) return fastst_huge_alloc(size, 0);
+    size_t old = ((size_t *)data - 2)[1];
+    void *moved = fastst_huge_alloc(size, 0);
+    if (moved == NULL) return NULL;
+    memcpy(moved, data, old < size ? old : size);
+    fastst_huge_free(ctx, data, old);
+    return moved;
+}
+
+static PyDataMem_Handler fastst_huge_handler = {
+    "fastst_huge_pages", 1,
+    {NULL, fastst_huge_malloc, fastst_huge_calloc, fastst_huge_realloc, fastst_huge_free}
+};
+
+static PyObject *fastst_huge_handler_capsule(void) {
+    return PyCapsule_New(&fastst_huge_handler, "mem_handler", NULL);
 }
 
 #endif

@@ -129,7 +129,9 @@ cdef class Reader:
         long. The first request brings the prefix and, most often, the whole header
         (its first HEAD_BYTES); a longer header takes a second. Tensors are then read
         into fresh memory, each plan in as few requests as its byte ranges allow.
-        `identity` is what ``file_identity`` returns. A `fetch` whose store ignores
+        `identity` is what ``file_identity`` returns. A `fetch` with a
+        ``fetch_into(ranges, buffers)`` method gets big tensors straight into their
+        arrays (see _run_ranges_into). A `fetch` whose store ignores
         range requests says so by a true ``ranges_ignored`` attribute: it is then
         asked only for ranges from byte 0 (the rest of a long header with the
         start again, and, for a read of at least as many bytes as the tensors
@@ -221,6 +223,10 @@ cdef class Reader:
             (whole,) = self._checked_fetch(fetch, [(0, self.file_size)], what)
             plan.copy_from(_address(whole))
             return
+        if getattr(fetch, "fetch_into", None) is not None and not getattr(
+                fetch, "ranges_ignored", False):
+            self._run_ranges_into(fetch.fetch_into, head, plan, what)
+            return
         cdef _RangePlan ranges = _range_plan(plan)
         cdef Py_ssize_t first = 0, last, piece = 0, end_piece, count = len(ranges.ranges)
         cdef uint64_t batch
@@ -244,6 +250,84 @@ cdef class Reader:
                 piece, first = end_piece, last
         finally:
             free(bases)
+
+    cdef _run_ranges_into(self, object fetch_into, object head, _ReadPlan plan, object what):
+        """Carry out a read plan by ``fetch_into(ranges, buffers)``, which puts each
+        range's bytes into its buffer and returns how many it put: the plan's big runs
+        (DIRECT_BYTES or more, neighbours in the file and in memory) are fetched
+        straight into their arrays, the rest coalesced as `_range_plan` does into a
+        staging buffer of at most BATCH_BYTES a call. The runs go in the first call,
+        with the first staged batch, so the fetcher keeps every request busy to the
+        end of the plan; nothing is copied twice."""
+        cdef _ReadPlan staged = _ReadPlan.__new__(_ReadPlan)
+        direct = _direct_runs(plan, staged)
+        cdef _RangePlan ranges = _range_plan(staged)
+        cdef Py_ssize_t first = 0, last, piece = 0, end_piece, count = len(ranges.ranges)
+        cdef Py_ssize_t cached = len(head), k
+        cdef uint64_t batch, offset, length, at
+        cdef const char** bases = NULL
+        cdef char* staging_at
+        staging = None
+        try:
+            bases = <const char**>malloc(max(count, 1) * sizeof(char*))
+            if bases == NULL:
+                raise MemoryError()
+            while first < count or direct:
+                last, batch = first, 0
+                while last < count and (last == first or batch + ranges.ranges[last][1] <= BATCH_BYTES):
+                    batch += ranges.ranges[last][1]
+                    last += 1
+                if staging is None or <uint64_t>len(staging) < batch:
+                    staging = np.empty(batch, np.uint8)
+                staging_at = <char*>cnp.PyArray_DATA(staging)
+                asked, buffers = [], []
+                for offset, length, destination in direct:
+                    asked.append((offset, length))
+                    buffers.append(PyMemoryView_FromMemory(<char*><uintptr_t>destination,
+                                                           length, PyBUF_WRITE))
+                at = 0
+                for k in range(first, last):
+                    offset, length = ranges.ranges[k]
+                    if offset + length <= <uint64_t>cached:
+                        bases[k - first] = PyBytes_AS_STRING(head) + offset
+                        continue
+                    bases[k - first] = staging_at + at
+                    asked.append((offset, length))
+                    buffers.append(memoryview(staging)[at:at + length])
+                    at += length
+                direct = []
+                self._checked_fetch_into(fetch_into, asked, buffers, what)
+                end_piece = piece
+                while end_piece < ranges.n and ranges.pieces[end_piece].range < last:
+                    end_piece += 1
+                ranges.copy_from(piece, end_piece, bases, first)
+                piece, first = end_piece, last
+        finally:
+            free(bases)
+
+    cdef _checked_fetch_into(self, object fetch_into, list ranges, list buffers,
+                             object what):
+        """fetch_into(ranges, buffers), each range checked to have filled its buffer:
+        fewer bytes (a short read) is an error naming whose bytes are missing. The
+        buffers are released when it returns: a fetcher may not keep them."""
+        if not ranges:
+            return
+        try:
+            got = fetch_into(ranges, buffers)
+        finally:
+            for view in buffers:
+                view.release()
+        if not isinstance(got, (list, tuple)) or len(got) != len(ranges):
+            given = (f"{len(got)} of them" if isinstance(got, (list, tuple))
+                     else f"a {type(got).__name__}")
+            raise SafetensorError(f"{self.source}: fetch_into must return a list of one byte "
+                                  f"count per range ({len(ranges)}), got {given}")
+        for (offset, length), count in zip(ranges, got):
+            if type(count) is not int or count != length:
+                _fail(self.source, f"{self._holder(offset, what)}: bytes [{offset}, "
+                                   f"{offset + length}) came back {_shown(count)} bytes long, "
+                                   f"not {length} ("
+                                   f"{'a short read' if type(count) is int and count < length else 'too long'})")
 
     cdef list _batch(self, object fetch, object head, list batch, object what):
         """The bytes of each range of `batch`: from the first request's when they hold
@@ -394,7 +478,7 @@ cdef class Reader:
         descr = _numpy_dtypes()[entry.code]
         Py_INCREF(descr)
         try:
-            return PyArray_Empty(entry.np_ndim, dims, <Descr*><PyObject*>descr, 0)
+            return _fresh_array(entry.np_ndim, dims, descr)
         except ValueError as error:
             _fail(self.source, f"tensor {_shown(h.names[i])}: shape {_shown(h.shape(i))} cannot be a NumPy "
                                f"array ({error})")

@@ -81,7 +81,8 @@ cdef bint READ_HINTS = True             # posix_fadvise for plans read in file o
 cdef uint64_t DIRECT_ALIGN = 4096       # O_DIRECT: offsets, lengths and memory aligned to it
 cdef uint64_t MAX_READ_THREADS = 64
 
-ReadOptions = namedtuple("ReadOptions", ["threads", "request_bytes", "direct", "hints"],
+ReadOptions = namedtuple("ReadOptions", ["threads", "request_bytes", "direct", "hints",
+                                         "huge_pages"],
                          module="fastst")
 ReadOptions.__doc__ = """How local files are read into fresh memory (see read_options)."""
 
@@ -91,7 +92,8 @@ cdef dict _COUNTERS = dict.fromkeys(
      "direct_refused", "hinted_plans", "threads_started"], 0)
 
 
-def read_options(*, threads=None, request_bytes=None, direct=None, hints=None):
+def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
+                 huge_pages=None):
     """Set how local files are read into fresh memory (copies, the pread backend,
     load_into, checkpoints) and return the options in force before the call, as a
     ReadOptions; with no argument, only return them. `threads`: threads one read
@@ -99,9 +101,10 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None):
     `request_bytes`: the largest request (a multiple of 4096, 64 KiB to 1 GiB);
     `direct`: read with O_DIRECT (bypassing the page cache) where the file system
     takes it, buffered where it refuses; `hints`: tell the kernel (posix_fadvise)
-    that a plan reads its bytes in order."""
-    global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS
-    before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS)
+    that a plan reads its bytes in order; `huge_pages`: fresh arrays of 4 MiB or
+    more (from any source, URLs too) in memory mapped for huge pages."""
+    global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES
+    before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES)
     if threads is not None:
         if type(threads) is not int or not 0 <= threads <= MAX_READ_THREADS:
             raise SafetensorError(f"threads must be an integer from 0 to {MAX_READ_THREADS}, "
@@ -111,7 +114,7 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None):
                 or request_bytes % DIRECT_ALIGN):
             raise SafetensorError(f"request_bytes must be a multiple of {DIRECT_ALIGN} from "
                                   f"64 KiB to 1 GiB, got {_shown(request_bytes)}")
-    for name, flag in (("direct", direct), ("hints", hints)):
+    for name, flag in (("direct", direct), ("hints", hints), ("huge_pages", huge_pages)):
         if flag is not None and type(flag) is not bool:
             raise SafetensorError(f"{name} must be True or False, got {_shown(flag)}")
     if threads is not None:
@@ -122,6 +125,8 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None):
         READ_DIRECT = direct
     if hints is not None:
         READ_HINTS = hints
+    if huge_pages is not None:
+        HUGE_PAGES = huge_pages
     return before
 
 
@@ -144,6 +149,28 @@ def hint_sequential(int fd, uint64_t offset, uint64_t length):
     return True
 
 
+cdef Py_ssize_t PREFETCH_JOBS = 8         # copies whose source is asked for ahead of its copy
+cdef bint HUGE_PAGES = True                # big fresh arrays in huge pages (see _fastst.h)
+cdef uint64_t HUGE_ARRAY_BYTES = 4 << 20   # arrays this big are
+cdef object _HUGE_HANDLER = fastst_huge_handler_capsule()
+
+
+cdef object _fresh_array(int ndim, cnp.npy_intp* dims, object descr):
+    """PyArray_Empty (which steals the reference to `descr`), with the memory of a
+    big array from the huge-page handler where read_options() allows it."""
+    cdef uint64_t nbytes = (<cnp.dtype>descr).itemsize
+    cdef int k
+    for k in range(ndim):
+        nbytes *= <uint64_t>dims[k]
+    if not HUGE_PAGES or nbytes < HUGE_ARRAY_BYTES:
+        return PyArray_Empty(ndim, dims, <Descr*><PyObject*>descr, 0)
+    before = PyDataMem_SetHandler(_HUGE_HANDLER)
+    try:
+        return PyArray_Empty(ndim, dims, <Descr*><PyObject*>descr, 0)
+    finally:
+        PyDataMem_SetHandler(before)
+
+
 cdef class _ReadPlan:
     """Byte ranges to copy into arrays, cut into requests that threads share."""
     cdef ReadJob* jobs
@@ -158,7 +185,6 @@ cdef class _ReadPlan:
     cdef uint64_t requests, direct_requests, direct_bytes, bounced_bytes
     cdef Py_ssize_t* groups     # group g: jobs [groups[g], groups[g + 1]) (see group())
     cdef Py_ssize_t ngroups
-    cdef bint grouped           # some group holds several jobs
 
     def __cinit__(self):
         self.direct_fd = -1
@@ -193,16 +219,18 @@ cdef class _ReadPlan:
                 return
 
     cdef copy_from(self, const char* base):
-        cdef Py_ssize_t k
+        cdef Py_ssize_t k, ahead
         with nogil:
             for k in range(self.n):
+                ahead = k + PREFETCH_JOBS
+                if ahead < self.n:
+                    fastst_prefetch(base + self.jobs[ahead].offset, self.jobs[ahead].length)
                 memcpy(self.jobs[k].dest, base + self.jobs[k].offset, self.jobs[k].length)
 
     def run(self, Py_ssize_t first, Py_ssize_t step):
         """Read groups first, first + step, ... (one thread's share): a group of one
         job with pread into its memory (or with O_DIRECT), a group of several small
-        jobs adjacent in the file with one pread into a buffer of the thread's,
-        copied out to each."""
+        jobs adjacent in the file with preadv, straight into each one's memory."""
         cdef Py_ssize_t g, k
         cdef Py_ssize_t got
         cdef int error = 0
@@ -210,19 +238,15 @@ cdef class _ReadPlan:
         cdef _ReadTally tally
         memset(&tally, 0, sizeof(tally))
         cdef char* bounce = NULL
-        cdef char* staging = NULL
         if self.direct_fd >= 0 and posix_memalign(<void**>&bounce, DIRECT_ALIGN,
                                                   self.chunk + DIRECT_ALIGN) != 0:
             bounce = NULL      # no aligned buffer: this thread reads through the cache
-        if self.grouped and bounce == NULL:
-            staging = <char*>malloc(self.chunk)     # NULL: each job is read alone
         with nogil:
             g = first
             while g < self.ngroups:
-                if staging != NULL and self.groups[g + 1] - self.groups[g] > 1:
+                if bounce == NULL and self.groups[g + 1] - self.groups[g] > 1:
                     got = _read_group(self.fd, self.jobs, self.groups[g], self.groups[g + 1],
-                                      staging, &short_by)
-                    tally.requests += 1
+                                      &short_by, &tally.requests)
                     if got < 0:
                         error = -got
                     g += step
@@ -241,7 +265,6 @@ cdef class _ReadPlan:
                         short_by += self.jobs[k].length - got
                 g += step
             free(bounce)
-            free(staging)
         # back under the GIL: threads report one at a time
         self.error = self.error or error
         self.short_by += short_by
@@ -253,7 +276,7 @@ cdef class _ReadPlan:
     cdef group(self):
         """Cut the jobs into groups that threads take whole: runs of small jobs each
         starting where the one before ends in the file, up to a request's bytes (one
-        pread for all: many small tensors are read as a few large requests, in file
+        preadv for all: many small tensors are read as a few large requests, in file
         order, and no byte that was not asked for), and each other job alone."""
         cdef Py_ssize_t k
         cdef uint64_t span_start = 0
@@ -270,7 +293,6 @@ cdef class _ReadPlan:
                 previous = &self.jobs[k - 1]
                 if (previous.offset + previous.length == job.offset
                         and job.offset + job.length - span_start <= self.chunk):
-                    self.grouped = True
                     continue
             self.groups[self.ngroups] = k
             self.ngroups += 1
@@ -338,26 +360,63 @@ cdef struct _ReadTally:
     uint64_t bounced_bytes
 
 
+cdef enum:
+    GROUP_IOVECS = 1024         # IOV_MAX on Linux and macOS: buffers one preadv fills at most
+
+
 cdef Py_ssize_t _read_group(int fd, ReadJob* jobs, Py_ssize_t first, Py_ssize_t last,
-                            char* staging, uint64_t* short_by) noexcept nogil:
-    """Jobs [first, last), one after another in the file, read by one pread into
-    `staging` and copied out; the bytes a short read left out are added to
-    `short_by`. The bytes read, or -errno."""
-    cdef uint64_t start = jobs[first].offset
-    cdef uint64_t span = jobs[last - 1].offset + jobs[last - 1].length - start
-    cdef Py_ssize_t got = _pread_all(fd, staging, span, start)
-    if got < 0:
-        return got
-    cdef Py_ssize_t k
-    cdef uint64_t at, have
+                            uint64_t* short_by, uint64_t* requests) noexcept nogil:
+    """Jobs [first, last), one after another in the file, read straight into their
+    memory by preadv, up to GROUP_IOVECS jobs a call; a call that stops early (the
+    end of the file) leaves the rest to pread, job by job. The bytes a short read
+    left out are added to `short_by`. The bytes read, or -errno."""
+    cdef iovec[GROUP_IOVECS] buffers
+    cdef Py_ssize_t k, count, done = 0
+    cdef Py_ssize_t got
+    cdef uint64_t asked
+    while first < last:
+        count = min(last - first, <Py_ssize_t>GROUP_IOVECS)
+        asked = 0
+        for k in range(count):
+            buffers[k].iov_base = jobs[first + k].dest
+            buffers[k].iov_len = jobs[first + k].length
+            asked += jobs[first + k].length
+        got = preadv(fd, buffers, <int>count, <off_t>jobs[first].offset)
+        requests[0] += 1
+        if got < 0 and errno == EINTR:
+            continue
+        if got < 0:
+            return -errno
+        if <uint64_t>got < asked:
+            got = _read_rest(fd, jobs, first, first + count, got, short_by, requests)
+            if got < 0:
+                return got
+        done += got
+        first += count
+    return done
+
+
+cdef Py_ssize_t _read_rest(int fd, ReadJob* jobs, Py_ssize_t first, Py_ssize_t last,
+                           uint64_t got, uint64_t* short_by, uint64_t* requests) noexcept nogil:
+    """After a preadv of jobs [first, last) that brought only `got` bytes: the rest of
+    them by pread (the bytes a short read leaves out added to `short_by`). The bytes
+    of the jobs read in all, or -errno."""
+    cdef Py_ssize_t k, more
+    cdef Py_ssize_t done = got
+    cdef uint64_t skip
     for k in range(first, last):
-        at = jobs[k].offset - start
-        have = 0 if <uint64_t>got <= at else <uint64_t>got - at
-        if have > jobs[k].length:
-            have = jobs[k].length
-        memcpy(jobs[k].dest, staging + at, have)
-        short_by[0] += jobs[k].length - have
-    return got
+        if got >= jobs[k].length:
+            got -= jobs[k].length
+            continue
+        skip, got = got, 0
+        more = _pread_all(fd, jobs[k].dest + skip, jobs[k].length - skip,
+                          jobs[k].offset + skip)
+        requests[0] += 1
+        if more < 0:
+            return more
+        done += more
+        short_by[0] += jobs[k].length - skip - more
+    return done
 
 
 cdef Py_ssize_t _read_direct(int direct_fd, int fd, ReadJob* job, char* bounce,
@@ -495,15 +554,58 @@ cdef class _RangePlan:
                 memcpy(piece.dest, bases[piece.range - range0] + piece.at, piece.length)
 
 
-cdef _RangePlan _range_plan(_ReadPlan plan):
-    cdef _RangePlan out = _RangePlan.__new__(_RangePlan)
-    out.ranges = []
+cdef uint64_t DIRECT_BYTES = 1 << 20  # runs this long are fetched into their arrays, not staged
+
+
+cdef list _direct_runs(_ReadPlan plan, _ReadPlan staged):
+    """The plan's runs of jobs that follow one another both in the file and in memory,
+    in file order: those of DIRECT_BYTES or more as [(offset, length, address)], the
+    others' jobs added to `staged`."""
+    direct = []
+    cdef Py_ssize_t k, first = 0
+    cdef cnp.intp_t[::1] order = _file_order(plan)
+    cdef ReadJob* job
+    cdef ReadJob* previous
+    for k in range(plan.n + 1):
+        if k < plan.n and k > first:
+            job, previous = &plan.jobs[order[k]], &plan.jobs[order[k - 1]]
+            if (job.offset == previous.offset + previous.length
+                    and job.dest == previous.dest + previous.length):
+                continue
+        if k > first:
+            _take_run(plan, order, first, k, direct, staged)
+        first = k
+    return direct
+
+
+cdef _take_run(_ReadPlan plan, cnp.intp_t[::1] order, Py_ssize_t first, Py_ssize_t last,
+               list direct, _ReadPlan staged):
+    cdef ReadJob* start = &plan.jobs[order[first]]
+    cdef ReadJob* end = &plan.jobs[order[last - 1]]
+    cdef uint64_t length = end.offset + end.length - start.offset
+    cdef Py_ssize_t k
+    if length >= DIRECT_BYTES:
+        direct.append((start.offset, length, <uintptr_t>start.dest))
+        return
+    for k in range(first, last):
+        staged.add(plan.jobs[order[k]].dest, plan.jobs[order[k]].length,
+                   plan.jobs[order[k]].offset)
+
+
+cdef cnp.intp_t[::1] _file_order(_ReadPlan plan):
     offsets = np.empty(plan.n, np.uint64)
     cdef uint64_t[::1] offset_of = offsets
     cdef Py_ssize_t k
     for k in range(plan.n):
         offset_of[k] = plan.jobs[k].offset
-    cdef cnp.intp_t[::1] order = np.argsort(offsets, kind="stable").astype(np.intp)
+    return np.argsort(offsets, kind="stable").astype(np.intp)
+
+
+cdef _RangePlan _range_plan(_ReadPlan plan):
+    cdef _RangePlan out = _RangePlan.__new__(_RangePlan)
+    out.ranges = []
+    cdef Py_ssize_t k
+    cdef cnp.intp_t[::1] order = _file_order(plan)
     cdef uint64_t start = 0, end = 0, offset, length, take
     cdef bint open_range = False
     cdef char* dest

@@ -40,6 +40,8 @@ import threading
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, NamedTuple,
                     Optional, Sequence, Tuple)
 
+import numpy as np
+
 from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
 from ._progress import PROGRESS_MIN_BYTES, ByteBar, byte_bar
@@ -359,13 +361,52 @@ class UrlRanges:
         self.fetched = 0      # bytes asked by earlier calls: where a download bar goes on
 
     def __call__(self, ranges: Sequence[Range]) -> List[Any]:
+        spans = _spans_of(ranges)
+        # not zeroed: each page is touched once, by the bytes that fill it
+        buffers = [memoryview(np.empty(span.end - span.offset, np.uint8)) for span in spans]
+        got = self._with_bar(ranges, spans, buffers)
+        if got is not None:
+            return got
+        return [span.view_of(buffer, offset, length)
+                for span, buffer in zip(spans, buffers) for offset, length in span.ranges]
+
+    def fetch_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> List[int]:
+        """Put the bytes of each range into its buffer (a writable memoryview exactly
+        as long), fetched in parts as a call does; returns the bytes each got, fewer
+        than asked where an answer was cut short. The buffers are not kept past the
+        call. The compiled Reader fetches big tensors this way, straight into their
+        arrays."""
+        spans = []
+        for (offset, length), buffer in zip(ranges, buffers, strict=True):
+            if buffer.readonly or buffer.nbytes != length:
+                raise ValueError(f"{self.url}: bytes [{offset}, {offset + length}) need a "
+                                 f"writable buffer of {length} bytes")
+            span = _Span(offset)
+            span.ranges.append((offset, length))
+            span.end = offset + length
+            spans.append(span)
+        views = [buffer.cast("B") for buffer in buffers]
+        got = self._with_bar(ranges, spans, views)
+        if got is not None:     # a file system without async reads: copied
+            counts = [memoryview(item).nbytes for item in got]
+            for view, item, count in zip(views, got, counts):
+                if count <= view.nbytes:    # else the Reader refuses it as too long
+                    view[:count] = item
+            return counts
+        return [len(span.view_of(view, span.offset, span.end - span.offset))
+                for span, view in zip(spans, views)]
+
+    def _with_bar(self, ranges: Sequence[Range], spans: List[_Span],
+                  buffers: List[memoryview]) -> Optional[List[Any]]:
+        """Fetch `spans` into `buffers` with a download bar; on a file system without
+        async reads, return the bytes of each range instead."""
         if self.ranges_ignored:
             for offset, length in ranges:
                 self.check_answerable(offset, length)
         asked = sum(length for _, length in ranges)
         bar = self._download_bar(asked)
         try:
-            return self._fetch(ranges, None if bar is None else bar.update)
+            return self._fetch(ranges, spans, buffers, None if bar is None else bar.update)
         finally:
             self.fetched += asked
             if bar is not None:
@@ -380,15 +421,15 @@ class UrlRanges:
             return None
         return byte_bar(self.size, "download", done=self.fetched)
 
-    def _fetch(self, ranges: Sequence[Range],
-               on_bytes: Optional[Callable[[int], None]]) -> List[Any]:
+    def _fetch(self, ranges: Sequence[Range], spans: List[_Span], buffers: List[memoryview],
+               on_bytes: Optional[Callable[[int], None]]) -> Optional[List[Any]]:
         try:
             if getattr(self.fs, "async_impl", False):
                 get = _range_getter(self.fs)
-                return list(_fetch_ranges(
-                    self.fs, ranges, lambda offset, length, into, progress: get(
-                        self.fs, self.path, offset, length, self, into, progress),
-                    self.pace, whole_requests=self.ranges_ignored, on_bytes=on_bytes))
+                _fetch_spans(self.fs, spans, buffers, lambda offset, length, into, progress: get(
+                    self.fs, self.path, offset, length, self, into, progress),
+                    self.pace, whole_requests=self.ranges_ignored, on_bytes=on_bytes)
+                return None
             else:
                 got = self.fs.cat_ranges([self.path] * len(ranges),
                                          [offset for offset, _ in ranges],
@@ -457,13 +498,17 @@ class Pace:
 
     It starts with `low` requests and, as TCP's slow start does, doubles them each
     time that makes the bytes come in at least `GROWTH` times faster than at the level
-    measured before, up to `high`; when a level does not pay (`CHANCES` windows in a
-    row), it goes back to the last that did and keeps it. A level is measured over a window of at least `MIN_WINDOW`
-    seconds and four times a request's time to its first byte, from the first byte of
-    a read on, and from one such time after the level was raised (when the requests
-    added bring their first bytes), while every request it allows has a part to fetch
-    (a read too small to fill them teaches nothing). Parts are `part_size` bytes, smaller once fewer remain than
-    would keep every request busy to the last byte.
+    measured before, up to `high`; it quadruples them while each request brings less
+    than `CAPPED_RATE` bytes a second (a store that caps each connection, as S3 and
+    GCS do: many more are needed, and a small file would be read before doubling
+    found them). When a level does not pay (`CHANCES` windows in a row), it goes back
+    to the last that did and keeps it. A level is measured over a window of at least
+    `MIN_WINDOW` seconds and `LATENCIES` times a request's time to its first byte,
+    from the first byte of a read on, and from one such time after the level was
+    raised (when the requests added bring their first bytes), while every request it
+    allows has a part to fetch (a read too small to fill them teaches nothing). Parts
+    are `part_size` bytes, smaller once fewer remain than would keep every request
+    busy to the last byte.
 
     Parameters
     ----------
@@ -486,14 +531,17 @@ class Pace:
     >>> def seen(second, mib):   # bytes come in: by then, `mib` MiB in all
     ...     pace.progress(second, mib << 20)
     ...     return pace.allowed
-    >>> seen(0, 0), seen(1, 100)        # a read's first byte, then 100 MiB/s with 2
+    >>> seen(0, 0), seen(1, 200)        # a read's first byte, then 200 MiB/s with 2
     (2, 4)
-    >>> seen(1, 100), seen(2, 300)      # the 2 added bring bytes: 200 MiB/s with 4
+    >>> seen(1, 200), seen(2, 600)      # the 2 added bring bytes: 400 MiB/s with 4
     (4, 8)
-    >>> seen(2, 300), seen(3, 550), seen(4, 800)   # 250 MiB/s with 8, twice: back to 4
+    >>> seen(2, 600), seen(3, 1100), seen(4, 1600)   # 500 MiB/s with 8, twice: back to 4
     (8, 8, 4)
     >>> pace.settled
     True
+    >>> capped = Pace(2, 16, 8 << 20)   # each request brings 20 MiB/s: 4 times as many
+    >>> capped.progress(0, 0); capped.progress(1, 40 << 20); capped.allowed
+    8
     >>> pace.part_for(64 << 20), pace.part_for(40 << 20)   # smaller parts at the end
     (8388608, 5242880)
     """
@@ -501,6 +549,8 @@ class Pace:
     GROWTH = 1.3
     CHANCES = 2
     MIN_WINDOW = 0.05
+    LATENCIES = 2
+    CAPPED_RATE = 64 << 20
 
     def __init__(self, low: int, high: int, part_size: int) -> None:
         self.high = high
@@ -538,7 +588,7 @@ class Pace:
                 self.start(now, done)
             return
         began, before = self.window
-        if now - began < max(self.MIN_WINDOW, 4 * self.latency):
+        if now - began < max(self.MIN_WINDOW, self.LATENCIES * self.latency):
             return
         if self.starved:
             self.start(now, done)
@@ -551,11 +601,12 @@ class Pace:
 
     def judge(self, rate: float) -> None:
         """Take `rate` (bytes a second) as what the level now allowed gives: double
-        the level when it pays, else, after `CHANCES` windows that did not, go back to
-        the last that did and keep it."""
+        the level when it pays (quadruple it while requests are capped), else, after
+        `CHANCES` windows that did not, go back to the last that did and keep it."""
         if rate >= self.best_rate * self.GROWTH:
             self.best_rate, self.best_allowed, self.misses = rate, self.allowed, 0
-            self.allowed = min(self.high, 2 * self.allowed)
+            step = 4 if rate < self.CAPPED_RATE * self.allowed else 2
+            self.allowed = min(self.high, step * self.allowed)
             self.settled = self.best_allowed >= self.high
         elif self.misses < self.CHANCES - 1:
             self.misses += 1     # one window can be unlucky on a busy machine
@@ -607,26 +658,22 @@ def _spans_of(ranges: Sequence[Range]) -> List[_Span]:
 PartGetter = Callable[[int, int, memoryview, Callable[[int], None]], Awaitable[int]]
 
 
-def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range], get: PartGetter,
-                  pace: Pace, whole_requests: bool = False,
-                  on_bytes: Optional[Callable[[int], None]] = None) -> List[memoryview]:
-    """Byte ranges from an async file system, fetched by parts into one buffer per
-    run of neighbouring ranges: a queue of parts that `pace` sizes, taken by as many
-    requests at once as it allows, each started as soon as one ends. With
-    `whole_requests`, each run is asked for in one request (a server that ignores
-    ranges). The first part that fails raises its error, with `.fastst_range` its
-    bytes; a call that outlasts its deadline raises TimeoutError with every request of
-    it cancelled, retries included (fsspec's ``cat_ranges`` leaves its requests
-    running when its caller gives up)."""
+def _fetch_spans(fs: AbstractFileSystem, spans: List[_Span], buffers: List[memoryview],
+                 get: PartGetter, pace: Pace, whole_requests: bool = False,
+                 on_bytes: Optional[Callable[[int], None]] = None) -> None:
+    """Spans of an async file system's object, fetched by parts into their buffers
+    (a span's holes say what an answer cut short left out): a queue of parts that
+    `pace` sizes, taken by as many requests at once as it allows, each started as
+    soon as one ends. With `whole_requests`, each span is asked for in one request (a
+    server that ignores ranges). The first part that fails raises its error, with
+    `.fastst_range` its bytes; a call that outlasts its deadline raises TimeoutError
+    with every request of it cancelled, retries included (fsspec's ``cat_ranges``
+    leaves its requests running when its caller gives up)."""
     import asyncio
     import time
 
-    import numpy as np
     from fsspec.asyn import sync  # type: ignore[import-untyped, unused-ignore]
 
-    spans = _spans_of(ranges)
-    # not zeroed: each page is touched once, by the bytes that fill it
-    buffers = [memoryview(np.empty(span.end - span.offset, np.uint8)) for span in spans]
     queue = [(k, span.offset) for k, span in enumerate(spans) if span.end > span.offset]
     remaining = sum(span.end - span.offset for span in spans)
     done = 0
@@ -698,11 +745,10 @@ def _fetch_ranges(fs: AbstractFileSystem, ranges: Sequence[Range], get: PartGett
             await asyncio.gather(*running, return_exceptions=True)   # each has ended
 
     async def within_deadline() -> None:
-        await asyncio.wait_for(fetch_all(), _seconds_for(sum(n for _, n in ranges)))
+        await asyncio.wait_for(fetch_all(), _seconds_for(sum(
+            span.end - span.offset for span in spans)))
 
     sync(fs.loop, within_deadline)
-    return [span.view_of(buffer, offset, length)
-            for span, buffer in zip(spans, buffers) for offset, length in span.ranges]
 
 
 WHOLE_READ_ADVICE = ("read the whole file (load_file and get_tensors read an object of up "

@@ -330,3 +330,80 @@ def test_prefetch_refuses_a_replaced_file(tmp_path):
         fastst.save_file({"a": np.ones(100, np.uint8)}, path)
         with pytest.raises(fastst.SafetensorError, match="file was replaced"):
             f.prefetch(["a"])
+
+
+def handler_of(array):
+    """The name of the NumPy allocation handler that gave an array its memory."""
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:     # NumPy 1.x
+        from numpy.core.multiarray import get_handler_name
+    return get_handler_name(array)
+
+
+def tensors_of_an_open_file(path):
+    with fastst.safe_open(path, backend="pread") as f:
+        return f.get_tensors()
+
+
+def copies_of_bytes(path):
+    with open(path, "rb") as file:
+        return fastst.load(file.read(), copy=True)
+
+
+@pytest.mark.parametrize("read", [
+    lambda path: fastst.load_file(path, copy=True),
+    lambda path: fastst.load_file(path, backend="pread"),
+    tensors_of_an_open_file,
+    copies_of_bytes,
+])
+def test_big_fresh_arrays_take_huge_pages_and_own_their_memory_as_any_array(tmp_path, read):
+    """Arrays of 4 MiB or more come from the huge-page handler (small ones from
+    NumPy's): they own their memory, grow and shrink, pickle and free as any array."""
+    import pickle
+
+    tensors = {"big": np.arange(3 * MIB, dtype=np.float32).reshape(3, MIB),   # 12 MiB
+               "edge": np.full(MIB, 7, np.int32),                             # 4 MiB
+               "small": np.arange(1000, dtype=np.int16)}
+    path = str(tmp_path / "big.safetensors")
+    fastst.save_file(tensors, path)
+    loaded = read(path)
+    assert all((loaded[name] == array).all() for name, array in tensors.items())
+    assert handler_of(loaded["big"]) == handler_of(loaded["edge"]) == "fastst_huge_pages"
+    assert handler_of(loaded["small"]) == "default_allocator"
+    big = loaded.pop("big")
+    assert big.flags.owndata and big.base is None and big.flags.writeable
+    assert (pickle.loads(pickle.dumps(big)) == tensors["big"]).all()
+    big.resize((4, MIB), refcheck=False)          # realloc through the handler
+    assert (big[:3] == tensors["big"]).all() and not big[3].any()
+    big.resize((10,), refcheck=False)
+    assert (big == np.arange(10)).all()
+    del big, loaded
+
+
+def test_huge_pages_can_be_turned_off(tmp_path):
+    path = str(tmp_path / "big.safetensors")
+    fastst.save_file({"big": np.ones(2 * MIB, np.float32)}, path)
+    assert fastst.read_options(huge_pages=False).huge_pages is True
+    assert handler_of(fastst.load_file(path, copy=True)["big"]) == "default_allocator"
+    with pytest.raises(fastst.SafetensorError, match="huge_pages must be True or False"):
+        fastst.read_options(huge_pages=1)
+
+
+def test_memory_of_big_fresh_arrays_goes_back_when_they_are_freed(tmp_path):
+    """Each big array is a mapping of its own: freeing it gives its memory back."""
+    path = str(tmp_path / "many.safetensors")
+    fastst.save_file({f"t{k}": np.full(2 * MIB, k, np.float32) for k in range(16)}, path)
+
+    def rss():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("RSS is read from /proc")
+    fastst.load_file(path, copy=True)       # first use: imports, caches
+    before = rss()
+    loaded = fastst.load_file(path, copy=True)
+    held = rss() - before
+    del loaded
+    assert held >= 120 * MIB and rss() - before < 8 * MIB

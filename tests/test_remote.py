@@ -931,6 +931,60 @@ def test_ranged_reads_match_the_bytes_whatever_the_plan():
                for offset, length in asked)
 
 
+class RangesInto:
+    """A fetch with fetch_into, over bytes in memory: what it was asked, and where."""
+
+    def __init__(self, data, lie=None):
+        self.data, self.lie, self.calls = data, lie, []
+
+    def __call__(self, ranges):
+        return [self.data[offset:offset + length] for offset, length in ranges]
+
+    def fetch_into(self, ranges, buffers):
+        self.calls.append([(offset, length, np.frombuffer(buffer, np.uint8).ctypes.data)
+                           for (offset, length), buffer in zip(ranges, buffers)])
+        for (offset, length), buffer in zip(ranges, buffers):
+            buffer[:] = self.data[offset:offset + length]
+        counts = [length for _, length in ranges]
+        return counts if self.lie is None else self.lie(counts)
+
+
+def test_big_tensors_are_fetched_straight_into_their_arrays():
+    """Tensors of a MiB or more: one range each, whose buffer is the array returned,
+    all in the first call with the small ones (staged, coalesced) beside them."""
+    rng = np.random.default_rng(3)
+    tensors = {"big": rng.standard_normal((512, 1024), np.float32),         # 2 MiB
+               "small": np.arange(100, dtype=np.int16),
+               "bigger": rng.integers(0, 9, (3 * MiB,), np.uint8),
+               "tail": np.ones(7, np.float64)}
+    data = fastst.save(tensors)
+    fetch = RangesInto(data)
+    reader = Reader()
+    reader.open_ranges("mem", len(data), fetch)
+    loaded = reader.copy_tensors()
+    assert_same(loaded, tensors)
+    (call,) = fetch.calls
+    addresses = {address for _, _, address in call}
+    assert {loaded["big"].ctypes.data, loaded["bigger"].ctypes.data} <= addresses
+    big_ranges = [(offset, length) for offset, length, _ in call if length >= MiB]
+    assert sorted(length for _, length in big_ranges) == [2 * MiB, 3 * MiB]
+
+
+@pytest.mark.parametrize("lie, message", [
+    (lambda counts: counts[:-1], r"fetch_into must return a list of one byte count per range"),
+    (lambda counts: "all", r"got a str"),
+    (lambda counts: [c - 1 for c in counts], r"tensor 'big'.*not 2097152 \(a short read\)"),
+    (lambda counts: [c + 1 for c in counts], r"not 2097152 \(too long\)"),
+    (lambda counts: [float(c) for c in counts], r"came back 2097152.0 bytes long"),
+])
+def test_a_fetch_into_that_miscounts_is_an_error(lie, message):
+    data = fastst.save({"big": np.zeros(MiB // 2, np.float32)})
+    reader = Reader()
+    reader.open_ranges("mem", len(data), RangesInto(data, lie))
+    with pytest.raises(SafetensorError, match=message):
+        reader.get_tensor("big")
+
+
 def test_a_stalled_s3_store_gives_a_timeout_within_the_deadline(served_alone, monkeypatch):
     """An S3 endpoint that answers HEAD and never a GET: s3fs and botocore retry
     timed-out attempts many times over, and the deadline on the whole call bounds

@@ -93,8 +93,11 @@ def test_bounds_that_are_not_counts_are_refused(store, options, message):
         fastst.load_file(url, storage_options=options)
 
 
+# small tensors are coalesced and staged; those of a MiB or more are fetched into place
 LAYOUTS = st.lists(st.tuples(st.sampled_from(["u1", "<f4", "<i8"]),
-                             st.integers(0, 96 << 10)), min_size=1, max_size=10)
+                             st.one_of(st.integers(0, 96 << 10),
+                                       st.integers(MiB, 3 * MiB // 2))),
+                   min_size=1, max_size=10)
 
 
 @settings(max_examples=25, deadline=None,

@@ -302,6 +302,18 @@ except ImportError:
 
 
 def rate_grain(paths: Dict[str, str], batch: int, rows: int, columns: int) -> float:
+    """grain's rate, measured in a child process: grain's worker processes outlive its
+    iterator, and would take the cores from the rows measured after it; they end with
+    the child."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(rate_grain_here, paths, batch, rows, columns).result()
+
+
+def rate_grain_here(paths: Dict[str, str], batch: int, rows: int, columns: int) -> float:
     from absl import flags
     flags.FLAGS.mark_as_parsed()     # grain reads its flags; a script need not parse them
     source = grain.ArrayRecordDataSource([paths["array_record"]])

@@ -154,7 +154,7 @@ def obstore_source(store, path, size):
     from fsspec.asyn import get_loop
 
     from fastst._source import Source
-    from fastst.remote import PART_SIZE, Pace, START_REQUESTS, _fetch_ranges
+    from fastst.remote import PART_SIZE, Pace, START_REQUESTS, _fetch_spans, _span_each
 
     class Loop:
         loop = get_loop()
@@ -175,8 +175,19 @@ def obstore_source(store, path, size):
                     progress(len(chunk))
                 return done
 
-            reader.open_ranges(path, size, lambda ranges: _fetch_ranges(Loop, ranges, get, pace),
-                               max_header_size=max_header_size)
+            class Fetch:
+                def __call__(self, ranges):
+                    buffers = [memoryview(np.empty(length, np.uint8)) for _, length in ranges]
+                    self.fetch_into(ranges, buffers)
+                    return buffers
+
+                def fetch_into(self, ranges, buffers):
+                    spans = _span_each(ranges)
+                    _fetch_spans(Loop, spans, buffers, get, pace)
+                    return [len(span.view_of(buffer, span.offset, span.end - span.offset))
+                            for span, buffer in zip(spans, buffers)]
+
+            reader.open_ranges(path, size, Fetch(), max_header_size=max_header_size)
     return ObstoreSource()
 
 

@@ -89,39 +89,46 @@ static void fastst_transpose_rows(const char *src, char *dst, Py_ssize_t m,
    allocation handler (numpy >= 1.22), set only around the allocation of a big array,
    so the array owns its memory as any other does and frees it through the handler.
    Touching fresh memory page by page is much of what filling a big array costs (a
-   fault per 4 KiB, each zeroing its page): a mapping whose length is a multiple of
-   2 MiB is placed on a 2 MiB boundary by Linux, and with MADV_HUGEPAGE each fault
-   brings 2 MiB. Every block carries, just before its data, its mapped length (0 for
-   a block from malloc) and its size, which realloc needs and NumPy does not give. */
+   fault per 4 KiB, each zeroing its page); with MADV_HUGEPAGE each fault brings 2 MiB.
+   A big block is a mapping of its own: a page that holds its mapped length and size
+   (realloc needs the size, which NumPy does not give it), then the data, on a 2 MiB
+   boundary so that every whole 2 MiB of it can be a huge page, and so that nothing
+   faults the data in before it is filled. A small block (a realloc's) comes from
+   malloc, with the same two fields (mapped length 0) just before its data. */
 #define FASTST_HUGE_PAGE ((size_t)2 << 20)
-#define FASTST_MAPPED_HEAD ((size_t)4096)  /* data page-aligned after a header page */
+#define FASTST_PAGE ((size_t)4096)
 #define FASTST_HEAD ((size_t)16)           /* malloc's alignment */
 
-static void *fastst_block_with(char *start, size_t head, size_t mapped, size_t size) {
-    size_t *fields = (size_t *)(start + head) - 2;
+static void *fastst_block_with(char *data, size_t mapped, size_t size) {
+    size_t *fields = (size_t *)data - 2;
     fields[0] = mapped;
     fields[1] = size;
-    return start + head;
+    return data;
 }
 
 static void *fastst_huge_alloc(size_t size, int zeroed) {
 #ifdef MADV_HUGEPAGE
-    if (size >= FASTST_HUGE_PAGE && size <= SIZE_MAX - 2 * FASTST_HUGE_PAGE) {
-        size_t whole = size + FASTST_MAPPED_HEAD;
-        size_t mapped = (whole + FASTST_HUGE_PAGE - 1) & ~(FASTST_HUGE_PAGE - 1);
-        char *start = mmap(NULL, mapped, PROT_READ | PROT_WRITE,
+    if (size >= FASTST_HUGE_PAGE && size <= SIZE_MAX / 2) {
+        size_t span = (size + FASTST_PAGE - 1) & ~(FASTST_PAGE - 1);
+        size_t asked = FASTST_PAGE + span + FASTST_HUGE_PAGE;   /* room to align */
+        char *start = mmap(NULL, asked, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (start != MAP_FAILED) {
-            /* the last, partly used 2 MiB stay in small pages: no more memory held
+            char *data = (char *)(((uintptr_t)start + FASTST_PAGE + FASTST_HUGE_PAGE - 1)
+                                  & ~(uintptr_t)(FASTST_HUGE_PAGE - 1));
+            char *head = data - FASTST_PAGE, *end = data + span;
+            if (head > start) munmap(start, (size_t)(head - start));
+            if (start + asked > end) munmap(end, (size_t)(start + asked - end));
+            /* a last, partly used 2 MiB stays in small pages: no more memory held
                than asked, within a page */
-            madvise(start, whole & ~(FASTST_HUGE_PAGE - 1), MADV_HUGEPAGE);
-            return fastst_block_with(start, FASTST_MAPPED_HEAD, mapped, size);
+            madvise(data, span & ~(FASTST_HUGE_PAGE - 1), MADV_HUGEPAGE);
+            return fastst_block_with(data, FASTST_PAGE + span, size);
         }
     }
 #endif
     if (size > SIZE_MAX - FASTST_HEAD) return NULL;
     char *start = zeroed ? calloc(1, size + FASTST_HEAD) : malloc(size + FASTST_HEAD);
-    return start == NULL ? NULL : fastst_block_with(start, FASTST_HEAD, 0, size);
+    return start == NULL ? NULL : fastst_block_with(start + FASTST_HEAD, 0, size);
 }
 
 static void *fastst_huge_malloc(void *ctx, size_t size) {
@@ -140,7 +147,7 @@ static void fastst_huge_free(void *ctx, void *data, size_t size) {
     (void)ctx; (void)size;
     if (data == NULL) return;
     size_t *fields = (size_t *)data - 2;
-    if (fields[0]) munmap((char *)data - FASTST_MAPPED_HEAD, fields[0]);
+    if (fields[0]) munmap((char *)data - FASTST_PAGE, fields[0]);
     else free((char *)data - FASTST_HEAD);
 }
 

@@ -376,15 +376,11 @@ class UrlRanges:
         than asked where an answer was cut short. The buffers are not kept past the
         call. The compiled Reader fetches big tensors this way, straight into their
         arrays."""
-        spans = []
         for (offset, length), buffer in zip(ranges, buffers, strict=True):
             if buffer.readonly or buffer.nbytes != length:
                 raise ValueError(f"{self.url}: bytes [{offset}, {offset + length}) need a "
                                  f"writable buffer of {length} bytes")
-            span = _Span(offset)
-            span.ranges.append((offset, length))
-            span.end = offset + length
-            spans.append(span)
+        spans = _span_each(ranges)
         views = [buffer.cast("B") for buffer in buffers]
         got = self._with_bar(ranges, spans, views)
         if got is not None:     # a file system without async reads: copied
@@ -640,6 +636,15 @@ class _Span:
             if first < end and last > offset:
                 end = max(first, offset)
         return buffer[offset - self.offset:end - self.offset]
+
+
+def _span_each(ranges: Sequence[Range]) -> List[_Span]:
+    """A span for each range (each fetched into a buffer of its own)."""
+    spans = [_Span(offset) for offset, _ in ranges]
+    for span, (offset, length) in zip(spans, ranges):
+        span.ranges.append((offset, length))
+        span.end = offset + length
+    return spans
 
 
 def _spans_of(ranges: Sequence[Range]) -> List[_Span]:

@@ -302,15 +302,38 @@ except ImportError:
 
 
 def rate_grain(paths: Dict[str, str], batch: int, rows: int, columns: int) -> float:
-    """grain's rate, measured in a child process: grain's worker processes outlive its
-    iterator, and would take the cores from the rows measured after it; they end with
-    the child."""
-    import concurrent.futures
+    """grain's rate, measured in a child process in a session of its own: grain's
+    worker processes outlive its iterator (spinning, they would take the cores from
+    the rows measured after it, and keep the child from exiting); the whole session
+    is killed once the child has sent the rate."""
     import multiprocessing
+    import signal
 
-    with concurrent.futures.ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn")) as child:
-        return child.submit(rate_grain_here, paths, batch, rows, columns).result()
+    context = multiprocessing.get_context("spawn")
+    theirs, ours = context.Pipe(duplex=False)
+    child = context.Process(target=grain_in_a_session,
+                            args=(ours, paths, batch, rows, columns))
+    child.start()
+    try:
+        rate = theirs.recv()
+    finally:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:     # it died before it made its session
+            child.kill()
+        child.join()
+    if isinstance(rate, BaseException):
+        raise rate
+    return rate
+
+
+def grain_in_a_session(out: Any, paths: Dict[str, str], batch: int, rows: int,
+                       columns: int) -> None:
+    os.setsid()
+    try:
+        out.send(rate_grain_here(paths, batch, rows, columns))
+    except BaseException as error:    # the parent raises it
+        out.send(error)
 
 
 def rate_grain_here(paths: Dict[str, str], batch: int, rows: int, columns: int) -> float:

@@ -431,6 +431,20 @@ class Reader:
         ...     f.prefetch(["b", "a"]), f.get_tensor("b").tolist()
         (8, [1, 1, 1, 1])
         """
+    def prefetch_rows(self, name: str, first: int, stop: int, /) -> int:
+        """Ask the kernel to start reading rows ``[first, stop)`` of tensor
+        `name`'s first axis (clipped to it) into the page cache, as `prefetch`
+        does whole tensors (the thread ``Loader`` asks it of the blocks of a
+        block shuffle). The number of bytes asked for: 0 for a buffer or a
+        file read by ranges.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When there is no tensor `name`.
+        IndexError
+            When the tensor is 0-d.
+        """
     def read_into(self, arrays: dict[str, npt.NDArray[Any]], /) -> None:
         """Read the named tensors into caller-supplied arrays, allocating nothing.
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import weakref
 from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optional, Sequence,
-                    Tuple, Union)
+                    Set, Tuple, Union)
 
 import numpy as np
 
@@ -252,7 +252,8 @@ class Loader:
             return
         slots = self._take_ring(min(2 * self.prefetch, len(todo)))
         pipeline = _Pipeline(self._dataset, rows, self.batch_size, todo, slots,
-                             self.prefetch, self.threads)
+                             self.prefetch, self.threads,
+                             self.block_rows if self.shuffle == "blocks" else None)
         delivered: Dict[int, Dict[str, Any]] = {}
         try:
             for position, index in enumerate(todo):
@@ -506,6 +507,26 @@ class _Dataset:
                 else:
                     buffers[name][places] = part.handle.gather(name, local)
 
+    def prefetch_blocks(self, rows: npt.NDArray[np.int64], block_rows: int,
+                        asked: Set[int]) -> None:
+        """Ask the kernel to start reading each block of `block_rows` rows that `rows`
+        fall in and that is not in `asked` yet (then added to it): with a block shuffle
+        the first batch of a window asks for the window's blocks, read in large
+        requests while the batches before it are gathered. Local files only; a
+        sharded checkpoint is not asked."""
+        for block in np.unique(rows // block_rows).tolist():
+            if block in asked:
+                continue
+            asked.add(block)
+            first, stop = block * block_rows, (block + 1) * block_rows
+            for part in self.parts:
+                prefetch_rows = getattr(part.handle, "prefetch_rows", None)
+                if (prefetch_rows is None or part.start >= stop
+                        or part.start + part.rows <= first):
+                    continue
+                for name in self.names:
+                    prefetch_rows(name, first - part.start, stop - part.start)
+
     def fingerprint(self) -> Dict[str, Any]:
         files = [[identity.location, list(identity.version)]
                  for part in self.parts for identity in self._identities(part.handle)]
@@ -554,11 +575,15 @@ class _Pipeline:
 
     The consumer hands out the batches to start, in order, through a queue (any
     free thread takes the next); a slot's lock, held while it is being filled,
-    is released when its batch is in."""
+    is released when its batch is in. With `block_rows` (a block shuffle), starting a
+    batch asks the kernel for the blocks its rows fall in, each once."""
 
     def __init__(self, dataset: _Dataset, rows: npt.NDArray[np.int64], batch_size: int,
-                 todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int) -> None:
+                 todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int,
+                 block_rows: Optional[int] = None) -> None:
         self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
+        self.block_rows = block_rows
+        self.blocks_asked: Set[int] = set()
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
         self.filled = [threading.Lock() for _ in slots]
@@ -578,7 +603,14 @@ class _Pipeline:
 
     def _start(self, position: int) -> None:
         self.filled[position % len(self.slots)].acquire()    # released by the filling
+        if self.block_rows:
+            self.dataset.prefetch_blocks(self._rows_of(position), self.block_rows,
+                                         self.blocks_asked)
         self.to_start.put(position)
+
+    def _rows_of(self, position: int) -> npt.NDArray[np.int64]:
+        index = self.todo[position]
+        return self.rows[index * self.batch_size:(index + 1) * self.batch_size]
 
     def _work(self) -> None:
         while True:
@@ -587,9 +619,7 @@ class _Pipeline:
                 return
             slot = position % len(self.slots)
             try:
-                index = self.todo[position]
-                rows = self.rows[index * self.batch_size:(index + 1) * self.batch_size]
-                self.dataset.fill(self.slots[slot], rows)
+                self.dataset.fill(self.slots[slot], self._rows_of(position))
             except BaseException as error:   # raised in the consumer, at this batch
                 self.errors[slot] = error
             finally:

@@ -440,8 +440,6 @@ cdef class Reader:
         range), and return at once: the number of bytes asked for. A buffer holds its
         bytes already, and a file read by ranges has no page cache: 0."""
         positions = sorted(self._position(name) for name in names)
-        if self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES or not positions:
-            return 0
         cdef Entry* entry
         spans = []
         for i in positions:
@@ -452,6 +450,28 @@ cdef class Reader:
                 last[1] = max(last[1], end)
             elif end > begin:
                 spans.append([begin, end])
+        return self._will_need(spans)
+
+    def prefetch_rows(self, name, Py_ssize_t first, Py_ssize_t stop):
+        """Ask the kernel to start reading rows [first, stop) of tensor `name`'s first
+        axis (clipped to it) into the page cache, as prefetch does whole tensors: the
+        number of bytes asked for."""
+        cdef Py_ssize_t i = self._position(name)
+        cdef Entry* entry = &self.header.entries[i]
+        if entry.np_ndim < 1:
+            raise IndexError(f"tensor {_shown(name)} has no axis to read rows of")
+        cdef cnp.npy_intp count = self.header.numpy_dims(entry)[0]
+        cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
+        first, stop = max(first, 0), min(stop, count)
+        if stop <= first or row_bytes == 0:
+            return 0
+        begin = self.data_offset + entry.begin + first * row_bytes
+        return self._will_need([[begin, begin + (stop - first) * row_bytes]])
+
+    cdef _will_need(self, list spans):
+        """posix_fadvise(WILLNEED) over byte spans [begin, end) of a local file."""
+        if self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES or not spans:
+            return 0
         fd = self._reopen()     # the page cache is the file's, whichever descriptor asks
         try:
             for begin, end in spans:

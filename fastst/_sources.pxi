@@ -151,7 +151,7 @@ def hint_sequential(int fd, uint64_t offset, uint64_t length):
 
 cdef Py_ssize_t PREFETCH_JOBS = 8         # copies whose source is asked for ahead of its copy
 cdef bint HUGE_PAGES = True                # big fresh arrays in huge pages (see _fastst.h)
-cdef uint64_t HUGE_ARRAY_BYTES = 4 << 20   # arrays this big are
+cdef uint64_t HUGE_ARRAY_BYTES = 4 << 20   # fresh arrays this big or bigger get huge pages
 cdef object _HUGE_HANDLER = fastst_huge_handler_capsule()
 
 

@@ -117,6 +117,39 @@ def test_block_shuffle_keeps_each_window_of_blocks_together(one_file):
     assert windows == 6
 
 
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_block_shuffle_asks_the_kernel_for_each_block_once_an_epoch(tmp_path, monkeypatch,
+                                                                    backend):
+    """On a cold disk a block's rows are read in large requests: starting a batch asks
+    the kernel (posix_fadvise WILLNEED) for the blocks its rows fall in, each block of
+    each tensor once an epoch; a full shuffle asks for nothing."""
+    path = str(tmp_path / "rows.safetensors")
+    fastst.save_file({"x": np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16),
+                      "y": np.arange(1000)}, path)
+    with fastst.safe_open(path) as f:
+        begins = {name: f.data_start + f.info(name).data_offsets[0] for name in ("x", "y")}
+    asked = []
+    advise = os.posix_fadvise
+
+    def noted(fd, offset, length, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            asked.append((offset, length))
+        return advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", noted)
+    blocks = {(begins[name] + block * 100 * row_bytes, 100 * row_bytes)
+              for name, row_bytes in (("x", 64), ("y", 8)) for block in range(10)}
+    with Loader(path, ["x", "y"], 64, shuffle="blocks", block_rows=100, window_blocks=3,
+                seed=0, backend=backend) as loader:
+        for epoch in range(2):
+            rows = np.concatenate([batch["y"].copy() for batch in loader])
+            assert sorted(rows.tolist()) == list(range(1000))
+            assert sorted(asked) == sorted(blocks) and len(asked) == 20
+            asked.clear()
+    with Loader(path, ["x", "y"], 64, shuffle=True, backend=backend) as loader:
+        assert sum(len(batch["y"]) for batch in loader) == 1000 and not asked
+
+
 @pytest.mark.parametrize("layout,backend", [("list", "mmap"), ("glob", "mmap"),
                                             ("directory", "mmap"), ("list", "pread")])
 def test_several_files_are_one_dataset(three_files, layout, backend):

@@ -24,7 +24,11 @@ extension = Extension(
     depends=[os.path.join("fastst", name) for name in sorted(os.listdir("fastst"))
              if name.endswith((".pyx", ".pxi", ".h"))],
     include_dirs=[numpy.get_include()],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+    # NumPy 2.0's C API, which the runtime requires: the allocation handler functions
+    # (PyDataMem_SetHandler) are not declared for a target older than NumPy 1.22, which
+    # the headers of some NumPy 2 releases take by default.
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
+                   ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
     extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3"],
 )
 

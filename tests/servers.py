@@ -134,7 +134,7 @@ class RangeServer:
 
             def do_GET(self):
                 asked = self.headers.get("Range")
-                with store.counting():
+                with store.counting() as self.request_ends:
                     store.record("GET", self.path, asked)
                     self.mode = store.hostile_mode()
                     self.get(asked)
@@ -227,6 +227,8 @@ class RangeServer:
                         time.sleep(max(0.0, started + start / rate - time.monotonic()))
                     with store.lock:   # counted first: the client may go on before write returns
                         store.bytes_sent += len(piece)
+                    if start + step >= len(body):
+                        self.request_ends()   # ... to its next request, before this thread ends
                     try:
                         self.wfile.write(piece)
                     except OSError:    # the client hung up
@@ -259,14 +261,24 @@ class RangeServer:
 
     @contextlib.contextmanager
     def counting(self):
+        """A GET in flight, from its start until its last byte is about to be sent (the
+        `end` it yields, called then) or its handler ends, whichever comes first."""
+        ended = False
+
+        def end():
+            nonlocal ended
+            with self.lock:
+                if not ended:
+                    ended = True
+                    self.in_flight -= 1
+
         with self.lock:
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            yield
+            yield end
         finally:
-            with self.lock:
-                self.in_flight -= 1
+            end()
 
 
 @contextlib.contextmanager

@@ -15,8 +15,9 @@ from servers import (RangeServer, http_store, range_server_process,  # noqa: E40
                      s3_store)
 
 MiB = 1 << 20
-# The server counts a GET in flight until its thread has finished with it, which on a
-# busy machine can be after the client, its last byte in hand, has sent the next one.
+# The server counts a GET in flight until its last piece is about to be sent, so a
+# client with the last byte in hand is never counted twice; an answer without a body
+# ends when its thread does, which on a busy machine can be after the client went on.
 IN_FLIGHT_SLACK = 1
 
 

@@ -461,7 +461,7 @@ cdef class Reader:
         if entry.np_ndim < 1:
             raise IndexError(f"tensor {_shown(name)} has no axis to read rows of")
         cdef cnp.npy_intp count = self.header.numpy_dims(entry)[0]
-        cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
+        cdef uint64_t row_bytes = _row_bytes(entry, count)
         first, stop = max(first, 0), min(stop, count)
         if stop <= first or row_bytes == 0:
             return 0
@@ -530,7 +530,7 @@ cdef class Reader:
         cdef cnp.npy_intp[64] dims
         memcpy(dims, h.numpy_dims(entry), entry.np_ndim * sizeof(cnp.npy_intp))
         cdef cnp.npy_intp count = dims[0]
-        cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
+        cdef uint64_t row_bytes = _row_bytes(entry, count)
         for k in range(rows.shape[0]):
             if not 0 <= rows[k] < count:
                 raise IndexError(f"row {rows[k]} out of range for tensor {_shown(name)}")
@@ -569,7 +569,7 @@ cdef class Reader:
         else:
             shape = tuple([dims[k] for k in range(entry.np_ndim)])
             _checked_out(self.source, name, out, (shape, _numpy_dtypes()[entry.code]))
-        cdef uint64_t row_bytes = (entry.end - entry.begin) // count if count else 0
+        cdef uint64_t row_bytes = _row_bytes(entry, count)
         cdef uint64_t start = self.data_offset + entry.begin
         if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
             self._gather_read(name, wanted, out, row_bytes, start)
@@ -783,6 +783,11 @@ cdef class Reader:
     def __dealloc__(self):
         if self.fd >= 0:
             os.close(self.fd)
+
+
+cdef inline uint64_t _row_bytes(Entry* entry, cnp.npy_intp rows) noexcept:
+    """The bytes of one row along the first axis of a tensor of `rows` rows."""
+    return (entry.end - entry.begin) // rows if rows else 0
 
 
 cdef const char* _address(object view) except? NULL:

@@ -74,6 +74,17 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def fds_on(path) -> int:
+    """The process's descriptors open on `path`."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:     # closed since it was listed
+            pass
+    return count
+
+
 def mappings() -> int:
     with open("/proc/self/maps") as maps:
         return sum(1 for _ in maps)
@@ -91,7 +102,10 @@ def test_opening_10000_files_leaks_no_descriptor_or_mapping(tmp_path, backend):
                 f.get_tensor("a")
         else:
             fastst.safe_open(path, backend=backend).get_tensor("b")   # dropped unclosed
-    assert open_fds() == fds
+    # none left on the file, and none more in all: other tests' threads (an HTTP
+    # client's pool, a cluster's) may close theirs meanwhile, so the count may fall
+    assert fds_on(path) == 0
+    assert open_fds() <= fds
     assert mappings() <= maps + 2
 
 

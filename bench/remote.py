@@ -12,14 +12,17 @@ serves half the bytes (a single GET of them takes as long as one of the whole fi
 * single GET: one plain ``urllib`` GET of the whole object (no tensors made);
 * 32 threads: a plain client of 32 ``urllib`` threads, each taking the next 2 MiB
   range GET from a queue (no tensors made);
-* fastst: ``fastst.load_file(url)`` (fsspec and aiohttp, with ``Pace``);
-* fastst, obstore prototype: ``load_file`` of a Source (defined here) whose parts come
-  through obstore with the same ``Pace``, without fastst's checks of each answer;
+* fastst: ``fastst.load_file(url)`` (its own HTTP client: ``http.client`` in threads,
+  each part read from its socket into its array, with ``Pace``);
+* fastst, fsspec transport: the same with ``storage_options={"transport": "fsspec"}``
+  (fsspec's HTTP file system on aiohttp, with the same ``Pace``): what fastst did
+  before it had a client of its own;
 * raw fs.cat: fsspec's ``fs.cat(url)``, the whole object in one request (no tensors);
 * obstore get_ranges: obstore's ``get_ranges`` of the 64 tensors' byte ranges (its own
   coalescing and concurrency; no tensors made);
-* aiohttp / obstore, 16 x 8 MiB parts: the two transports on the same plan, 8 MiB
-  ranged GETs, 16 in flight, each into its place in one buffer (no tensors made);
+* aiohttp / obstore / http.client threads, 16 x 8 MiB parts: three transports on the
+  same plan, 8 MiB ranged GETs, 16 in flight, each into its place in one buffer (no
+  tensors made; http.client reads each body into its place with ``readinto``);
 * reference: ``safetensors.numpy.load(fs.cat(url))`` (download, then parse).
 
 Ratios are the best plain client's time (single GET or 32 threads) / the way's time,
@@ -33,11 +36,13 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import http.client
 import os
 import queue
 import statistics
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -146,49 +151,41 @@ def obstore_transport(store, path):
     return transport
 
 
-def obstore_source(store, path, size):
-    """A prototype Source that reads through obstore with fastst's Pace (parts queued,
-    requests in flight adapting): what an obstore transport of fastst would do, without
-    the checks fastst's own makes of each answer (Content-Range, ETag, bounded bodies)."""
-    import obstore
-    from fsspec.asyn import get_loop
+def threads_in_parallel(url, size, at_once=16, part=8 * MiB):
+    """The whole object by ranged GETs of `part` bytes on `at_once` threads, each
+    keeping its ``http.client`` connection and reading each body into its place."""
+    where = urllib.parse.urlsplit(url)
+    out = np.empty(size, np.uint8)
+    offsets = queue.SimpleQueue()
+    for offset in range(0, size, part):
+        offsets.put(offset)
 
-    from fastst._source import Source
-    from fastst.remote import PART_SIZE, Pace, START_REQUESTS, _fetch_spans, _span_each
+    def work():
+        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=120)
+        try:
+            while True:
+                try:
+                    offset = offsets.get_nowait()
+                except queue.Empty:
+                    return
+                end = min(size, offset + part)
+                connection.request("GET", where.path,
+                                   headers={"Range": f"bytes={offset}-{end - 1}"})
+                answer = connection.getresponse()
+                view, done = memoryview(out)[offset:end], 0
+                while done < end - offset:
+                    got = answer.readinto(view[done:])
+                    if not got:
+                        raise OSError(f"bytes [{offset}, {end}) cut short")
+                    done += got
+                answer.read()
+        finally:
+            connection.close()
 
-    class Loop:
-        loop = get_loop()
-
-    class ObstoreSource(Source):
-        label = path
-
-        def open(self, reader, *, max_header_size):
-            pace = Pace(START_REQUESTS, 32, PART_SIZE)
-
-            async def get(offset, length, into, progress):
-                answer = await obstore.get_async(store, path,
-                                                 options={"range": (offset, offset + length)})
-                done = 0
-                async for chunk in answer.stream(min_chunk_size=1 << 20):
-                    into[done:done + len(chunk)] = memoryview(chunk)
-                    done += len(chunk)
-                    progress(len(chunk))
-                return done
-
-            class Fetch:
-                def __call__(self, ranges):
-                    buffers = [memoryview(np.empty(length, np.uint8)) for _, length in ranges]
-                    self.fetch_into(ranges, buffers)
-                    return buffers
-
-                def fetch_into(self, ranges, buffers):
-                    spans = _span_each(ranges)
-                    _fetch_spans(Loop, spans, buffers, get, pace)
-                    return [len(span.view_of(buffer, span.offset, span.end - span.offset))
-                            for span, buffer in zip(spans, buffers)]
-
-            reader.open_ranges(path, size, Fetch(), max_header_size=max_header_size)
-    return ObstoreSource()
+    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+        for future in [pool.submit(work) for _ in range(at_once)]:
+            future.result()
+    return out
 
 
 def obstore_ranges(store, path, ranges):
@@ -255,14 +252,16 @@ def http_ways(url, data):
     return [("single GET", lambda: single_get(url)),
             ("32 threads, 2 MiB ranges", lambda: threaded_ranges(url, len(data))),
             ("fastst load_file(url)", lambda: fastst.load_file(url)),
-            ("fastst load_file, obstore prototype", lambda: fastst.load_file(
-                obstore_source(store, name, len(data)))),
+            ("fastst load_file, fsspec transport", lambda: fastst.load_file(
+                url, storage_options={"transport": "fsspec"})),
             ("raw fs.cat(url)", lambda: fs.cat(url)),
             ("obstore get_ranges (64 tensors)", lambda: obstore_ranges(store, name, ranges)),
             ("aiohttp, 16 x 8 MiB parts", lambda: parts_in_parallel(
                 aiohttp_transport(url), len(data))),
             ("obstore, 16 x 8 MiB parts", lambda: parts_in_parallel(
                 obstore_transport(store, name), len(data))),
+            ("http.client threads, 16 x 8 MiB parts", lambda: threads_in_parallel(
+                url, len(data))),
             ("safetensors.numpy.load(fs.cat(url))",
              lambda: safetensors.numpy.load(fs.cat(url)))]
 

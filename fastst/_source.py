@@ -19,7 +19,8 @@ from ._core import Reader, SafetensorError, WritePlan
 from ._files import PathLike, write_atomically
 
 if TYPE_CHECKING:
-    from .remote import SpooledUpload, UrlRanges
+    from ._ranged import RangedObject
+    from .remote import SpooledUpload
 
 __all__ = ["Buffer", "FileObject", "Identity", "LocalFile", "Source", "Url", "as_source",
            "identity_of", "local_version"]
@@ -248,15 +249,15 @@ class Url(Source):
     def __repr__(self) -> str:
         return f"Url({self.url!r})"
 
-    def _ranges(self) -> UrlRanges:
-        from .remote import UrlRanges   # fsspec: imported when a URL is opened
+    def _ranges(self) -> RangedObject:
+        from .remote import open_object   # a transport: imported when a URL is opened
 
-        return UrlRanges(self.url, self.storage_options)
+        return open_object(self.url, self.storage_options)
 
     def open(self, reader: Reader, *, max_header_size: int) -> None:
         self._open_on(self._ranges(), reader, max_header_size)
 
-    def _open_on(self, ranges: UrlRanges, reader: Reader, max_header_size: int) -> None:
+    def _open_on(self, ranges: RangedObject, reader: Reader, max_header_size: int) -> None:
         reader.open_ranges(self.url, ranges.size, ranges, max_header_size=max_header_size,
                            identity=ranges.identity)
 

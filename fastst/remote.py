@@ -1,13 +1,17 @@
-"""File objects and fsspec URLs as safetensors files: the header first, then only the
-byte ranges asked for, and uploads of whole files to URLs.
+"""File objects and URLs as safetensors files: the header first, then only the byte
+ranges asked for, and uploads of whole files to URLs.
 
 The Sources of ``fastst._source`` come here for a binary file object or a URL
 (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...); nothing here is
-imported by ``import fastst``, and fsspec (with s3fs or aiohttp behind it) only when
-a URL is opened. The compiled Reader does the rest (``Reader.open_ranges``): it reads
-the prefix and header in one request (two for a header over 64 KiB), coalesces the
-byte ranges of neighbouring tensors, cuts big ones into parts fetched in parallel,
-and checks that every range came back whole.
+imported by ``import fastst``. A URL is read by one of two transports (`open_object`
+chooses): ``http(s)://`` by fastst's own HTTP client (``fastst._http``: the standard
+library's ``http.client`` in threads, each part read from its socket straight into
+its array), every other URL, and an ``http(s)://`` one whose ``storage_options`` only
+fsspec takes, through fsspec (with s3fs or aiohttp behind it), imported only when
+such a URL is opened. The compiled Reader does the rest (``Reader.open_ranges``): it
+reads the prefix and header in one request (two for a header over 64 KiB), coalesces
+the byte ranges of neighbouring tensors, cuts big ones into parts fetched in
+parallel, and checks that every range came back whole.
 
 A URL is read with a precondition where the store has one: S3 reads carry
 ``If-Match: <ETag>`` (through s3fs) and HTTP reads the ``If-Match`` header, so an
@@ -15,8 +19,8 @@ object replaced after it was opened gives a ``SafetensorError``, never a mix of 
 versions. A store may ignore it, or ignore the range: each S3 and HTTP answer is
 also held to what it says of itself (status 206, its Content-Range, ETag and
 Last-Modified against the object seen at opening), and its body is read in pieces,
-never past the bytes asked for (``_get_http``, ``_get_s3``). Other stores are
-checked for length only.
+never past the bytes asked for (``fastst._ranged.checked_answer``). Other stores
+are checked for length only.
 
 Examples
 --------
@@ -33,25 +37,23 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 import tempfile
 import threading
-from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, NamedTuple,
-                    Optional, Sequence, Tuple)
-
-import numpy as np
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, Optional,
+                    Sequence, Tuple)
 
 from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
-from ._progress import PROGRESS_MIN_BYTES, ByteBar, byte_bar
+from ._ranged import (READ_PIECE, Limits, ObjectVersion, Pace, PartQueue, Range,
+                      RangedObject, Span, Tally, checked_answer, too_long, translated)
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
 
 __all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "MAX_WHOLE_READ", "PART_SIZE", "READ_TIMEOUT",
            "START_REQUESTS", "FileObjectRanges", "Pace", "SpooledUpload", "UrlRanges",
-           "read_object", "save_plan", "with_default_timeouts"]
+           "open_object", "read_object", "save_plan", "with_default_timeouts"]
 
 CONNECT_TIMEOUT = 10.0
 """Seconds to connect to a store (S3, HTTP), unless ``storage_options`` say otherwise
@@ -62,10 +64,9 @@ READ_TIMEOUT = 60.0
 ``storage_options`` say otherwise; a call as a whole may take this, plus
 `CONNECT_TIMEOUT`, plus the time its bytes take at 256 KiB a second, retries
 included."""
-SLOWEST_RATE = 256 << 10   # bytes a second below which a call's answer counts as stalled
 MAX_REQUESTS = 32
-"""The most requests the reader of a URL keeps in flight at once, on stores fsspec
-reads asynchronously (S3, GCS, HTTP), unless ``storage_options`` say otherwise
+"""The most requests the reader of a URL keeps in flight at once, on stores read
+in parallel (HTTP(S), S3, GCS...), unless ``storage_options`` say otherwise
 (``max_concurrency``). A read starts with `START_REQUESTS` and adds requests while
 that makes the bytes come faster: see `Pace`."""
 START_REQUESTS = 4
@@ -76,8 +77,6 @@ PART_SIZE = 8 << 20
 otherwise (``part_size``): the byte ranges of a read are fetched in parts of at most
 this size, smaller ones at the end so that every connection stays busy to the last
 byte."""
-SMALLEST_PART = 4 << 20   # parts are cut no smaller than this, but for a range's last
-READ_OPTIONS = ("max_concurrency", "part_size")   # fastst's own keys in storage_options
 MAX_WHOLE_READ = 1 << 30
 """The largest object (1 GiB) read whole, in one request, from a server that ignores
 range requests (it answers them with status 200 and the whole object, as
@@ -85,13 +84,84 @@ range requests (it answers them with status 200 and the whole object, as
 file of a checkpoint on its own. Reading a part of an object from such a server (a
 tensor, a slice), or the whole of a larger one, raises a `SafetensorError` that says the
 server ignores range requests; nothing past the bytes asked for is read."""
-READ_PIECE = 1 << 20     # most bytes taken from an answer's body at a time
+# fastst's own keys in storage_options, taken out before a transport sees them
+READ_OPTIONS = ("max_concurrency", "part_size", "transport")
+TRANSPORTS = ("http", "fsspec")
 HTTP_PROTOCOLS = ("http", "https")
 S3_PROTOCOLS = ("s3", "s3a")
 # Stores whose files honour autocommit=False: the object appears at commit, and
 # discard leaves the previous one. Elsewhere a save is one put of the whole file.
 STAGED_PROTOCOLS = ("s3", "s3a", "gs", "gcs")
-Range = Tuple[int, int]
+
+
+def open_object(url: str, storage_options: Optional[Mapping[str, Any]]) -> RangedObject:
+    """The object a URL names, opened for ranged reads by the transport that suits it:
+    fastst's HTTP client for an ``http(s)://`` URL (``storage_options`` of
+    ``headers``, ``client_kwargs={"timeout": ..., "headers": ...}`` and fsspec's
+    caching keys, which it has no use for), fsspec for any other URL or options;
+    ``storage_options={"transport": "fsspec"}`` (or ``"http"``) chooses.
+
+    Parameters
+    ----------
+    url : str
+        The object's URL.
+    storage_options : mapping, optional
+        fastst's bounds (``max_concurrency``, ``part_size``, ``transport``) and the
+        transport's options.
+
+    Returns
+    -------
+    RangedObject
+        A `UrlRanges`, or the HTTP client's ``HttpRanges``: the fetch the compiled
+        Reader calls, with the object's ``size`` and ``identity``.
+
+    Raises
+    ------
+    SafetensorError
+        When ``transport`` names no transport, or ``"http"`` for a URL or options
+        that the HTTP client does not take.
+
+    Examples
+    --------
+    >>> import fsspec
+    >>> from fastst.remote import open_object
+    >>> fsspec.filesystem("memory").pipe("/docs/blob", b"0123456789")
+    >>> blob = open_object("memory://docs/blob", None)
+    >>> type(blob).__name__, blob.size, [bytes(part) for part in blob([(2, 3)])]
+    ('UrlRanges', 10, [b'234'])
+    >>> fsspec.filesystem("memory").rm("/docs", recursive=True)
+    """
+    options = dict(storage_options or {})
+    transport = options.get("transport")
+    if transport is not None and transport not in TRANSPORTS:
+        raise SafetensorError(f"{url}: storage_options['transport'] must be one of "
+                              f"{', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
+    if transport != "fsspec":
+        from . import _http
+
+        refused = _http.refusal(url, {key: value for key, value in options.items()
+                                      if key not in READ_OPTIONS})
+        if refused is None:
+            return _http.HttpRanges(url, options, read_limits(url, options))
+        if transport == "http":
+            raise SafetensorError(f"{url}: storage_options['transport'] is 'http', but "
+                                  f"{refused}")
+    return UrlRanges(url, options)
+
+
+def read_limits(url: str, storage_options: Mapping[str, Any]) -> Limits:
+    """The bounds a read of `url` works within: this module's constants, but for the
+    most requests in flight and the largest part where `storage_options` give them
+    (``max_concurrency``, ``part_size``)."""
+    bounds = []
+    for key, default in (("max_concurrency", MAX_REQUESTS), ("part_size", PART_SIZE)):
+        value = storage_options.get(key, default)
+        if type(value) is not int or value < 1:
+            raise SafetensorError(f"{url}: storage_options[{key!r}] must be an integer >= 1, "
+                                  f"got {value!r}")
+        bounds.append(value)
+    return Limits(CONNECT_TIMEOUT, READ_TIMEOUT, START_REQUESTS, bounds[0], bounds[1],
+                  MAX_WHOLE_READ)
 
 
 def read_object(url: str, storage_options: Optional[Mapping[str, Any]], limit: int,
@@ -136,7 +206,7 @@ def read_object(url: str, storage_options: Optional[Mapping[str, Any]], limit: i
     fastst._core.SafetensorError: memory://docs/index.json: index of 18 bytes exceeds the limit of 10 bytes
     >>> fsspec.filesystem("memory").rm("/docs", recursive=True)
     """
-    ranges = UrlRanges(url, storage_options)
+    ranges = open_object(url, storage_options)
     if ranges.size > limit:
         raise SafetensorError(f"{url}: {what} of {ranges.size} bytes exceeds the limit of "
                               f"{limit} bytes")
@@ -262,17 +332,9 @@ class FileObjectRanges:
 # ---------------------------------------------------------------------------
 
 
-class ObjectVersion(NamedTuple):
-    """The object a URL named when it was opened: each answer must be from it."""
-    url: str
-    size: int
-    etag: Optional[str]
-    modified: Any
-
-
-class UrlRanges:
+class UrlRanges(RangedObject):
     """Byte ranges of the object a URL names: the ``fetch`` through which
-    ``safe_open`` reads a URL.
+    ``safe_open`` reads a URL through fsspec (see `open_object`).
 
     Making one looks the object up (its size, ETag, modification time).
     Called with a list of ``(offset, length)``, it returns the bytes of each:
@@ -336,14 +398,15 @@ class UrlRanges:
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
-        high, part_size = _read_limits(url, self.storage_options)
-        self.pace = Pace(START_REQUESTS, high, part_size)
+        self.limits = read_limits(url, self.storage_options)
+        self.pace = Pace(self.limits.start_requests, self.limits.max_requests,
+                         self.limits.part_size)
         fs, self.path = _url_to_fs(url, self.storage_options)
         try:
             fs.invalidate_cache(self.path)   # a listing cached earlier may be stale
-            info = fs.info(self.path, **_deadline(fs))
+            info = fs.info(self.path, **_deadline(fs, self.limits))
         except Exception as error:
-            raise _translated(error, url, "opening it") from error
+            raise translated(error, url, "opening it") from error
         if info.get("type", "file") != "file":
             raise IsADirectoryError(errno.EISDIR, "Is a directory", url)
         if info.get("size") is None:
@@ -358,73 +421,16 @@ class UrlRanges:
         self.ranges_ignored = info.get("partial") is False    # Accept-Ranges: none
         self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag,
                                                        modified)
-        self.fetched = 0      # bytes asked by earlier calls: where a download bar goes on
 
-    def __call__(self, ranges: Sequence[Range]) -> List[Any]:
-        spans = _spans_of(ranges)
-        # not zeroed: each page is touched once, by the bytes that fill it
-        buffers = [memoryview(np.empty(span.end - span.offset, np.uint8)) for span in spans]
-        got = self._with_bar(ranges, spans, buffers)
-        if got is not None:
-            return got
-        return [span.view_of(buffer, offset, length)
-                for span, buffer in zip(spans, buffers) for offset, length in span.ranges]
-
-    def fetch_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> List[int]:
-        """Put the bytes of each range into its buffer (a writable memoryview exactly
-        as long), fetched in parts as a call does; returns the bytes each got, fewer
-        than asked where an answer was cut short. The buffers are not kept past the
-        call. The compiled Reader fetches big tensors this way, straight into their
-        arrays."""
-        for (offset, length), buffer in zip(ranges, buffers, strict=True):
-            if buffer.readonly or buffer.nbytes != length:
-                raise ValueError(f"{self.url}: bytes [{offset}, {offset + length}) need a "
-                                 f"writable buffer of {length} bytes")
-        spans = _span_each(ranges)
-        views = [buffer.cast("B") for buffer in buffers]
-        got = self._with_bar(ranges, spans, views)
-        if got is not None:     # a file system without async reads: copied
-            counts = [memoryview(item).nbytes for item in got]
-            for view, item, count in zip(views, got, counts):
-                if count <= view.nbytes:    # else the Reader refuses it as too long
-                    view[:count] = item
-            return counts
-        return [len(span.view_of(view, span.offset, span.end - span.offset))
-                for span, view in zip(spans, views)]
-
-    def _with_bar(self, ranges: Sequence[Range], spans: List[_Span],
-                  buffers: List[memoryview]) -> Optional[List[Any]]:
-        """Fetch `spans` into `buffers` with a download bar; on a file system without
-        async reads, return the bytes of each range instead."""
-        if self.ranges_ignored:
-            for offset, length in ranges:
-                self.check_answerable(offset, length)
-        asked = sum(length for _, length in ranges)
-        bar = self._download_bar(asked)
-        try:
-            return self._fetch(ranges, spans, buffers, None if bar is None else bar.update)
-        finally:
-            self.fetched += asked
-            if bar is not None:
-                bar.close()
-
-    def _download_bar(self, asked: int) -> Optional[ByteBar]:
-        """A bar over the object's bytes on a terminal, for a large object and a call
-        that asks for a good part of what makes a bar worth drawing; it goes on from
-        the bytes earlier calls fetched (a whole-file load is one bar from 0 to 100%),
-        and is erased when the call ends."""
-        if asked < PROGRESS_MIN_BYTES // 8:
-            return None
-        return byte_bar(self.size, "download", done=self.fetched)
-
-    def _fetch(self, ranges: Sequence[Range], spans: List[_Span], buffers: List[memoryview],
+    def _fetch(self, ranges: Sequence[Range], spans: List[Span], buffers: List[memoryview],
                on_bytes: Optional[Callable[[int], None]]) -> Optional[List[Any]]:
         try:
             if getattr(self.fs, "async_impl", False):
                 get = _range_getter(self.fs)
                 _fetch_spans(self.fs, spans, buffers, lambda offset, length, into, progress: get(
                     self.fs, self.path, offset, length, self, into, progress),
-                    self.pace, whole_requests=self.ranges_ignored, on_bytes=on_bytes)
+                    self.pace, self.limits, whole_requests=self.ranges_ignored,
+                    on_bytes=on_bytes)
                 return None
             else:
                 got = self.fs.cat_ranges([self.path] * len(ranges),
@@ -435,226 +441,23 @@ class UrlRanges:
             part = getattr(error, "fastst_range", None)
             doing = (f"reading {len(ranges)} byte ranges" if part is None else
                      f"reading bytes [{part[0]}, {part[0] + part[1]})")
-            raise _translated(error, self.url, doing) from error
+            raise translated(error, self.url, doing) from error
         for (offset, length), item in zip(ranges, got):
             if isinstance(item, BaseException):
-                raise _translated(item, self.url, f"reading bytes [{offset}, "
-                                                  f"{offset + length})") from item
+                raise translated(item, self.url, f"reading bytes [{offset}, "
+                                                 f"{offset + length})") from item
             if on_bytes is not None:
                 on_bytes(length)
         return list(got)
 
-    def check_answerable(self, offset: int, length: int) -> None:
-        """Refuse, before asking, a range that a server ignoring range requests
-        cannot answer within bounds: one that does not start at byte 0, or the
-        whole of an object over `MAX_WHOLE_READ` bytes.
 
-        Raises
-        ------
-        SafetensorError
-            Saying that the server ignores range requests, and what to do.
-        """
-        if offset == 0 and length < self.size:
-            return      # the first bytes of the object it sends
-        if offset == 0 and length == self.size <= MAX_WHOLE_READ:
-            return
-        if offset == 0:
-            raise SafetensorError(
-                f"{self.url}: the server ignores range requests (it answers them with the "
-                f"whole object), and the object's {self.size} bytes are more than the "
-                f"{MAX_WHOLE_READ} read whole from such a server "
-                f"(fastst.remote.MAX_WHOLE_READ): download it first, or serve it from a "
-                f"server that supports range requests")
-        raise SafetensorError(
-            f"{self.url}: the server ignores range requests (it answers them with the whole "
-            f"object), so bytes [{offset}, {offset + length}) cannot be read alone: "
-            f"{WHOLE_READ_ADVICE}")
-
-
-def _deadline(fs: AbstractFileSystem) -> Dict[str, float]:
+def _deadline(fs: AbstractFileSystem, limits: Limits) -> Dict[str, float]:
     """The keyword that bounds a whole call of an async file system that moves next to
     no data, such as ``info`` (fsspec's `sync` gives up after `timeout` seconds,
-    cancelling the call): see ``_seconds_for``."""
+    cancelling the call): see ``Limits.seconds_for``."""
     if not getattr(fs, "async_impl", False):
         return {}
-    return {"timeout": _seconds_for(0)}
-
-
-def _seconds_for(size: int) -> float:
-    """How long a call that moves `size` bytes may take in all: the connect and read
-    timeouts, plus the time `size` bytes take at SLOWEST_RATE. The store's own
-    timeouts apply per attempt, and s3fs and botocore retry timed-out attempts many
-    times over; this bounds them all."""
-    return CONNECT_TIMEOUT + READ_TIMEOUT + size / SLOWEST_RATE
-
-
-class Pace:
-    """How many requests the reader of one URL keeps in flight, and how large they
-    are: learned while it reads, and kept from one read to the next.
-
-    It starts with `low` requests and, as TCP's slow start does, doubles them each
-    time that makes the bytes come in at least `GROWTH` times faster than at the level
-    measured before, up to `high`; it quadruples them while each request brings less
-    than `CAPPED_RATE` bytes a second (a store that caps each connection, as S3 and
-    GCS do: many more are needed, and a small file would be read before doubling
-    found them). When a level does not pay (`CHANCES` windows in a row), it goes back
-    to the last that did and keeps it. A level is measured over a window of at least
-    `MIN_WINDOW` seconds and `LATENCIES` times a request's time to its first byte,
-    from the first byte of a read on, and from one such time after the level was
-    raised (when the requests added bring their first bytes), while every request it
-    allows has a part to fetch (a read too small to fill them teaches nothing). Parts
-    are `part_size` bytes, smaller once fewer remain than would keep every request
-    busy to the last byte.
-
-    Parameters
-    ----------
-    low, high : int
-        The requests in flight at first, and at most.
-    part_size : int
-        The largest request, in bytes.
-
-    Attributes
-    ----------
-    allowed : int
-        The requests in flight now allowed.
-    settled : bool
-        Whether it stopped adding requests.
-
-    Examples
-    --------
-    >>> from fastst.remote import Pace
-    >>> pace = Pace(2, 16, 8 << 20)
-    >>> def seen(second, mib):   # bytes come in: by then, `mib` MiB in all
-    ...     pace.progress(second, mib << 20)
-    ...     return pace.allowed
-    >>> seen(0, 0), seen(1, 200)        # a read's first byte, then 200 MiB/s with 2
-    (2, 4)
-    >>> seen(1, 200), seen(2, 600)      # the 2 added bring bytes: 400 MiB/s with 4
-    (4, 8)
-    >>> seen(2, 600), seen(3, 1100), seen(4, 1600)   # 500 MiB/s with 8, twice: back to 4
-    (8, 8, 4)
-    >>> pace.settled
-    True
-    >>> capped = Pace(2, 16, 8 << 20)   # each request brings 20 MiB/s: 4 times as many
-    >>> capped.progress(0, 0); capped.progress(1, 40 << 20); capped.allowed
-    8
-    >>> pace.part_for(64 << 20), pace.part_for(40 << 20)   # smaller parts at the end
-    (8388608, 5242880)
-    """
-
-    GROWTH = 1.3
-    CHANCES = 2
-    MIN_WINDOW = 0.05
-    LATENCIES = 2
-    CAPPED_RATE = 64 << 20
-
-    def __init__(self, low: int, high: int, part_size: int) -> None:
-        self.high = high
-        self.part_size = part_size
-        self.allowed = min(low, high)
-        self.settled = self.allowed >= high
-        self.best_rate = 0.0
-        self.best_allowed = self.allowed
-        self.misses = 0          # windows in a row that the level now allowed did not pay
-        self.latency = 0.0
-        self.window: Optional[Tuple[float, int]] = None   # (when it began, bytes by then)
-        self.waiting = True      # for a read's first byte, which opens the window
-        self.quiet_until = 0.0   # a raised level is measured from then on
-        self.starved = False     # a request found no part during the window
-
-    def start(self, now: float, done: int) -> None:
-        """Begin measuring at `now`, `done` bytes having come in so far."""
-        self.window, self.starved, self.waiting = (now, done), False, False
-
-    def start_at_first_byte(self) -> None:
-        """Begin measuring when the next byte comes in (a read's first)."""
-        self.waiting = True
-
-    def first_byte_after(self, seconds: float) -> None:
-        """Note a request's time to its first byte."""
-        self.latency = seconds if not self.latency else 0.7 * self.latency + 0.3 * seconds
-
-    def progress(self, now: float, done: int) -> None:
-        """Note that `done` bytes have come in by `now`; judge the level when its
-        window is over."""
-        if self.settled:
-            return
-        if self.waiting or self.window is None:
-            if now >= self.quiet_until:
-                self.start(now, done)
-            return
-        began, before = self.window
-        if now - began < max(self.MIN_WINDOW, self.LATENCIES * self.latency):
-            return
-        if self.starved:
-            self.start(now, done)
-            return
-        level = self.allowed
-        self.judge((done - before) / (now - began))
-        self.start(now, done)
-        if self.allowed > level:
-            self.waiting, self.quiet_until = True, now + self.latency
-
-    def judge(self, rate: float) -> None:
-        """Take `rate` (bytes a second) as what the level now allowed gives: double
-        the level when it pays (quadruple it while requests are capped), else, after
-        `CHANCES` windows that did not, go back to the last that did and keep it."""
-        if rate >= self.best_rate * self.GROWTH:
-            self.best_rate, self.best_allowed, self.misses = rate, self.allowed, 0
-            step = 4 if rate < self.CAPPED_RATE * self.allowed else 2
-            self.allowed = min(self.high, step * self.allowed)
-            self.settled = self.best_allowed >= self.high
-        elif self.misses < self.CHANCES - 1:
-            self.misses += 1     # one window can be unlucky on a busy machine
-        else:
-            self.allowed, self.settled = self.best_allowed, True
-
-    @property
-    def smallest_part(self) -> int:
-        """The smallest part cut, but for a range's last."""
-        return min(SMALLEST_PART, self.part_size)
-
-    def part_for(self, remaining: int) -> int:
-        """The size of the next part when `remaining` bytes are still to be asked for."""
-        return max(self.smallest_part, min(self.part_size, remaining // (2 * self.allowed)))
-
-
-class _Span:
-    """Neighbouring ranges of one read, fetched into one buffer: each range's bytes
-    are a view of it, and parts are cut from it. `holes` are the (start, end) of
-    bytes a part did not bring (an answer cut short)."""
-
-    def __init__(self, offset: int) -> None:
-        self.offset = self.end = offset
-        self.ranges: List[Range] = []
-        self.holes: List[Range] = []
-
-    def view_of(self, buffer: memoryview, offset: int, length: int) -> memoryview:
-        """The bytes of range [offset, offset + length), up to its first missing byte."""
-        end = offset + length
-        for first, last in self.holes:
-            if first < end and last > offset:
-                end = max(first, offset)
-        return buffer[offset - self.offset:end - self.offset]
-
-
-def _span_each(ranges: Sequence[Range]) -> List[_Span]:
-    """A span for each range (each fetched into a buffer of its own)."""
-    spans = [_Span(offset) for offset, _ in ranges]
-    for span, (offset, length) in zip(spans, ranges):
-        span.ranges.append((offset, length))
-        span.end = offset + length
-    return spans
-
-
-def _spans_of(ranges: Sequence[Range]) -> List[_Span]:
-    spans: List[_Span] = []
-    for offset, length in ranges:
-        if not spans or offset != spans[-1].end:
-            spans.append(_Span(offset))
-        spans[-1].ranges.append((offset, length))
-        spans[-1].end = offset + length
-    return spans
+    return {"timeout": limits.seconds_for(0)}
 
 
 # One ranged GET into memory: (offset, length, into, progress) -> the bytes put at the
@@ -663,8 +466,8 @@ def _spans_of(ranges: Sequence[Range]) -> List[_Span]:
 PartGetter = Callable[[int, int, memoryview, Callable[[int], None]], Awaitable[int]]
 
 
-def _fetch_spans(fs: AbstractFileSystem, spans: List[_Span], buffers: List[memoryview],
-                 get: PartGetter, pace: Pace, whole_requests: bool = False,
+def _fetch_spans(fs: AbstractFileSystem, spans: List[Span], buffers: List[memoryview],
+                 get: PartGetter, pace: Pace, limits: Limits, whole_requests: bool = False,
                  on_bytes: Optional[Callable[[int], None]] = None) -> None:
     """Spans of an async file system's object, fetched by parts into their buffers
     (a span's holes say what an answer cut short left out): a queue of parts that
@@ -675,49 +478,17 @@ def _fetch_spans(fs: AbstractFileSystem, spans: List[_Span], buffers: List[memor
     with every request of it cancelled, retries included (fsspec's ``cat_ranges``
     leaves its requests running when its caller gives up)."""
     import asyncio
-    import time
 
     from fsspec.asyn import sync  # type: ignore[import-untyped, unused-ignore]
 
-    queue = [(k, span.offset) for k, span in enumerate(spans) if span.end > span.offset]
-    remaining = sum(span.end - span.offset for span in spans)
-    done = 0
-
-    def next_part() -> Optional[Tuple[int, int, int]]:
-        nonlocal remaining
-        if not queue:
-            return None
-        k, offset = queue[0]
-        span = spans[k]
-        rest = span.end - offset
-        size = rest if whole_requests else pace.part_for(remaining)
-        if rest <= size or (rest < size + pace.smallest_part and rest <= pace.part_size):
-            size = rest     # the span's last part: no crumb left behind
-            queue.pop(0)
-        else:
-            queue[0] = (k, offset + size)
-        remaining -= size
-        return k, offset, size
+    parts = PartQueue(spans, pace, whole_requests)
+    tally = Tally(pace, on_bytes)
 
     async def fetch_part(k: int, offset: int, size: int) -> None:
-        asked = time.monotonic()
-        first = True
-
-        def progress(count: int) -> None:
-            nonlocal done, first
-            now = time.monotonic()
-            if first:
-                pace.first_byte_after(now - asked)
-                first = False
-            done += count
-            pace.progress(now, done)
-            if on_bytes is not None:
-                on_bytes(count)
-
         span = spans[k]
         into = buffers[k][offset - span.offset:offset - span.offset + size]
         try:
-            got = await get(offset, size, into, progress)
+            got = await get(offset, size, into, tally.part_asked())
         except Exception as error:
             error.fastst_range = (offset, size)   # type: ignore[attr-defined]
             raise
@@ -730,13 +501,13 @@ def _fetch_spans(fs: AbstractFileSystem, spans: List[_Span], buffers: List[memor
         try:
             while True:
                 while len(running) < pace.allowed:
-                    part = next_part()
+                    part = parts.next()
                     if part is None:
                         break
                     running.add(asyncio.ensure_future(fetch_part(*part)))
                 if not running:
                     return
-                if not queue:
+                if not parts:
                     pace.starved = True
                 # woken by a part's end, or soon enough to start the requests a
                 # better pace allows
@@ -750,16 +521,11 @@ def _fetch_spans(fs: AbstractFileSystem, spans: List[_Span], buffers: List[memor
             await asyncio.gather(*running, return_exceptions=True)   # each has ended
 
     async def within_deadline() -> None:
-        await asyncio.wait_for(fetch_all(), _seconds_for(sum(
+        await asyncio.wait_for(fetch_all(), limits.seconds_for(sum(
             span.end - span.offset for span in spans)))
 
     sync(fs.loop, within_deadline)
 
-
-WHOLE_READ_ADVICE = ("read the whole file (load_file and get_tensors read an object of up "
-                     "to fastst.remote.MAX_WHOLE_READ bytes whole from such a server), "
-                     "download it first, or serve it from a server that supports range "
-                     "requests")
 
 # One ranged GET per kind of store: (fs, path, offset, length, the UrlRanges: the version
 # opened, the precondition's keywords, into, progress) -> the bytes put into `into`.
@@ -793,9 +559,9 @@ async def _get_http(fs: Any, path: str, offset: int, length: int, opened: UrlRan
                 raise FileNotFoundError(errno.ENOENT, "No such object", version.url)
             response.raise_for_status()
             said = response.headers
-            body, whole = _checked_answer(version, offset, length, response.status,
-                                          said.get("Content-Range"), response.content_length,
-                                          said.get("ETag"), said.get("Last-Modified"))
+            body, whole = checked_answer(version, offset, length, response.status,
+                                         said.get("Content-Range"), response.content_length,
+                                         said.get("ETag"), said.get("Last-Modified"))
             got = await _read_into(response.content.read, into, body, version, offset,
                                    length, progress, rest_unread=whole)
             if whole:
@@ -823,7 +589,7 @@ async def _get_s3(fs: Any, path: str, offset: int, length: int, opened: UrlRange
                                      **version_id_kw(version_id), **kwargs)
         stream = response["Body"]
         try:
-            body, whole = _checked_answer(
+            body, whole = checked_answer(
                 version, offset, length,
                 response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
                 response.get("ContentRange"), response.get("ContentLength"),
@@ -854,72 +620,6 @@ async def _get_other(fs: Any, path: str, offset: int, length: int, opened: UrlRa
     return len(data)
 
 
-CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
-
-
-def _checked_answer(version: ObjectVersion, offset: int, length: int, status: Any,
-                    content_range: Optional[str], content_length: Optional[int],
-                    etag: Optional[str], modified: Any) -> Tuple[int, bool]:
-    """How many bytes of the body of an answer to a request for [offset, offset +
-    length) to read, and whether the body goes on past them (to be left unread),
-    once what the answer says of itself is checked against the request and the
-    object opened: status 206 and a Content-Range that starts at `offset`, ends
-    within the range and gives the object's size; the ETag seen at opening (or, with
-    none, its Last-Modified date). A 200 (the range ignored: the whole object) is
-    taken when the whole object was asked for, or, when it says it holds the whole
-    object, for a range at its start: its first bytes."""
-    asked = f"bytes [{offset}, {offset + length})"
-    if etag and version.etag and etag != version.etag:
-        raise _changed(version, f"its ETag is now {etag}, was {version.etag}", asked)
-    if (not version.etag and isinstance(version.modified, str) and isinstance(modified, str)
-            and modified != version.modified):
-        raise _changed(version, f"its Last-Modified is now {modified}, was "
-                                f"{version.modified}", asked)
-    if status == 200 and offset == 0 and length == version.size:
-        body = length
-    elif status == 200 and offset == 0 and content_length == version.size:
-        return length, True
-    elif status == 200:
-        raise SafetensorError(f"{version.url}: the server ignored the range request for "
-                              f"{asked} (status 200 with the whole object, not 206 with "
-                              f"the range): {WHOLE_READ_ADVICE}")
-    elif status != 206:
-        raise SafetensorError(f"{version.url}: {asked}: the server answered with status "
-                              f"{status}, not 206 Partial Content")
-    else:
-        body = _range_answered(version, offset, length, content_range, asked)
-    if content_length is not None and content_length > body:
-        raise SafetensorError(f"{version.url}: the answer for {asked} is {content_length} "
-                              f"bytes long, more than the {body} it should hold (too long)")
-    return body, False
-
-
-def _range_answered(version: ObjectVersion, offset: int, length: int,
-                    content_range: Optional[str], asked: str) -> int:
-    """The length of the range a 206 answer's Content-Range says it holds, checked
-    to start at `offset`, end within the range asked and give the object's size."""
-    match = CONTENT_RANGE.match(content_range or "")
-    if match is None:
-        raise SafetensorError(f"{version.url}: the answer for {asked} does not say which "
-                              f"bytes it holds (Content-Range {content_range!r})")
-    first, last, total = match.groups()
-    if total != "*" and int(total) != version.size:
-        raise _changed(version, f"its size is now {total} bytes, was {version.size}", asked)
-    held = f"bytes [{first}, {int(last) + 1}) (Content-Range {content_range!r})"
-    if int(first) != offset or int(last) < int(first):
-        raise SafetensorError(f"{version.url}: the server answered {held} to the request "
-                              f"for {asked}")
-    if int(last) >= offset + length:
-        raise SafetensorError(f"{version.url}: the server answered {held} to the request "
-                              f"for {asked}: more than asked (too long)")
-    return int(last) + 1 - offset
-
-
-def _changed(version: ObjectVersion, what: str, asked: str) -> SafetensorError:
-    return SafetensorError(f"{version.url}: the object changed since it was opened ({what}) "
-                           f"while reading {asked}; open it again to read the new object")
-
-
 async def _read_into(read: Callable[[int], Awaitable[bytes]], into: memoryview, body: int,
                      version: ObjectVersion, offset: int, length: int,
                      progress: Callable[[int], None], *, rest_unread: bool = False) -> int:
@@ -935,9 +635,7 @@ async def _read_into(read: Callable[[int], Awaitable[bytes]], into: memoryview, 
         if not piece:
             break
         if done + len(piece) > body:
-            raise SafetensorError(f"{version.url}: the answer for bytes [{offset}, "
-                                  f"{offset + length}) goes on past the {body} bytes it "
-                                  f"should hold (too long); the rest was not read")
+            raise too_long(version.url, offset, length, body)
         into[done:done + len(piece)] = piece
         done += len(piece)
         progress(len(piece))
@@ -954,7 +652,7 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
     options = with_default_timeouts(protocol, {
         key: value for key, value in storage_options.items() if key not in READ_OPTIONS})
     if protocol in S3_PROTOCOLS:
-        high, _ = _read_limits(url, storage_options)
+        high = read_limits(url, storage_options).max_requests
         # s3fs sends the parts of an upload this many at once; botocore's pool of
         # connections (10 unless told) must hold as many requests as a read sends
         options["max_concurrency"] = high
@@ -966,20 +664,6 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
                           f"({error}); fastst's 'remote' extra installs s3fs and "
                           f"aiohttp") from None
     return fs, path
-
-
-def _read_limits(url: str, storage_options: Mapping[str, Any]) -> Tuple[int, int]:
-    """The most requests in flight and the largest part that `storage_options` allow
-    (``max_concurrency``, ``part_size``), `MAX_REQUESTS` and `PART_SIZE` unless they
-    say."""
-    limits = []
-    for key, default in zip(READ_OPTIONS, (MAX_REQUESTS, PART_SIZE)):
-        value = storage_options.get(key, default)
-        if type(value) is not int or value < 1:
-            raise SafetensorError(f"{url}: storage_options[{key!r}] must be an integer >= 1, "
-                                  f"got {value!r}")
-        limits.append(value)
-    return limits[0], limits[1]
 
 
 def with_default_timeouts(protocol: str, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -1044,43 +728,6 @@ def _with_precondition(fs: AbstractFileSystem, options: Dict[str, Any], etag: Op
     return fs, {}
 
 
-def _translated(error: BaseException, url: str, doing: str) -> BaseException:
-    """The error to raise for a store's `error`: FileNotFoundError and PermissionError
-    as they are; a failed precondition (the object changed) or a body cut short as a
-    SafetensorError; a timeout as TimeoutError; anything else as an OSError naming
-    the URL."""
-    if isinstance(error, (FileNotFoundError, PermissionError, SafetensorError)):
-        return error
-    if _precondition_failed(error):
-        return SafetensorError(f"{url}: the object changed since it was opened (its ETag "
-                               f"or modification time no longer matches) while {doing}; "
-                               f"open it again to read the new object")
-    if type(error).__name__ in ("ClientPayloadError", "ContentLengthError",
-                                "IncompleteReadError", "ResponseStreamingError"):
-        return SafetensorError(f"{url}: the store's answer was cut short while {doing} "
-                               f"({error})")
-    if isinstance(error, TimeoutError) or "Timeout" in type(error).__name__:
-        return TimeoutError(f"{url}: no answer in time while {doing} ({type(error).__name__}"
-                            f"; storage_options set the timeouts)")
-    return OSError(f"{url}: {doing} failed: {type(error).__name__}: {error}")
-
-
-def _precondition_failed(error: BaseException) -> bool:
-    seen: Optional[BaseException] = error
-    for _ in range(8):   # the chain of causes, as far as a store's wrappers go
-        if seen is None:
-            return False
-        if getattr(seen, "status", None) == 412:
-            return True
-        response = getattr(seen, "response", None)
-        if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            if code in ("PreconditionFailed", "412"):
-                return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 # ---------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------
@@ -1134,7 +781,7 @@ def save_plan(plan: WritePlan, target: str,
     except SafetensorError:
         raise
     except Exception as error:
-        raise _translated(error, target, "saving") from error
+        raise translated(error, target, "saving") from error
 
 
 class SpooledUpload:
@@ -1212,7 +859,7 @@ class SpooledUpload:
         except SafetensorError:
             raise
         except Exception as error:
-            raise _translated(error, self.url, "uploading") from error
+            raise translated(error, self.url, "uploading") from error
         finally:
             self.discard()
 
@@ -1220,9 +867,9 @@ class SpooledUpload:
         """Send the file to S3 as a multipart upload, its parts sent at once as
         ``max_concurrency`` allows (s3fs's ``put_file``, which aborts the upload when
         a part fails: the previous object stays until the upload completes)."""
-        high, part_size = _read_limits(self.url, self.storage_options)
-        self.fs.put_file(self.path, self.remote_path, max_concurrency=high,
-                         chunksize=max(part_size, SMALLEST_S3_PART))
+        limits = read_limits(self.url, self.storage_options)
+        self.fs.put_file(self.path, self.remote_path, max_concurrency=limits.max_requests,
+                         chunksize=max(limits.part_size, SMALLEST_S3_PART))
 
     def discard(self) -> None:
         """Remove the local spool without uploading it; again does nothing."""

@@ -53,7 +53,19 @@ class RangeServer:
     ``sizes = False`` the Content-Length of HEAD answers; ``accept_ranges`` is what
     answers say in their Accept-Ranges header. Bodies are sent in pieces of 1 MiB,
     each counted as it is sent: a client that hangs up while it is answered is no
-    error of the server's, and what it was not sent is not counted."""
+    error of the server's, and what it was not sent is not counted.
+
+    What a client must cope with on the web: ``redirects`` maps a path to the
+    location (a path or a URL) that HEAD and GET requests for it are sent on to
+    (302); ``refused`` holds paths answered 403 (a signed location that expired);
+    ``head_status``, when set, answers every HEAD with it (a URL signed for GET
+    only); ``weak_etags`` gives ETags as ``W/"..."``; ``encoding`` is sent as the
+    Content-Encoding of GET answers (whose bodies stay as they are); mode
+    ``"trickle"`` sends a body a byte every ``trickle_pause`` seconds;
+    ``drop_kept = True`` closes each connection once it has answered, while
+    saying it is kept. ``connections`` counts the connections accepted, and
+    ``authorizations`` the Authorization header of each request (None
+    without one)."""
 
     def __init__(self, objects=None):
         self.objects = dict(objects or {})
@@ -62,6 +74,8 @@ class RangeServer:
         self.versions = {}            # path -> (ETag of the content, its modification time)
         self.requests = []            # (method, path, Range header or None)
         self.bytes_sent = 0
+        self.connections = 0
+        self.authorizations = []
         self.in_flight = 0
         self.most_in_flight = 0
         self.lock = threading.Lock()
@@ -93,11 +107,20 @@ class RangeServer:
         self.etags = True
         self.sizes = True
         self.accept_ranges = "bytes"
+        self.redirects = {}
+        self.refused = set()
+        self.head_status = None
+        self.weak_etags = False
+        self.encoding = None
+        self.trickle_pause = 0.05
+        self.drop_kept = False
 
     def reset_counts(self):
         with self.lock:
             self.requests.clear()
+            self.authorizations.clear()
             self.bytes_sent = 0
+            self.connections = 0
             self.most_in_flight = 0
 
     def gets(self):
@@ -123,21 +146,47 @@ class RangeServer:
             def log_message(self, *args):
                 pass
 
+            def setup(self):
+                super().setup()
+                with store.lock:
+                    store.connections += 1
+
             def do_HEAD(self):
-                store.record("HEAD", self.path, None)
+                store.record("HEAD", self.path, None, self.headers.get("Authorization"))
                 self.mode = None
+                if self.sent_elsewhere(head=True):
+                    return
                 data = store.objects.get(self.path)
                 if data is None:
                     return self.answer(404, b"", head=True)
+                if store.head_status is not None:
+                    return self.answer(store.head_status, b"", head=True)
                 self.answer(200, data, head=True, etag=etag_of(data),
                             modified=store.modified(self.path, data))
 
             def do_GET(self):
                 asked = self.headers.get("Range")
                 with store.counting() as self.request_ends:
-                    store.record("GET", self.path, asked)
+                    store.record("GET", self.path, asked, self.headers.get("Authorization"))
                     self.mode = store.hostile_mode()
-                    self.get(asked)
+                    if not self.sent_elsewhere():
+                        self.get(asked)
+                if store.drop_kept:
+                    self.close_connection = True     # without a word to the client
+
+            def sent_elsewhere(self, head=False):
+                """Answer a redirected or refused path: True when it was."""
+                if self.path in store.refused:
+                    self.answer(403, b"expired", head=head)
+                    return True
+                location = store.redirects.get(self.path)
+                if location is None:
+                    return False
+                self.send_response(302)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return True
 
             def get(self, asked):
                 if store.delay:
@@ -218,6 +267,8 @@ class RangeServer:
                 if self.mode == "short" and len(body) > 1:
                     body = body[:len(body) // 2]
                     self.close_connection = True
+                if self.mode == "trickle":
+                    return self.trickle(memoryview(body))
                 body, rate = memoryview(body), store.rate
                 step = SEND_PIECE if rate is None else THROTTLED_PIECE
                 started = time.monotonic()
@@ -235,10 +286,26 @@ class RangeServer:
                         self.close_connection = True
                         return
 
+            def trickle(self, body):
+                """The body a byte at a time, until the client hangs up or the test
+                ends."""
+                for start in range(len(body)):
+                    if store.released.wait(store.trickle_pause):
+                        return
+                    try:
+                        self.wfile.write(body[start:start + 1])
+                    except OSError:
+                        self.close_connection = True
+                        return
+                    with store.lock:
+                        store.bytes_sent += 1
+
             def headers_of(self, *, etag=None, modified=None, content_range=None):
                 self.send_header("Accept-Ranges", store.accept_ranges)
+                if store.encoding and self.command == "GET":
+                    self.send_header("Content-Encoding", store.encoding)
                 if etag and store.etags:
-                    self.send_header("ETag", etag)
+                    self.send_header("ETag", "W/" + etag if store.weak_etags else etag)
                 if modified is not None:
                     self.send_header("Last-Modified", email.utils.formatdate(modified,
                                                                              usegmt=True))
@@ -255,9 +322,10 @@ class RangeServer:
                 return None
             return self.mode
 
-    def record(self, method, path, asked):
+    def record(self, method, path, asked, authorization=None):
         with self.lock:
             self.requests.append((method, path, asked))
+            self.authorizations.append(authorization)
 
     @contextlib.contextmanager
     def counting(self):
@@ -431,3 +499,22 @@ def http_store():
 def s3_store():
     with moto_s3() as options:
         yield options
+
+
+def putter(server):
+    """put(name, data) -> URL: an object on `server`."""
+    def put(name, data):
+        server.objects["/" + name] = bytes(data)
+        return f"{server.url}/{name}"
+
+    return put
+
+
+@pytest.fixture
+def served(http_store):
+    """Put objects on the HTTP server; yields (server, put(name, data) -> URL)."""
+    http_store.be_honest()
+    http_store.objects.clear()
+    http_store.reset_counts()
+    yield http_store, putter(http_store)
+    http_store.be_honest()

@@ -17,7 +17,7 @@ LAYERS = [
     # facts
     "_version", "_progress", "_blocks", "_slicing", "_files", "_checksums", "_torch_dtypes",
     # where bytes are
-    "remote", "_source", "_readahead",
+    "_ranged", "_http", "remote", "_source", "_readahead",
     # formats
     "_lowlevel", "_index",
     # frameworks

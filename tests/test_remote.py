@@ -23,8 +23,8 @@ from fastst._core import Reader
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
-from servers import (RangeServer, http_store, moto_s3, s3_store,  # noqa: E402,F401
-                     simple_http_server)
+from servers import (RangeServer, http_store, moto_s3, putter, s3_store,  # noqa: E402,F401
+                     served, simple_http_server)
 
 HEAD_BYTES = 64 << 10    # the first request of a ranged read: prefix and header, read ahead
 MiB = 1 << 20
@@ -41,25 +41,6 @@ def assert_same(got, expected):
     for name, array in expected.items():
         assert got[name].dtype == array.dtype and got[name].shape == array.shape
         assert got[name].tobytes() == array.tobytes(), name
-
-
-def putter(server):
-    """put(name, data) -> URL: an object on `server`."""
-    def put(name, data):
-        server.objects["/" + name] = bytes(data)
-        return f"{server.url}/{name}"
-
-    return put
-
-
-@pytest.fixture
-def served(http_store):
-    """Put objects on the HTTP server; yields (server, put(name, data) -> URL)."""
-    http_store.be_honest()
-    http_store.objects.clear()
-    http_store.reset_counts()
-    yield http_store, putter(http_store)
-    http_store.be_honest()
 
 
 @pytest.fixture
@@ -403,10 +384,13 @@ def s3_through(server):
 
 
 def on_store(server, put, store, name, data):
-    """The URL and storage_options of `data` put on `server`, over HTTP or as S3."""
+    """The URL and storage_options of `data` put on `server`: over HTTP by fastst's own
+    client (``"http"``) or by fsspec's (``"fsspec-http"``), or as S3."""
     put(f"bucket/{name}", data)
     if store == "http":
         return f"{server.url}/bucket/{name}", None
+    if store == "fsspec-http":
+        return f"{server.url}/bucket/{name}", {"transport": "fsspec"}
     pytest.importorskip("s3fs")
     return f"s3://bucket/{name}", s3_through(server)
 
@@ -420,7 +404,7 @@ LYING_ANSWERS = {
 }
 
 
-@pytest.mark.parametrize("store", ["http", "s3"])
+@pytest.mark.parametrize("store", ["http", "fsspec-http", "s3"])
 @pytest.mark.parametrize("mode", sorted(LYING_ANSWERS))
 def test_an_answer_that_is_not_the_bytes_asked_of_the_version_opened_is_refused(
         served, store, mode):
@@ -610,7 +594,7 @@ def test_a_server_that_says_it_takes_no_range_requests_is_asked_for_none(served)
 def test_an_answer_longer_than_the_object_is_too_long_not_short(served, monkeypatch):
     server, put = served
     url = put("index.json", b'{"weight_map": {}}')
-    monkeypatch.setattr(fastst.remote.UrlRanges, "__call__",
+    monkeypatch.setattr(fastst._ranged.RangedObject, "__call__",
                         lambda self, ranges: [b" " * (self.size + 5)])
     with pytest.raises(SafetensorError, match=r"answered 23 bytes for 18 \(too long\)$"):
         fastst.remote.read_object(url, None, 1000, "index")
@@ -627,7 +611,7 @@ def test_an_object_of_no_known_size_is_refused(served):
 
 ENDLESS_READER = """
 import json, os, resource, sys
-import fsspec, fastst, fastst.cli, fastst.remote   # all a read loads, loaded
+import fsspec, fastst, fastst.cli, fastst.remote, fastst._http   # all a read loads, loaded
 if sys.argv[2] != "null":
     import s3fs
 base = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10
@@ -654,6 +638,11 @@ ENDLESS = [
                                       "524288 bytes it should hold (too long)"),
     ("endless", "http", "index", 0, "goes on past the 396 bytes it should hold (too long)"),
     ("endless", "http", "inspect", 0, "ignored the range request for bytes [0, 65536)"),
+    ("endless", "fsspec-http", "open", 0, "ignored the range request for bytes [0, 65536)"),
+    ("overlong", "fsspec-http", "tensor", 1, "the answer for bytes [144, 524432) goes on past "
+                                             "the 524288 bytes it should hold (too long)"),
+    ("endless", "fsspec-http", "index", 0, "goes on past the 396 bytes it should hold "
+                                           "(too long)"),
     ("endless", "s3", "open", 0, "ignored the range request for bytes [0, 65536)"),
     ("endless", "s3", "tensor", 1, "ignored the range request for bytes [144, 524432)"),
     ("overlong", "s3", "tensor", 1, "goes on past the 524288 bytes it should hold (too long)"),

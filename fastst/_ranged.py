@@ -1,0 +1,517 @@
+"""Reading an object by ranged requests, whatever carries them: the bounds a read works
+within, the version of the object opened and the checks each answer is held to, how
+many requests go at once and how large (``Pace``), and ``RangedObject``, the fetch
+through which the compiled Reader reads such an object.
+
+Two transports build on it: ``fastst._http`` (HTTP(S) through the standard library's
+``http.client``, threads reading straight into the arrays) and ``fastst.remote``'s
+``UrlRanges`` (any fsspec URL, on fsspec's event loop). Each carries parts; this module
+says which parts, and whether an answer is the bytes asked of the object opened.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._core import SafetensorError
+from ._progress import PROGRESS_MIN_BYTES, ByteBar, byte_bar
+
+SLOWEST_RATE = 256 << 10   # bytes a second below which a call's answer counts as stalled
+SMALLEST_PART = 4 << 20   # parts are cut no smaller than this, but for a range's last
+READ_PIECE = 1 << 20     # most bytes taken from an answer's body at a time
+Range = Tuple[int, int]
+
+
+class Limits(NamedTuple):
+    """The bounds a read of one object works within: ``fastst.remote``'s constants,
+    with the bounds a call's ``storage_options`` give."""
+    connect_timeout: float
+    read_timeout: float
+    start_requests: int
+    max_requests: int
+    part_size: int
+    max_whole_read: int
+
+    def seconds_for(self, size: int) -> float:
+        """How long a call that moves `size` bytes may take in all: the connect and
+        read timeouts, plus the time `size` bytes take at SLOWEST_RATE. A store's own
+        timeouts apply per attempt, and s3fs and botocore retry timed-out attempts
+        many times over; this bounds them all."""
+        return self.connect_timeout + self.read_timeout + size / SLOWEST_RATE
+
+
+class ObjectVersion(NamedTuple):
+    """The object a URL named when it was opened: each answer must be from it."""
+    url: str
+    size: int
+    etag: Optional[str]
+    modified: Any
+
+
+class Pace:
+    """How many requests the reader of one URL keeps in flight, and how large they
+    are: learned while it reads, and kept from one read to the next.
+
+    It starts with `low` requests and, as TCP's slow start does, doubles them each
+    time that makes the bytes come in at least `GROWTH` times faster than at the level
+    measured before, up to `high`; it quadruples them while each request brings less
+    than `CAPPED_RATE` bytes a second (a store that caps each connection, as S3 and
+    GCS do: many more are needed, and a small file would be read before doubling
+    found them). When a level does not pay (`CHANCES` windows in a row), it goes back
+    to the last that did and keeps it. A level is measured over a window of at least
+    `MIN_WINDOW` seconds and `LATENCIES` times a request's time to its first byte,
+    from the first byte of a read on, and from one such time after the level was
+    raised (when the requests added bring their first bytes), while every request it
+    allows has a part to fetch (a read too small to fill them teaches nothing). Parts
+    are `part_size` bytes, smaller once fewer remain than would keep every request
+    busy to the last byte.
+
+    Parameters
+    ----------
+    low, high : int
+        The requests in flight at first, and at most.
+    part_size : int
+        The largest request, in bytes.
+
+    Attributes
+    ----------
+    allowed : int
+        The requests in flight now allowed.
+    settled : bool
+        Whether it stopped adding requests.
+
+    Examples
+    --------
+    >>> from fastst.remote import Pace
+    >>> pace = Pace(2, 16, 8 << 20)
+    >>> def seen(second, mib):   # bytes come in: by then, `mib` MiB in all
+    ...     pace.progress(second, mib << 20)
+    ...     return pace.allowed
+    >>> seen(0, 0), seen(1, 200)        # a read's first byte, then 200 MiB/s with 2
+    (2, 4)
+    >>> seen(1, 200), seen(2, 600)      # the 2 added bring bytes: 400 MiB/s with 4
+    (4, 8)
+    >>> seen(2, 600), seen(3, 1100), seen(4, 1600)   # 500 MiB/s with 8, twice: back to 4
+    (8, 8, 4)
+    >>> pace.settled
+    True
+    >>> capped = Pace(2, 16, 8 << 20)   # each request brings 20 MiB/s: 4 times as many
+    >>> capped.progress(0, 0); capped.progress(1, 40 << 20); capped.allowed
+    8
+    >>> pace.part_for(64 << 20), pace.part_for(40 << 20)   # smaller parts at the end
+    (8388608, 5242880)
+    """
+
+    GROWTH = 1.3
+    CHANCES = 2
+    MIN_WINDOW = 0.05
+    LATENCIES = 2
+    CAPPED_RATE = 64 << 20
+
+    def __init__(self, low: int, high: int, part_size: int) -> None:
+        self.high = high
+        self.part_size = part_size
+        self.allowed = min(low, high)
+        self.settled = self.allowed >= high
+        self.best_rate = 0.0
+        self.best_allowed = self.allowed
+        self.misses = 0          # windows in a row that the level now allowed did not pay
+        self.latency = 0.0
+        self.window: Optional[Tuple[float, int]] = None   # (when it began, bytes by then)
+        self.waiting = True      # for a read's first byte, which opens the window
+        self.quiet_until = 0.0   # a raised level is measured from then on
+        self.starved = False     # a request found no part during the window
+
+    def start(self, now: float, done: int) -> None:
+        """Begin measuring at `now`, `done` bytes having come in so far."""
+        self.window, self.starved, self.waiting = (now, done), False, False
+
+    def start_at_first_byte(self) -> None:
+        """Begin measuring when the next byte comes in (a read's first)."""
+        self.waiting = True
+
+    def first_byte_after(self, seconds: float) -> None:
+        """Note a request's time to its first byte."""
+        self.latency = seconds if not self.latency else 0.7 * self.latency + 0.3 * seconds
+
+    def progress(self, now: float, done: int) -> None:
+        """Note that `done` bytes have come in by `now`; judge the level when its
+        window is over."""
+        if self.settled:
+            return
+        if self.waiting or self.window is None:
+            if now >= self.quiet_until:
+                self.start(now, done)
+            return
+        began, before = self.window
+        if now - began < max(self.MIN_WINDOW, self.LATENCIES * self.latency):
+            return
+        if self.starved:
+            self.start(now, done)
+            return
+        level = self.allowed
+        self.judge((done - before) / (now - began))
+        self.start(now, done)
+        if self.allowed > level:
+            self.waiting, self.quiet_until = True, now + self.latency
+
+    def judge(self, rate: float) -> None:
+        """Take `rate` (bytes a second) as what the level now allowed gives: double
+        the level when it pays (quadruple it while requests are capped), else, after
+        `CHANCES` windows that did not, go back to the last that did and keep it."""
+        if rate >= self.best_rate * self.GROWTH:
+            self.best_rate, self.best_allowed, self.misses = rate, self.allowed, 0
+            step = 4 if rate < self.CAPPED_RATE * self.allowed else 2
+            self.allowed = min(self.high, step * self.allowed)
+            self.settled = self.best_allowed >= self.high
+        elif self.misses < self.CHANCES - 1:
+            self.misses += 1     # one window can be unlucky on a busy machine
+        else:
+            self.allowed, self.settled = self.best_allowed, True
+
+    @property
+    def smallest_part(self) -> int:
+        """The smallest part cut, but for a range's last."""
+        return min(SMALLEST_PART, self.part_size)
+
+    def part_for(self, remaining: int) -> int:
+        """The size of the next part when `remaining` bytes are still to be asked for."""
+        return max(self.smallest_part, min(self.part_size, remaining // (2 * self.allowed)))
+
+
+class Span:
+    """Neighbouring ranges of one read, fetched into one buffer: each range's bytes
+    are a view of it, and parts are cut from it. `holes` are the (start, end) of
+    bytes a part did not bring (an answer cut short)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = self.end = offset
+        self.ranges: List[Range] = []
+        self.holes: List[Range] = []
+
+    def view_of(self, buffer: memoryview, offset: int, length: int) -> memoryview:
+        """The bytes of range [offset, offset + length), up to its first missing byte."""
+        end = offset + length
+        for first, last in self.holes:
+            if first < end and last > offset:
+                end = max(first, offset)
+        return buffer[offset - self.offset:end - self.offset]
+
+
+def span_each(ranges: Sequence[Range]) -> List[Span]:
+    """A span for each range (each fetched into a buffer of its own)."""
+    spans = [Span(offset) for offset, _ in ranges]
+    for span, (offset, length) in zip(spans, ranges):
+        span.ranges.append((offset, length))
+        span.end = offset + length
+    return spans
+
+
+def spans_of(ranges: Sequence[Range]) -> List[Span]:
+    """The ranges, those that follow on in the object joined into one span."""
+    spans: List[Span] = []
+    for offset, length in ranges:
+        if not spans or offset != spans[-1].end:
+            spans.append(Span(offset))
+        spans[-1].ranges.append((offset, length))
+        spans[-1].end = offset + length
+    return spans
+
+
+class PartQueue:
+    """The parts a read of `spans` is cut into, handed out in order: each as large as
+    `pace` says for what remains, the last of a span never a crumb; with
+    `whole_requests`, each span in one part (a server that ignores ranges). A part is
+    (the span's number, its offset in the object, its size)."""
+
+    def __init__(self, spans: List[Span], pace: Pace, whole_requests: bool = False) -> None:
+        self.spans, self.pace, self.whole_requests = spans, pace, whole_requests
+        self.queue = [(k, span.offset) for k, span in enumerate(spans) if span.end > span.offset]
+        self.remaining = sum(span.end - span.offset for span in spans)
+
+    def __bool__(self) -> bool:
+        return bool(self.queue)
+
+    def next(self) -> Optional[Tuple[int, int, int]]:
+        """The next part, or None when every part has been handed out."""
+        if not self.queue:
+            return None
+        k, offset = self.queue[0]
+        span = self.spans[k]
+        rest = span.end - offset
+        size = rest if self.whole_requests else self.pace.part_for(self.remaining)
+        smallest = self.pace.smallest_part
+        if rest <= size or (rest < size + smallest and rest <= self.pace.part_size):
+            size = rest     # the span's last part: no crumb left behind
+            self.queue.pop(0)
+        else:
+            self.queue[0] = (k, offset + size)
+        self.remaining -= size
+        return k, offset, size
+
+
+class Tally:
+    """The bytes the parts of one read have brought, told to its `pace` (and to
+    `on_bytes`, a download bar's) as they come in. Its callers take turns (one event
+    loop, or a lock)."""
+
+    def __init__(self, pace: Pace, on_bytes: Optional[Callable[[int], None]]) -> None:
+        self.pace, self.on_bytes = pace, on_bytes
+        self.done = 0
+
+    def part_asked(self) -> Callable[[int], None]:
+        """The progress of a part asked for now: called with each count of bytes that
+        come in; its first call (a count of 0 where the answer's head came first)
+        notes the part's time to its first byte."""
+        asked = time.monotonic()
+        first = True
+
+        def progress(count: int) -> None:
+            nonlocal first
+            now = time.monotonic()
+            if first:
+                self.pace.first_byte_after(now - asked)
+                first = False
+            self.done += count
+            self.pace.progress(now, self.done)
+            if self.on_bytes is not None and count:
+                self.on_bytes(count)
+
+        return progress
+
+
+# ---------------------------------------------------------------------------
+# What an answer must say of itself
+# ---------------------------------------------------------------------------
+
+WHOLE_READ_ADVICE = ("read the whole file (load_file and get_tensors read an object of up "
+                     "to fastst.remote.MAX_WHOLE_READ bytes whole from such a server), "
+                     "download it first, or serve it from a server that supports range "
+                     "requests")
+CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+def checked_answer(version: ObjectVersion, offset: int, length: int, status: Any,
+                   content_range: Optional[str], content_length: Optional[int],
+                   etag: Optional[str], modified: Any) -> Tuple[int, bool]:
+    """How many bytes of the body of an answer to a request for [offset, offset +
+    length) to read, and whether the body goes on past them (to be left unread),
+    once what the answer says of itself is checked against the request and the
+    object opened: status 206 and a Content-Range that starts at `offset`, ends
+    within the range and gives the object's size; the ETag seen at opening (or, with
+    none, its Last-Modified date). A 200 (the range ignored: the whole object) is
+    taken when the whole object was asked for, or, when it says it holds the whole
+    object, for a range at its start: its first bytes."""
+    asked = f"bytes [{offset}, {offset + length})"
+    if etag and version.etag and etag != version.etag:
+        raise changed(version, f"its ETag is now {etag}, was {version.etag}", asked)
+    if (not version.etag and isinstance(version.modified, str) and isinstance(modified, str)
+            and modified != version.modified):
+        raise changed(version, f"its Last-Modified is now {modified}, was "
+                               f"{version.modified}", asked)
+    if status == 200 and offset == 0 and length == version.size:
+        body = length
+    elif status == 200 and offset == 0 and content_length == version.size:
+        return length, True
+    elif status == 200:
+        raise SafetensorError(f"{version.url}: the server ignored the range request for "
+                              f"{asked} (status 200 with the whole object, not 206 with "
+                              f"the range): {WHOLE_READ_ADVICE}")
+    elif status != 206:
+        raise SafetensorError(f"{version.url}: {asked}: the server answered with status "
+                              f"{status}, not 206 Partial Content")
+    else:
+        body = range_answered(version, offset, length, content_range, asked)
+    if content_length is not None and content_length > body:
+        raise SafetensorError(f"{version.url}: the answer for {asked} is {content_length} "
+                              f"bytes long, more than the {body} it should hold (too long)")
+    return body, False
+
+
+def range_answered(version: ObjectVersion, offset: int, length: int,
+                   content_range: Optional[str], asked: str) -> int:
+    """The length of the range a 206 answer's Content-Range says it holds, checked
+    to start at `offset`, end within the range asked and give the object's size."""
+    match = CONTENT_RANGE.match(content_range or "")
+    if match is None:
+        raise SafetensorError(f"{version.url}: the answer for {asked} does not say which "
+                              f"bytes it holds (Content-Range {content_range!r})")
+    first, last, total = match.groups()
+    if total != "*" and int(total) != version.size:
+        raise changed(version, f"its size is now {total} bytes, was {version.size}", asked)
+    held = f"bytes [{first}, {int(last) + 1}) (Content-Range {content_range!r})"
+    if int(first) != offset or int(last) < int(first):
+        raise SafetensorError(f"{version.url}: the server answered {held} to the request "
+                              f"for {asked}")
+    if int(last) >= offset + length:
+        raise SafetensorError(f"{version.url}: the server answered {held} to the request "
+                              f"for {asked}: more than asked (too long)")
+    return int(last) + 1 - offset
+
+
+def changed(version: ObjectVersion, what: str, asked: str) -> SafetensorError:
+    return SafetensorError(f"{version.url}: the object changed since it was opened ({what}) "
+                           f"while reading {asked}; open it again to read the new object")
+
+
+def too_long(url: str, offset: int, length: int, body: int) -> SafetensorError:
+    """The error for an answer's body that goes on past the `body` bytes it holds."""
+    return SafetensorError(f"{url}: the answer for bytes [{offset}, {offset + length}) goes "
+                           f"on past the {body} bytes it should hold (too long); the rest "
+                           f"was not read")
+
+
+def translated(error: BaseException, url: str, doing: str) -> BaseException:
+    """The error to raise for a store's `error`: FileNotFoundError and PermissionError
+    as they are; a failed precondition (the object changed) or a body cut short as a
+    SafetensorError; a timeout as TimeoutError; anything else as an OSError naming
+    the URL."""
+    if isinstance(error, (FileNotFoundError, PermissionError, SafetensorError)):
+        return error
+    if _precondition_failed(error):
+        return precondition_failed(url, doing)
+    if type(error).__name__ in ("ClientPayloadError", "ContentLengthError",
+                                "IncompleteReadError", "ResponseStreamingError",
+                                "IncompleteRead"):
+        return SafetensorError(f"{url}: the store's answer was cut short while {doing} "
+                               f"({error})")
+    if isinstance(error, TimeoutError) or "Timeout" in type(error).__name__:
+        return TimeoutError(f"{url}: no answer in time while {doing} ({type(error).__name__}"
+                            f"; storage_options set the timeouts)")
+    return OSError(f"{url}: {doing} failed: {type(error).__name__}: {error}")
+
+
+def precondition_failed(url: str, doing: str) -> SafetensorError:
+    """The error for a store that refused a read's precondition (status 412)."""
+    return SafetensorError(f"{url}: the object changed since it was opened (its ETag "
+                           f"or modification time no longer matches) while {doing}; "
+                           f"open it again to read the new object")
+
+
+def _precondition_failed(error: BaseException) -> bool:
+    seen: Optional[BaseException] = error
+    for _ in range(8):   # the chain of causes, as far as a store's wrappers go
+        if seen is None:
+            return False
+        if getattr(seen, "status", None) == 412:
+            return True
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412"):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+# ---------------------------------------------------------------------------
+# The fetch the compiled Reader calls
+# ---------------------------------------------------------------------------
+
+
+class RangedObject:
+    """Byte ranges of one object, as the compiled Reader asks for them: called with a
+    list of ``(offset, length)``, the bytes of each; ``fetch_into`` puts them into
+    buffers given. A transport gives `url`, `size`, `version`, `limits`, `pace` and
+    `ranges_ignored`, and fetches spans by parts (``_fetch``)."""
+
+    url: str
+    size: int
+    version: ObjectVersion
+    limits: Limits
+    pace: Pace
+    ranges_ignored: bool
+    fetched = 0      # bytes asked by earlier calls: where a download bar goes on
+
+    def __call__(self, ranges: Sequence[Range]) -> List[Any]:
+        spans = spans_of(ranges)
+        # not zeroed: each page is touched once, by the bytes that fill it
+        buffers = [memoryview(np.empty(span.end - span.offset, np.uint8)) for span in spans]
+        got = self._with_bar(ranges, spans, buffers)
+        if got is not None:
+            return got
+        return [span.view_of(buffer, offset, length)
+                for span, buffer in zip(spans, buffers) for offset, length in span.ranges]
+
+    def fetch_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> List[int]:
+        """Put the bytes of each range into its buffer (a writable memoryview exactly
+        as long), fetched in parts as a call does; returns the bytes each got, fewer
+        than asked where an answer was cut short. The buffers are not kept past the
+        call. The compiled Reader fetches big tensors this way, straight into their
+        arrays."""
+        for (offset, length), buffer in zip(ranges, buffers, strict=True):
+            if buffer.readonly or buffer.nbytes != length:
+                raise ValueError(f"{self.url}: bytes [{offset}, {offset + length}) need a "
+                                 f"writable buffer of {length} bytes")
+        spans = span_each(ranges)
+        views = [buffer.cast("B") for buffer in buffers]
+        got = self._with_bar(ranges, spans, views)
+        if got is not None:     # a transport that gives bytes of its own: copied
+            counts = [memoryview(item).nbytes for item in got]
+            for view, item, count in zip(views, got, counts):
+                if count <= view.nbytes:    # else the Reader refuses it as too long
+                    view[:count] = item
+            return counts
+        return [len(span.view_of(view, span.offset, span.end - span.offset))
+                for span, view in zip(spans, views)]
+
+    def _fetch(self, ranges: Sequence[Range], spans: List[Span], buffers: List[memoryview],
+               on_bytes: Optional[Callable[[int], None]]) -> Optional[List[Any]]:
+        """Fetch `spans` into `buffers` (a span's holes say what an answer cut short
+        left out), calling `on_bytes(n)` as n bytes come in; or return the bytes of
+        each range instead, where the transport gives bytes of its own."""
+        raise NotImplementedError
+
+    def _with_bar(self, ranges: Sequence[Range], spans: List[Span],
+                  buffers: List[memoryview]) -> Optional[List[Any]]:
+        """``_fetch`` with a download bar."""
+        if self.ranges_ignored:
+            for offset, length in ranges:
+                self.check_answerable(offset, length)
+        asked = sum(length for _, length in ranges)
+        bar = self._download_bar(asked)
+        try:
+            return self._fetch(ranges, spans, buffers, None if bar is None else bar.update)
+        finally:
+            self.fetched += asked
+            if bar is not None:
+                bar.close()
+
+    def _download_bar(self, asked: int) -> Optional[ByteBar]:
+        """A bar over the object's bytes on a terminal, for a large object and a call
+        that asks for a good part of what makes a bar worth drawing; it goes on from
+        the bytes earlier calls fetched (a whole-file load is one bar from 0 to 100%),
+        and is erased when the call ends."""
+        if asked < PROGRESS_MIN_BYTES // 8:
+            return None
+        return byte_bar(self.size, "download", done=self.fetched)
+
+    def check_answerable(self, offset: int, length: int) -> None:
+        """Refuse, before asking, a range that a server ignoring range requests
+        cannot answer within bounds: one that does not start at byte 0, or the
+        whole of an object over ``fastst.remote.MAX_WHOLE_READ`` bytes.
+
+        Raises
+        ------
+        SafetensorError
+            Saying that the server ignores range requests, and what to do.
+        """
+        most = self.limits.max_whole_read
+        if offset == 0 and length < self.size:
+            return      # the first bytes of the object it sends
+        if offset == 0 and length == self.size <= most:
+            return
+        if offset == 0:
+            raise SafetensorError(
+                f"{self.url}: the server ignores range requests (it answers them with the "
+                f"whole object), and the object's {self.size} bytes are more than the "
+                f"{most} read whole from such a server "
+                f"(fastst.remote.MAX_WHOLE_READ): download it first, or serve it from a "
+                f"server that supports range requests")
+        raise SafetensorError(
+            f"{self.url}: the server ignores range requests (it answers them with the whole "
+            f"object), so bytes [{offset}, {offset + length}) cannot be read alone: "
+            f"{WHOLE_READ_ADVICE}")

@@ -1,0 +1,307 @@
+"""fastst's own HTTP client (fastst._http): which URLs it reads, connections kept from
+one request to the next, redirects and where credentials go, signed locations that
+expire, servers that refuse HEAD or give weak ETags, bounded waits, threads, forks.
+What every transport must do with hostile answers is tested in test_remote.py."""
+import concurrent.futures
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastst
+from fastst import SafetensorError
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+import fastst.remote  # noqa: E402
+from fastst._http import HttpRanges  # noqa: E402
+from servers import RangeServer, http_store, putter, served  # noqa: E402,F401
+
+MiB = 1 << 20
+# 1.3 MiB: past the first request, which brings the header and the first 64 KiB
+TENSORS = {f"t{k}": np.arange(k * 40_000, (k + 1) * 40_000, dtype=np.float32) for k in range(8)}
+DATA = fastst.save(TENSORS)
+
+
+def timeout():
+    aiohttp = pytest.importorskip("aiohttp")
+    return aiohttp.ClientTimeout(sock_connect=5, sock_read=30)
+
+
+TIMEOUT = timeout()
+
+
+def assert_tensors(got):
+    assert sorted(got) == sorted(TENSORS)
+    for name, array in TENSORS.items():
+        assert got[name].dtype == array.dtype and (got[name] == array).all(), name
+
+
+def requests_of(server):
+    """(method, path) of each request the server took."""
+    return [(method, path) for method, path, _ in server.requests]
+
+
+def http_threads():
+    return [thread for thread in threading.enumerate() if thread.name == "fastst-http"]
+
+
+# ---------------------------------------------------------------------------
+# Which transport
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, transport", [
+    (None, "HttpRanges"),
+    ({"headers": {"X-Token": "t"}, "client_kwargs": {"timeout": TIMEOUT}}, "HttpRanges"),
+    ({"skip_instance_cache": True, "max_concurrency": 4}, "HttpRanges"),
+    ({"transport": "fsspec"}, "UrlRanges"),
+    ({"client_kwargs": {"trust_env": True}}, "UrlRanges"),   # only aiohttp takes it
+    ({"client_kwargs": {"raise_for_status": False}}, "UrlRanges"),
+])
+def test_http_urls_are_read_by_the_http_client_unless_options_need_fsspec(
+        served, options, transport):
+    server, put = served
+    url = put("choice.safetensors", DATA)
+    assert type(fastst.remote.open_object(url, options)).__name__ == transport
+    assert_tensors(fastst.load_file(url, storage_options=options))
+
+
+NO_FSSPEC = """
+import sys
+sys.modules.update(fsspec=None, aiohttp=None)     # import fsspec: ImportError
+import fastst
+tensors = fastst.load_file(sys.argv[1])
+print(sorted(tensors), "fsspec" in sys.modules and sys.modules["fsspec"] is not None)
+"""
+
+
+def test_reading_an_http_url_needs_nothing_but_the_standard_library(served):
+    server, put = served
+    url = put("plain.safetensors", DATA)
+    done = subprocess.run([sys.executable, "-c", NO_FSSPEC, url], capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.split("] ")[-1].strip() == "False", done.stderr[-2000:]
+    assert done.stdout.startswith(str(sorted(TENSORS))[:-1])
+
+
+def test_a_transport_that_cannot_read_the_url_is_refused(served):
+    server, put = served
+    url = put("refused.safetensors", DATA)
+    with pytest.raises(SafetensorError, match=r"storage_options\['transport'\] is 'http', but "
+                                              r"storage_options\['client_kwargs'\] is taken "
+                                              r"by fsspec's HTTP file system only"):
+        fastst.load_file(url, storage_options={"transport": "http",
+                                               "client_kwargs": {"trust_env": True}})
+    with pytest.raises(SafetensorError, match=r"storage_options\['transport'\] must be one "
+                                              r"of 'http', 'fsspec', got 'curl'"):
+        fastst.load_file(url, storage_options={"transport": "curl"})
+    with pytest.raises(SafetensorError, match="memory:// URLs are read through fsspec"):
+        fastst.load_file("memory://x.safetensors", storage_options={"transport": "http"})
+
+
+# ---------------------------------------------------------------------------
+# Connections
+# ---------------------------------------------------------------------------
+
+
+def test_connections_are_kept_from_one_request_to_the_next(served):
+    server, put = served
+    url = put("kept.safetensors", DATA)
+    server.reset_counts()
+    with fastst.safe_open(url) as f:
+        for name in TENSORS:      # the end of each: past the first request's bytes
+            assert (f.get_slice(name)[-20:] == TENSORS[name][-20:]).all()
+    assert len(server.gets()) == 1 + len(TENSORS)
+    assert server.connections == 1
+
+
+def test_a_kept_connection_the_server_closed_is_asked_again_on_a_new_one(served):
+    server, put = served
+    url = put("dropped.safetensors", DATA)
+    server.drop_kept = True     # each connection closed after one answer, unannounced
+    with fastst.safe_open(url) as f:
+        server.reset_counts()
+        for name in TENSORS:
+            assert (f.get_slice(name)[-20:] == TENSORS[name][-20:]).all()
+    assert len(server.gets()) == len(TENSORS) == server.connections
+
+
+def test_parts_go_in_parallel_and_their_threads_end_with_the_call(served):
+    server, put = served
+    tensors = {f"big{k}": np.full(2 * MiB, k, np.float32) for k in range(6)}   # 48 MiB
+    url = put("parallel.safetensors", fastst.save(tensors))
+    server.delay = 0.05
+    server.reset_counts()
+    loaded = fastst.load_file(url, storage_options={"part_size": 2 * MiB})
+    assert all((loaded[name] == array).all() for name, array in tensors.items())
+    assert server.most_in_flight >= 2 and not http_threads()
+    with fastst.safe_open(url, storage_options={"part_size": 2 * MiB}) as f:
+        server.honest_gets, server.mode = 3, "short"
+        with pytest.raises(SafetensorError, match="short read"):
+            f.get_tensors()
+    assert not http_threads()
+
+
+def test_threads_reading_one_handle_at_once_each_get_their_bytes(served):
+    server, put = served
+    url = put("shared.safetensors", DATA)
+    with fastst.safe_open(url) as f:
+        def read(k):
+            name = f"t{k % len(TENSORS)}"
+            return name, k % 7, f.get_slice(name)[k % 7:k % 7 + 50]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            for name, start, rows in pool.map(read, range(64)):
+                assert (rows == TENSORS[name][start:start + 50]).all()
+
+
+FORKED = """
+import os, sys
+import numpy as np
+import fastst
+url, expected = sys.argv[1], np.arange(40_000, 80_000, dtype=np.float32)
+with fastst.safe_open(url) as f:
+    f.get_tensor("t0")                  # the parent keeps a connection open
+    print("forking", flush=True)
+    sys.stdin.readline()                # the test counts connections from here
+    child = os.fork()
+    if child == 0:
+        os._exit(0 if (f.get_tensor("t1") == expected).all() else 1)
+    _, status = os.waitpid(child, 0)
+    print(os.waitstatus_to_exitcode(status), (f.get_tensor("t1") == expected).all())
+"""
+
+
+def test_a_process_forked_with_a_handle_open_reads_on_connections_of_its_own(served):
+    server, put = served
+    url = put("forked.safetensors", DATA)
+    with subprocess.Popen([sys.executable, "-c", FORKED, url], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as process:
+        assert process.stdout.readline() == "forking\n"
+        server.reset_counts()
+        said, _ = process.communicate("go\n", timeout=60)
+    assert said.split() == ["0", "True"]
+    assert server.connections == 1    # the child's own; the parent's kept one still serves
+
+
+# ---------------------------------------------------------------------------
+# Redirects, credentials, signed locations
+# ---------------------------------------------------------------------------
+
+
+def test_redirects_are_followed_once_at_opening(served):
+    server, put = served
+    put("blobs/b.safetensors", DATA)
+    server.redirects["/models/a.safetensors"] = "/blobs/b.safetensors"
+    server.reset_counts()
+    with fastst.safe_open(f"{server.url}/models/a.safetensors") as f:
+        assert_tensors(f.get_tensors())
+        f.get_tensor("t3")
+    assert requests_of(server) == [("HEAD", "/models/a.safetensors"),
+                                   ("HEAD", "/blobs/b.safetensors")] + \
+        [("GET", "/blobs/b.safetensors")] * 3
+
+
+def test_credentials_go_to_the_urls_own_host_only(served):
+    server, put = served
+    with RangeServer({"/blob": DATA}) as elsewhere:
+        server.redirects["/model.safetensors"] = f"{elsewhere.url}/blob"
+        secret = {"headers": {"Authorization": "Bearer s3cret"}}
+        assert_tensors(fastst.load_file(f"{server.url}/model.safetensors",
+                                        storage_options=secret))
+        assert_tensors(fastst.load_file(
+            f"http://me:pass@127.0.0.1:{server.server.server_address[1]}/model.safetensors"))
+        assert len(elsewhere.requests) >= 4 and set(elsewhere.authorizations) == {None}
+    assert server.authorizations == ["Bearer s3cret", "Basic bWU6cGFzcw=="]
+
+
+def test_an_expired_location_is_looked_up_again_from_the_url(served):
+    server, put = served
+    put("signed/1", DATA)
+    server.redirects["/model.safetensors"] = "/signed/1"
+    with fastst.safe_open(f"{server.url}/model.safetensors") as f:
+        server.refused.add("/signed/1")     # the signature expired
+        put("signed/2", DATA)
+        server.redirects["/model.safetensors"] = "/signed/2"
+        server.reset_counts()
+        assert (f.get_tensor("t5") == TENSORS["t5"]).all()
+        assert requests_of(server) == [("GET", "/signed/1"), ("HEAD", "/model.safetensors"),
+                                       ("HEAD", "/signed/2"), ("GET", "/signed/2")]
+        put("signed/3", fastst.save({"other": np.zeros(3)}))
+        server.refused.add("/signed/2")
+        server.redirects["/model.safetensors"] = "/signed/3"
+        with pytest.raises(SafetensorError, match="changed since it was opened"):
+            f.get_tensor("t5")
+
+
+def test_a_redirect_loop_is_refused(served):
+    server, put = served
+    server.redirects.update({"/a": "/b", "/b": "/a"})
+    with pytest.raises(SafetensorError, match=r"more than 10 redirects"):
+        fastst.safe_open(f"{server.url}/a")
+    assert len(server.requests) == 11
+
+
+# ---------------------------------------------------------------------------
+# What servers say of their objects
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [403, 405])
+def test_an_object_whose_server_refuses_head_is_sized_by_a_get_of_its_first_byte(
+        served, status):
+    server, put = served
+    url = put("signed.safetensors", DATA)
+    server.head_status = status      # a URL signed for GET only, say
+    server.reset_counts()
+    assert_tensors(fastst.load_file(url))
+    assert server.gets()[0][2] == "bytes=0-0"
+
+
+def test_weak_etags_hold_reads_to_the_modification_date(served):
+    server, put = served
+    server.weak_etags = True    # If-Match never matches a weak ETag
+    url = put("weak.safetensors", DATA)
+    assert_tensors(fastst.load_file(url))
+    with fastst.safe_open(url) as f:
+        server.mode = "change"   # each GET after the first sees a new version
+        f.get_tensor("t0")
+        with pytest.raises(SafetensorError, match="changed since it was opened"):
+            f.get_tensor("t0")
+
+
+def test_an_encoded_answer_is_refused(served):
+    server, put = served
+    url = put("gzip.safetensors", DATA)
+    server.encoding = "gzip"
+    with pytest.raises(SafetensorError, match=r"sent bytes \[0, \d+\) encoded \(gzip\), not "
+                                              r"as the object holds them"):
+        fastst.safe_open(url)
+
+
+def test_a_trickling_server_gives_a_timeout_within_the_deadline(monkeypatch):
+    """A byte every 50 ms never trips a 0.5 s read timeout; the call's deadline (1 s,
+    and 256 KiB a second of what it asks) still ends it."""
+    monkeypatch.setattr(fastst.remote, "CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr(fastst.remote, "READ_TIMEOUT", 0.5)
+    with RangeServer({"/slow.safetensors": DATA}) as server:
+        server.mode = "trickle"
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no answer in time while reading bytes"):
+            fastst.safe_open(f"{server.url}/slow.safetensors")
+        assert time.monotonic() - started < 10    # the deadline: 1 s + 64 KiB at 256 KiB/s
+        assert server.bytes_sent < 100
+
+
+def test_a_handle_on_a_url_names_its_version_and_its_transport_keeps_it(served):
+    server, put = served
+    url = put("named.safetensors", DATA)
+    ranges = fastst.remote.open_object(url, None)
+    assert isinstance(ranges, HttpRanges)
+    assert ranges.identity[:2] == (url, len(DATA)) and ranges.etag.startswith('"')
+    assert ranges.condition == {"If-Match": ranges.etag}

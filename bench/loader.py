@@ -20,6 +20,9 @@ without the DataLoader's transfer of each batch from its worker.
 libraries instead (see `LOADERS_DOC`); `--cold` adds runs from a cold page cache:
 
     python bench/loader.py --loaders --cold     # 1 GiB tables [N, 128] and [N, 1024] F32
+
+MosaicML streaming runs in a virtual environment of its own (it requires numpy<2.2):
+`bash bench/peers/streaming-venv.sh` makes it where `--streaming-python` looks first.
 """
 from __future__ import annotations
 
@@ -163,13 +166,28 @@ LOADERS_DOC = """Shuffled batches from a table, each loader with two threads or 
                         `ds[rows]` a batch, in torch's DataLoader (2 workers, fork)
 - grain:                an ArrayRecord file (a row a record), `grain.DataLoader`
                         (2 workers), a MapTransform that views each record, Batch
+- MosaicML streaming:   local MDS shards (a row a sample, uncompressed),
+                        `StreamingDataset(local=..., shuffle=True)` in torch's
+                        DataLoader (2 workers, fork), in its own environment
+                        (bench/peers/streaming_mds.py)
 - in-process gather:    `f.gather(name, rows, out=buffer)` in a loop (no loader)
 - memcpy:               `np.copyto` of as many adjacent rows into a buffer
 """
 
 
-def table_files(folder: str, size_mib: int, columns: int) -> Dict[str, str]:
-    """The table [N, columns] F32 as safetensors, .npy, Arrow and ArrayRecord."""
+PEERS = ("loader", "rowdataset", "datasets", "grain", "streaming")
+STREAMING_VENV = os.path.join(  # where bench/peers/streaming-venv.sh makes it
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastst-bench",
+    "streaming-venv", "bin", "python")
+STREAMING_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers",
+                               "streaming_mds.py")
+STREAMING_NAME = "MosaicML streaming MDS in DataLoader (2 workers)"
+
+
+def table_files(folder: str, size_mib: int, columns: int,
+                streaming_python: Optional[str] = None) -> Dict[str, str]:
+    """The table [N, columns] F32 as safetensors, .npy, Arrow and ArrayRecord files,
+    and as a folder of MDS shards where `streaming_python` is given."""
     rows = size_mib * (1 << 20) // (columns * 4)
     stem = os.path.join(folder, f"table-{size_mib}-{columns}")
     paths = {"safetensors": stem + ".safetensors", "npy": stem + ".npy",
@@ -188,6 +206,11 @@ def table_files(folder: str, size_mib: int, columns: int) -> Dict[str, str]:
             writer(path) if kind in ("safetensors", "npy") else writer(path, data)
         except ImportError as error:
             print(f"{kind}: {error}", file=sys.stderr)
+    if streaming_python:
+        paths["mds"] = stem + ".mds"
+        if not os.path.exists(paths["mds"]):
+            subprocess.run([streaming_python, STREAMING_CHILD, "write", paths["npy"],
+                            paths["mds"]], check=True)
     return {kind: path for kind, path in paths.items() if os.path.exists(path)}
 
 
@@ -209,12 +232,24 @@ def write_array_record(path: str, data: np.ndarray) -> None:
     os.replace(path + ".part", path)
 
 
+def files_in(paths: Tuple[str, ...]) -> List[str]:
+    """The paths, each folder among them replaced by the files in it."""
+    found: List[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found.extend(os.path.join(path, name) for name in sorted(os.listdir(path)))
+        else:
+            found.append(path)
+    return found
+
+
 def drop_cache(*paths: str) -> None:
-    """posix_fadvise(DONTNEED): the files' pages out of the page cache. Pages that a
-    process still maps stay: every map of the benchmark is gone by then."""
+    """posix_fadvise(DONTNEED): the files' pages out of the page cache (a folder's
+    files for a folder). Pages that a process still maps stay: every map of the
+    benchmark is gone by then."""
     import gc
     gc.collect()
-    for path in paths:
+    for path in files_in(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fdatasync(fd)
@@ -228,7 +263,7 @@ def drop_cache(*paths: str) -> None:
 
 
 def warm_cache(*paths: str) -> None:
-    for path in paths:
+    for path in files_in(paths):
         with open(path, "rb") as source:
             while source.read(64 << 20):
                 pass
@@ -352,6 +387,30 @@ def rate_grain_here(paths: Dict[str, str], batch: int, rows: int, columns: int) 
     return rate
 
 
+def rate_streaming(python: str, folder: str, batch: int, rows: int) -> float:
+    """MosaicML streaming's rate, measured by bench/peers/streaming_mds.py run by the
+    Python of its own environment, in a session of its own that is killed after (as
+    grain's: no worker is left to take the cores from the rows measured next)."""
+    import json
+    import signal
+
+    child = subprocess.Popen([python, STREAMING_CHILD, "rate", folder, str(batch), str(rows)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=900)
+    finally:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.wait()
+    if child.returncode != 0:
+        raise RuntimeError(f"streaming_mds.py rate exited {child.returncode}: "
+                           f"{err.strip()[-2000:]}")
+    return float(json.loads(out.strip().splitlines()[-1])["rate"])
+
+
 def rate_gather(paths: Dict[str, str], batch: int, rows: int) -> float:
     with fastst.safe_open(paths["safetensors"]) as f:
         length = f.info(NAME).shape[0]
@@ -394,34 +453,48 @@ def loader_memory(paths: Dict[str, str], batch: int) -> Tuple[int, int]:
 
 
 def compare_loaders(args: argparse.Namespace) -> int:
+    peers = set(args.peers.split(","))
+    if not peers <= set(PEERS):
+        raise SystemExit(f"--peers: {', '.join(sorted(peers - set(PEERS)))} is none of "
+                         f"{', '.join(PEERS)}")
     print(f"load before: {os.getloadavg()}", file=sys.stderr)
     print("| loader | table | batch | cache | rows/s | × npy memmap DataLoader "
           "| × in-process gather | × memcpy |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    streaming_python = args.streaming_python if "streaming" in peers else None
+    if streaming_python and not os.path.exists(streaming_python):
+        print(f"{streaming_python} does not exist: MosaicML streaming's rows are skipped "
+              f"(bash bench/peers/streaming-venv.sh makes its environment)", file=sys.stderr)
+        streaming_python = None
     for columns in (int(c) for c in args.columns.split(",")):
-        paths = table_files(args.data_dir, args.size_mib, columns)
+        paths = table_files(args.data_dir, args.size_mib, columns, streaming_python)
         length = args.size_mib * (1 << 20) // (columns * 4)
         shape = f"[{length}, {columns}] F32"
         for batch in (int(size) for size in args.batch_sizes.split(",")):
             rows = min(args.rows, (length // batch - 8) * batch)
             warm_cache(*paths.values())
             rates = {"in-process gather": rate_gather(paths, batch, rows),
-                     "memcpy of the same bytes": rate_memcpy(paths, batch, rows),
-                     "fastst Loader (2 threads)": rate_fastst_loader(paths, batch, rows),
-                     "fastst RowDataset in DataLoader (2 workers)": rate_row_dataset(
-                         paths, batch, rows),
-                     "npy memmap in DataLoader (2 workers)": rate_in_data_loader(
-                         NpyRows(paths["npy"]), batch, rows)}
-            if "arrow" in paths:
+                     "memcpy of the same bytes": rate_memcpy(paths, batch, rows)}
+            if "loader" in peers:
+                rates["fastst Loader (2 threads)"] = rate_fastst_loader(paths, batch, rows)
+            if "rowdataset" in peers:
+                rates["fastst RowDataset in DataLoader (2 workers)"] = rate_row_dataset(
+                    paths, batch, rows)
+            rates["npy memmap in DataLoader (2 workers)"] = rate_in_data_loader(
+                NpyRows(paths["npy"]), batch, rows)
+            if "arrow" in paths and "datasets" in peers:
                 rates["HF datasets Arrow in DataLoader (2 workers)"] = rate_in_data_loader(
                     ArrowRows(paths["arrow"]), batch, rows)
-            if "array_record" in paths and grain is not None:
+            if "array_record" in paths and grain is not None and "grain" in peers:
                 rates["grain ArrayRecord DataLoader (2 workers)"] = rate_grain(
                     paths, batch, min(rows, args.grain_rows), columns)
+            if "mds" in paths:
+                rates[STREAMING_NAME] = rate_streaming(streaming_python, paths["mds"],
+                                                       batch, rows)
             for name, rate in rates.items():
                 print_rate(name, shape, batch, "hot", rate, rates)
             if args.cold:
-                for shuffle in (True, "blocks"):
+                for shuffle in (True, "blocks") if "loader" in peers else ():
                     drop_cache(paths["safetensors"])
                     rate = rate_fastst_loader(paths, batch, rows, shuffle=shuffle)
                     print_rate(f"fastst Loader (2 threads), shuffle={shuffle!r}", shape, batch,
@@ -429,14 +502,19 @@ def compare_loaders(args: argparse.Namespace) -> int:
                 drop_cache(paths["npy"])
                 print_rate("npy memmap in DataLoader (2 workers)", shape, batch, "cold",
                            rate_in_data_loader(NpyRows(paths["npy"]), batch, rows), rates)
+                if "mds" in paths:
+                    drop_cache(paths["mds"])
+                    print_rate(STREAMING_NAME, shape, batch, "cold", rate_streaming(
+                        streaming_python, paths["mds"], batch, rows), rates)
         if args.cold:
             rate = cat_rate(paths["safetensors"])
             print(f"| cat (sequential, cold) | {shape} | | cold | {fmt_rate(rate / (columns * 4))} "
                   f"rows ({rate / 2 ** 20:.0f} MiB/s) | | | |", flush=True)
-        peak, anonymous = loader_memory(paths, 4096)
-        print(f"\nLoader over {shape}, batches of 4096: peak RSS {peak / 1024:.0f} MiB "
-              f"(the map's pages included), anonymous RSS {anonymous / 1024:.0f} MiB\n",
-              flush=True)
+        if "loader" in peers:
+            peak, anonymous = loader_memory(paths, 4096)
+            print(f"\nLoader over {shape}, batches of 4096: peak RSS {peak / 1024:.0f} MiB "
+                  f"(the map's pages included), anonymous RSS {anonymous / 1024:.0f} MiB\n",
+                  flush=True)
     print(f"load after: {os.getloadavg()}", file=sys.stderr)
     return 0
 
@@ -469,6 +547,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--cold", action="store_true", help="--loaders: cold runs too")
     parser.add_argument("--grain-rows", type=int, default=100_000,
                         help="--loaders: rows timed for grain (slower)")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="--loaders: the loaders measured beside the in-process gather, "
+                             "memcpy and the .npy memmap in DataLoader (which always run)")
+    parser.add_argument("--streaming-python", default=STREAMING_VENV,
+                        help="--loaders: the Python of MosaicML streaming's environment "
+                             "(bench/peers/streaming-venv.sh)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.loaders:

@@ -739,9 +739,11 @@ def save_plan(plan: WritePlan, target: str,
 
     On S3 and Google Cloud Storage the file is streamed up in parts and the
     object appears only once complete; a failed save aborts the upload and
-    leaves the previous object. A ``file://`` URL is written as ``save_file``
-    writes a path (atomically). On other stores the file is put whole in one
-    call (atomic where the store's put is).
+    leaves the previous object. On S3 the parts (``part_size`` bytes, 5 MiB at
+    least) go ``max_concurrency`` at once, each cut from the tensors while those
+    before it are sent. A ``file://`` URL is written as
+    ``save_file`` writes a path (atomically). On other stores the file is put
+    whole in one call (atomic where the store's put is).
 
     Parameters
     ----------
@@ -770,10 +772,17 @@ def save_plan(plan: WritePlan, target: str,
     {'y': array([1., 1.])}
     >>> fsspec.filesystem("memory").rm("/docs", recursive=True)
     """
-    fs, path = _url_to_fs(target, dict(storage_options or {}))
+    options = dict(storage_options or {})
+    fs, path = _url_to_fs(target, options)
+    limits = read_limits(target, options)
+    part_size = max(limits.part_size, SMALLEST_S3_PART)
     try:
         if _is_local(fs):
             write_atomically(plan, path)
+        elif _protocols(fs) & set(S3_PROTOCOLS) and plan.total_size > part_size:
+            upload = _MultipartUpload(fs, path, part_size, limits.max_requests,
+                                     limits.seconds_for(part_size))
+            upload.send(lambda file: plan.write_stream(file, target))
         elif _is_staged(fs):
             _upload_staged(fs, path, lambda file: plan.write_stream(file, target))
         else:
@@ -782,6 +791,100 @@ def save_plan(plan: WritePlan, target: str,
         raise
     except Exception as error:
         raise translated(error, target, "saving") from error
+
+
+class _MultipartUpload:
+    """A file written in order into an S3 multipart upload: ``write`` fills parts of
+    `part_size` bytes and sends each as it fills, while the next one fills, at most
+    `at_once` in flight (a write waits for room: no more parts than that are held in
+    memory). The object appears when the upload completes; until then, and when it
+    is aborted, the object stays as it was.
+
+    Parameters
+    ----------
+    fs : s3fs.S3FileSystem
+        The file system (its event loop carries the requests).
+    path : str
+        The object's bucket and key.
+    part_size : int
+        Bytes a part (S3 asks for 5 MiB at least, but for the last).
+    at_once : int
+        Parts in flight at most.
+    seconds : float
+        How long one part's request may take, retries included.
+    """
+
+    def __init__(self, fs: Any, path: str, part_size: int, at_once: int,
+                 seconds: float) -> None:
+        self.fs, self.seconds = fs, seconds
+        self.bucket, self.key, _ = fs.split_path(path)
+        self.part_size, self.at_once = part_size, at_once
+        self.part = bytearray(part_size)
+        self.filled = 0
+        self.sent: List[Any] = []    # a future per part, in order
+        self.upload_id: Optional[str] = None
+
+    def send(self, write: Callable[[Any], Any]) -> None:
+        """Start the upload, `write(self)` the file into it, and complete it: the
+        object appears then. Whatever fails on the way (a part, the write) aborts
+        the upload, once every part in flight has ended."""
+        self.upload_id = self._call("create_multipart_upload")["UploadId"]
+        try:
+            write(self)
+            if self.filled or not self.sent:
+                self._send_part(self.part[:self.filled])
+            parts = [{"PartNumber": number, "ETag": future.result()["ETag"]}
+                     for number, future in enumerate(self.sent, 1)]
+            self._call("complete_multipart_upload", UploadId=self.upload_id,
+                       MultipartUpload={"Parts": parts})
+        except BaseException:
+            self._abort()
+            raise
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            piece = view[:self.part_size - self.filled]
+            self.part[self.filled:self.filled + piece.nbytes] = piece
+            self.filled += piece.nbytes
+            view = view[piece.nbytes:]
+            if self.filled == self.part_size:
+                self._send_part(self.part)
+                self.filled = 0
+
+    def _send_part(self, part: bytearray) -> None:
+        """Send `part` (copied: the part being filled is reused) once fewer than
+        `at_once` are in flight."""
+        import asyncio
+        import concurrent.futures
+        import io
+
+        pending = [future for future in self.sent if not future.done()]
+        while len(pending) >= self.at_once:
+            concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            pending = [future for future in pending if not future.done()]
+        for future in self.sent:
+            if future.done():
+                future.result()     # a part that failed ends the upload
+        # a stream, not bytes: aiohttp sends a bytes body in one write that holds its loop
+        body = io.BytesIO(bytes(part))
+        request = self.fs._call_s3("upload_part", Bucket=self.bucket, Key=self.key,
+                                   UploadId=self.upload_id, PartNumber=len(self.sent) + 1,
+                                   Body=body)
+        self.sent.append(asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(request, self.seconds), self.fs.loop))
+
+    def _abort(self) -> None:
+        import concurrent.futures
+
+        concurrent.futures.wait(self.sent)     # each bounded by its deadline
+        self._call("abort_multipart_upload", UploadId=self.upload_id)
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        from fsspec.asyn import sync  # type: ignore[import-untyped, unused-ignore]
+
+        return sync(self.fs.loop, self.fs._call_s3, method, Bucket=self.bucket,
+                    Key=self.key, **kwargs)
 
 
 class SpooledUpload:
@@ -864,12 +967,15 @@ class SpooledUpload:
             self.discard()
 
     def upload_in_parts(self) -> None:
-        """Send the file to S3 as a multipart upload, its parts sent at once as
-        ``max_concurrency`` allows (s3fs's ``put_file``, which aborts the upload when
-        a part fails: the previous object stays until the upload completes)."""
+        """Send the file to S3 as a multipart upload, ``max_concurrency`` parts at
+        once, as ``save_file`` sends one (the upload is aborted when a part fails:
+        the previous object stays until the upload completes)."""
         limits = read_limits(self.url, self.storage_options)
-        self.fs.put_file(self.path, self.remote_path, max_concurrency=limits.max_requests,
-                         chunksize=max(limits.part_size, SMALLEST_S3_PART))
+        part_size = max(limits.part_size, SMALLEST_S3_PART)
+        upload = _MultipartUpload(self.fs, self.remote_path, part_size, limits.max_requests,
+                                  limits.seconds_for(part_size))
+        with open(self.path, "rb") as local:
+            upload.send(lambda into: shutil.copyfileobj(local, into, UPLOAD_PIECE))
 
     def discard(self) -> None:
         """Remove the local spool without uploading it; again does nothing."""

@@ -752,33 +752,62 @@ def test_s3_round_trip_with_golden_bytes(s3_store, tmp_path):
         assert f.get_slice("t_F64")[1:2].tobytes() == tensors["t_F64"][1:2].tobytes()
 
 
-def test_s3_a_big_upload_goes_in_parts(s3_store):
-    tensors = {"a": np.arange(3 * MiB, dtype=np.float32), "b": np.ones(7, np.int8)}  # 12 MiB
+def s3_calls(monkeypatch, fail_part=None):
+    """Watch s3fs's calls to S3: returns the methods called, in order, and the most
+    parts in flight at once, as they go; with `fail_part`, that part's upload fails."""
+    import asyncio
+
+    import s3fs
+    call = s3fs.S3FileSystem._call_s3
+    seen = {"methods": [], "in_flight": 0, "most_in_flight": 0}
+
+    async def watched(self, method, *args, **kwargs):
+        seen["methods"].append(method)
+        if method != "upload_part":
+            return await call(self, method, *args, **kwargs)
+        seen["in_flight"] += 1
+        seen["most_in_flight"] = max(seen["most_in_flight"], seen["in_flight"])
+        try:
+            await asyncio.sleep(0.05)     # long enough for the next parts to start
+            if kwargs.get("PartNumber") == fail_part:
+                raise OSError("connection lost")
+            return await call(self, method, *args, **kwargs)
+        finally:
+            seen["in_flight"] -= 1
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", watched)
+    return seen
+
+
+def test_s3_a_big_save_goes_in_parts_at_once(s3_store, tmp_path, monkeypatch):
+    tensors = {"a": np.arange(6 * MiB, dtype=np.float32), "b": np.ones(7, np.int8)}  # 24 MiB
     url = "s3://fastst/parts.safetensors"
-    fastst.save_file(tensors, url, storage_options={**s3_store, "default_block_size": 5 * MiB})
-    assert_same(fastst.load_file(url, storage_options=s3_store), tensors)
+    seen = s3_calls(monkeypatch)
+    fastst.save_file(tensors, url, storage_options={**s3_store, "part_size": 5 * MiB,
+                                                    "max_concurrency": 3})
+    monkeypatch.undo()
+    assert seen["methods"].count("upload_part") == 5 and seen["most_in_flight"] == 3
+    fastst.save_file(tensors, tmp_path / "disk.safetensors")
+    fs = fsspec.filesystem("s3", **s3_store)
+    assert fs.cat(url) == (tmp_path / "disk.safetensors").read_bytes()
+    assert fs.info(url)["ETag"].strip('"').endswith("-5")
 
 
 def test_s3_a_failed_save_leaves_the_previous_object(s3_store, monkeypatch):
     url = "s3://fastst/kept.safetensors"
     old = {"a": np.arange(10.0)}
     fastst.save_file(old, url, storage_options=s3_store)
-    from fsspec.spec import AbstractBufferedFile
-    write = AbstractBufferedFile.write
-    calls = []
-
-    def failing_write(self, data):
-        calls.append(len(data))
-        if len(calls) == 3:
-            raise OSError("connection lost")
-        return write(self, data)
-
-    monkeypatch.setattr(AbstractBufferedFile, "write", failing_write)
-    new = {"a": np.arange(2 * MiB, dtype=np.float32), "b": np.zeros(2 * MiB, np.float32)}
+    seen = s3_calls(monkeypatch, fail_part=3)
+    new = {"a": np.arange(4 * MiB, dtype=np.float32), "b": np.zeros(2 * MiB, np.float32)}
     with pytest.raises(OSError, match="connection lost"):
-        fastst.save_file(new, url, storage_options={**s3_store, "default_block_size": 5 * MiB})
+        fastst.save_file(new, url, storage_options={**s3_store, "part_size": 5 * MiB})
     monkeypatch.undo()
+    assert seen["methods"][-1] == "abort_multipart_upload"
+    assert "complete_multipart_upload" not in seen["methods"]
     assert_same(fastst.load_file(url, storage_options=s3_store), old)
+    uploads = fsspec.filesystem("s3", **s3_store).call_s3("list_multipart_uploads",
+                                                          Bucket="fastst")
+    assert uploads.get("Uploads", []) == []
 
 
 def test_s3_an_object_replaced_after_opening_is_an_error(s3_store):

@@ -3,6 +3,7 @@
 20 MB/s with 30 ms), and from S3 (moto in server mode), all on the loopback interface.
 
     python bench/remote.py [--mib 256] [--repeats 3] [--shapes unshaped,40,20] [--no-s3]
+    python bench/remote.py --shapes ""          # the S3 tables alone
 
 The HTTP server is tests/servers.py's RangeServer in a process of its own (as a real
 store is: the timings do not share the benchmark's interpreter); the 20 MB/s shape
@@ -271,6 +272,7 @@ def s3_table(data, repeats):
     import safetensors.numpy
     from obstore.store import S3Store
 
+    tensors = fastst.load(data)
     with moto_s3("bench") as options:
         fs = fsspec.filesystem("s3", **options)
         url = "s3://bench/model.safetensors"
@@ -285,14 +287,25 @@ def s3_table(data, repeats):
                  lambda: obstore_ranges(store, "model.safetensors", ranges)),
                 ("safetensors.numpy.load(fs.cat(url))",
                  lambda: safetensors.numpy.load(fs.cat(url)))]
+        saves = [("fastst save_file(url): parts at once", lambda: fastst.save_file(
+                     tensors, "s3://bench/saved.safetensors", storage_options=options)),
+                 ("fastst save_file(url): one part at a time (as before)",
+                  lambda: fastst.save_file(tensors, "s3://bench/saved.safetensors",
+                                           storage_options={**options, "part_size": 1 << 40})),
+                 ("s3fs fs.pipe(url, bytes)", lambda: fs.pipe("s3://bench/piped.safetensors",
+                                                              data))]
         times = timed(ways, repeats)
-    first = times["fastst load_file(url)"]
-    print(f"\n### S3 on loopback (moto server), {len(data) // MiB} MiB\n")
-    print("| way | time | throughput | time / fastst |")
-    print("| --- | --- | --- | --- |")
-    for label, seconds in times.items():
-        print(f"| {label} | {seconds:.3f} s | {len(data) / seconds / MiB:.0f} MiB/s | "
-              f"{seconds / first:.2f}x |")
+        save_times = timed(saves, repeats)
+    for title, measured in ((f"S3 on loopback (moto server), {len(data) // MiB} MiB", times),
+                            (f"Saving to S3 on loopback (moto server), {len(data) // MiB} MiB",
+                             save_times)):
+        first = next(iter(measured.values()))
+        print(f"\n### {title}\n")
+        print("| way | time | throughput | time / fastst |")
+        print("| --- | --- | --- | --- |")
+        for label, seconds in measured.items():
+            print(f"| {label} | {seconds:.3f} s | {len(data) / seconds / MiB:.0f} MiB/s | "
+                  f"{seconds / first:.2f}x |")
 
 
 def one_tensor(data: bytes) -> None:
@@ -336,7 +349,7 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{os.getloadavg()[0]:.2f}: {TENSORS} tensors, median of {args.repeats} after a "
           f"warm-up.")
-    for shape in args.shapes.split(","):
+    for shape in filter(None, args.shapes.split(",")):    # --shapes "": S3 alone
         rate, delay, divide = SHAPES[shape]
         data = build(args.mib // divide)
         url, stop, process = http_server_process(data, rate, delay)

@@ -58,9 +58,9 @@ class Pace:
     It starts with `low` requests and, as TCP's slow start does, doubles them each
     time that makes the bytes come in at least `GROWTH` times faster than at the level
     measured before, up to `high`; it quadruples them while each request brings less
-    than `CAPPED_RATE` bytes a second (a store that caps each connection, as S3 and
-    GCS do: many more are needed, and a small file would be read before doubling
-    found them). When a level does not pay (`CHANCES` windows in a row), it goes back
+    than `CAPPED_RATE` bytes a second, and multiplies them by 8 while each brings less
+    than half that (a store that caps each connection, as S3, GCS and CDNs do: many
+    more are needed, and a small file would be read before doubling found them). When a level does not pay (`CHANCES` windows in a row), it goes back
     to the last that did and keeps it. A level is measured over a window of at least
     `MIN_WINDOW` seconds and `LATENCIES` times a request's time to its first byte,
     from the first byte of a read on, and from one such time after the level was
@@ -98,9 +98,12 @@ class Pace:
     (8, 8, 4)
     >>> pace.settled
     True
-    >>> capped = Pace(2, 16, 8 << 20)   # each request brings 20 MiB/s: 4 times as many
-    >>> capped.progress(0, 0); capped.progress(1, 40 << 20); capped.allowed
+    >>> capped = Pace(2, 32, 8 << 20)   # each request brings 40 MiB/s: 4 times as many
+    >>> capped.progress(0, 0); capped.progress(1, 80 << 20); capped.allowed
     8
+    >>> slow = Pace(2, 32, 8 << 20)     # each brings 20 MiB/s: 8 times as many
+    >>> slow.progress(0, 0); slow.progress(1, 40 << 20); slow.allowed
+    16
     >>> pace.part_for(64 << 20), pace.part_for(40 << 20)   # smaller parts at the end
     (8388608, 5242880)
     """
@@ -160,11 +163,13 @@ class Pace:
 
     def judge(self, rate: float) -> None:
         """Take `rate` (bytes a second) as what the level now allowed gives: double
-        the level when it pays (quadruple it while requests are capped), else, after
+        the level when it pays (4 or 8 times it while requests are capped), else, after
         `CHANCES` windows that did not, go back to the last that did and keep it."""
         if rate >= self.best_rate * self.GROWTH:
             self.best_rate, self.best_allowed, self.misses = rate, self.allowed, 0
-            step = 4 if rate < self.CAPPED_RATE * self.allowed else 2
+            per_request = rate / self.allowed
+            step = (8 if per_request < self.CAPPED_RATE / 2 else
+                    4 if per_request < self.CAPPED_RATE else 2)
             self.allowed = min(self.high, step * self.allowed)
             self.settled = self.best_allowed >= self.high
         elif self.misses < self.CHANCES - 1:

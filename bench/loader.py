@@ -39,6 +39,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 import fastst
+from clock import timed_rows
 from fastst.data import RowDataset
 
 COLUMNS = 128
@@ -267,19 +268,6 @@ def warm_cache(*paths: str) -> None:
         with open(path, "rb") as source:
             while source.read(64 << 20):
                 pass
-
-
-def timed_rows(batches: Any, batch: int, rows: int, warmup: int = 2) -> float:
-    """Rows a second of an iterable of batches, from the end of the first `warmup`."""
-    received, start = 0, 0.0
-    for k, got in enumerate(batches):
-        if k + 1 == warmup:
-            start = time.perf_counter()
-        elif k >= warmup:
-            received += batch
-            if received >= rows:
-                break
-    return received / (time.perf_counter() - start)
 
 
 def rate_fastst_loader(paths: Dict[str, str], batch: int, rows: int, shuffle: Any = True

@@ -22,14 +22,16 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import types
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 from torch.utils.data import DataLoader
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from clock import timed_rows  # noqa: E402   bench/clock.py: the clock loader.py uses
 
 NAME = "x"
 # a sample's array is a read-only view of the bytes read; torch's collate copies it
@@ -81,19 +83,11 @@ def shuffled_loader(folder: str, batch: int, workers: int = 2) -> DataLoader:
                       drop_last=True)
 
 
-def timed_rows(batches: Iterable[Any], batch: int, rows: int, warmup: int = 2) -> float:
-    """Rows a second from the end of the first `warmup` batches: bench/loader.py's clock."""
-    received, start = 0, 0.0
-    for k, got in enumerate(batches):
-        if k == 0:
-            assert got[NAME].shape[0] == batch, got[NAME].shape
-        if k + 1 == warmup:
-            start = time.perf_counter()
-        elif k >= warmup:
-            received += batch
-            if received >= rows:
-                break
-    return received / (time.perf_counter() - start)
+def full_batches(batches: Iterable[Any], batch: int) -> Iterator[Any]:
+    """The batches, each checked to hold `batch` rows."""
+    for got in batches:
+        assert got[NAME].shape[0] == batch, got[NAME].shape
+        yield got
 
 
 def check(rows: int = 3000, columns: int = 16, batch: int = 64) -> None:
@@ -131,8 +125,8 @@ def main(argv: list[str]) -> int:
         write_mds(np.load(table_path, mmap_mode="r"), folder)
     elif command == "rate":
         folder, batch, rows = args[0], int(args[1]), int(args[2])
-        print(json.dumps({"rate": timed_rows(shuffled_loader(folder, batch), batch, rows,
-                                             warmup=4)}), flush=True)
+        batches = full_batches(shuffled_loader(folder, batch), batch)
+        print(json.dumps({"rate": timed_rows(batches, batch, rows, warmup=4)}), flush=True)
     else:
         raise SystemExit(f"unknown command {command!r}: check, write or rate")
     return 0

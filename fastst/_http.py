@@ -140,20 +140,19 @@ class Call:
             raise TimeoutError("the call's deadline passed")
         sock.settimeout(min(timeout, left))
 
+    # a set's add and discard are atomic, and fail() shuts down a copy of it: no lock
     def watch(self, sock: socket.socket) -> None:
-        with self.condition:
-            self.sockets.add(sock)
+        self.sockets.add(sock)
 
     def unwatch(self, sock: socket.socket) -> None:
-        with self.condition:
-            self.sockets.discard(sock)
+        self.sockets.discard(sock)
 
     def fail(self, error: BaseException) -> None:
         """Keep the call's first error and end every wait of its other requests."""
         with self.condition:
             if self.error is None:
                 self.error = error
-            for sock in self.sockets:
+            for sock in list(self.sockets):
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:

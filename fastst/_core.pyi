@@ -397,8 +397,9 @@ class Reader:
         For a plan the caller knows but will read in its own order (a converter
         that writes tensors out of file order, rows gathered later): the kernel
         reads their bytes in the background (``posix_fadvise(POSIX_FADV_WILLNEED)``
-        over each run of adjacent tensors), so that the reads that follow find
-        them in memory. The process holds no memory for them: the page cache
+        over each run of adjacent tensors, in pieces of the device's read-ahead
+        limit: Linux reads no more of one call), so that the reads that follow
+        find them in memory. The process holds no memory for them: the page cache
         does, and may drop them again under memory pressure. To read ahead into
         memory of the process, within a budget, use ``iter_tensors``.
 

@@ -11,8 +11,8 @@ import queue
 import sys
 import threading
 import weakref
-from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optional, Sequence,
-                    Set, Tuple, Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
+                    Sequence, Set, Tuple, Union)
 
 import numpy as np
 
@@ -253,7 +253,8 @@ class Loader:
         slots = self._take_ring(min(2 * self.prefetch, len(todo)))
         pipeline = _Pipeline(self._dataset, rows, self.batch_size, todo, slots,
                              self.prefetch, self.threads,
-                             self.block_rows if self.shuffle == "blocks" else None)
+                             self.block_rows if self.shuffle == "blocks" else None,
+                             self._window_batches(workers))
         delivered: Dict[int, Dict[str, Any]] = {}
         try:
             for position, index in enumerate(todo):
@@ -265,6 +266,12 @@ class Loader:
         finally:
             pipeline.stop()
             self._ring = slots
+
+    def _window_batches(self, workers: int) -> int:
+        """The batches of an iteration that a window of a block shuffle fills: this
+        rank's share of its rows, and this worker's of their batches."""
+        share = self.batch_size * self.world_size * workers
+        return -(-self.block_rows * self.window_blocks // share)
 
     def _take_ring(self, size: int) -> List[Dict[str, Any]]:
         """The buffers of the last iteration (its threads ended), else new ones: an
@@ -507,17 +514,11 @@ class _Dataset:
                 else:
                     buffers[name][places] = part.handle.gather(name, local)
 
-    def prefetch_blocks(self, rows: npt.NDArray[np.int64], block_rows: int,
-                        asked: Set[int]) -> None:
-        """Ask the kernel to start reading each block of `block_rows` rows that `rows`
-        fall in and that is not in `asked` yet (then added to it): with a block shuffle
-        the first batch of a window asks for the window's blocks, read in large
-        requests while the batches before it are gathered. Local files only; a
+    def prefetch_blocks(self, blocks: List[int], block_rows: int) -> None:
+        """Ask the kernel to start reading blocks `blocks` of `block_rows` rows, in
+        that order, into the page cache (each in large requests). Local files only; a
         sharded checkpoint is not asked."""
-        for block in np.unique(rows // block_rows).tolist():
-            if block in asked:
-                continue
-            asked.add(block)
+        for block in blocks:
             first, stop = block * block_rows, (block + 1) * block_rows
             for part in self.parts:
                 prefetch_rows = getattr(part.handle, "prefetch_rows", None)
@@ -568,6 +569,35 @@ class _Dataset:
             part.handle.close()
 
 
+class _BlockHints:
+    """The blocks of a block shuffle that its pipeline asks the kernel for: those of
+    the batches up to `window` after the one a thread starts gathering, each block
+    once, in the order the batches need them."""
+
+    def __init__(self, rows_of: Callable[[int], npt.NDArray[np.int64]], batches: int,
+                 block_rows: int, window: int) -> None:
+        self.rows_of, self.batches = rows_of, batches
+        self.block_rows, self.window = block_rows, window
+        self.asked: Set[int] = set()
+        self.asked_to = 0           # the batches (places in `todo`) asked for: [0, asked_to)
+        self.lock = threading.Lock()
+
+    def claim(self, position: int) -> List[int]:
+        """The blocks not asked for yet of the batches up to `window` after batch
+        `position`, now counted as asked: the caller asks for them."""
+        with self.lock:
+            stop = min(self.batches, position + 1 + self.window)
+            if stop <= self.asked_to:
+                return []
+            rows = np.concatenate([self.rows_of(later) for later in range(self.asked_to, stop)])
+            self.asked_to = stop
+            found, first = np.unique(rows // self.block_rows, return_index=True)
+            blocks = [block for block in found[np.argsort(first)].tolist()
+                      if block not in self.asked]
+            self.asked.update(blocks)
+            return blocks
+
+
 class _Pipeline:
     """Threads that gather the batches `todo` into the ring `slots`, at most `ahead`
     beyond the one taken: batch k (its place in `todo`) goes into slot
@@ -575,15 +605,18 @@ class _Pipeline:
 
     The consumer hands out the batches to start, in order, through a queue (any
     free thread takes the next); a slot's lock, held while it is being filled,
-    is released when its batch is in. With `block_rows` (a block shuffle), starting a
-    batch asks the kernel for the blocks its rows fall in, each once."""
+    is released when its batch is in. With `block_rows` (a block shuffle), a thread
+    that takes a batch first asks the kernel for the blocks of the batches up to
+    `window` after it (a window's), those not asked yet: the disk reads the next
+    window while the batches of this one are gathered, and the consumer's thread
+    never waits for the hints."""
 
     def __init__(self, dataset: _Dataset, rows: npt.NDArray[np.int64], batch_size: int,
                  todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int,
-                 block_rows: Optional[int] = None) -> None:
+                 block_rows: Optional[int] = None, window: int = 1) -> None:
         self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
-        self.block_rows = block_rows
-        self.blocks_asked: Set[int] = set()
+        self.blocks = None if block_rows is None else _BlockHints(
+            self._rows_of, len(todo), block_rows, window)
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
         self.filled = [threading.Lock() for _ in slots]
@@ -603,9 +636,6 @@ class _Pipeline:
 
     def _start(self, position: int) -> None:
         self.filled[position % len(self.slots)].acquire()    # released by the filling
-        if self.block_rows:
-            self.dataset.prefetch_blocks(self._rows_of(position), self.block_rows,
-                                         self.blocks_asked)
         self.to_start.put(position)
 
     def _rows_of(self, position: int) -> npt.NDArray[np.int64]:
@@ -619,6 +649,9 @@ class _Pipeline:
                 return
             slot = position % len(self.slots)
             try:
+                if self.blocks is not None:
+                    self.dataset.prefetch_blocks(self.blocks.claim(position),
+                                                 self.blocks.block_rows)
                 self.dataset.fill(self.slots[slot], self._rows_of(position))
             except BaseException as error:   # raised in the consumer, at this batch
                 self.errors[slot] = error

@@ -437,8 +437,9 @@ cdef class Reader:
     def prefetch(self, names):
         """Ask the kernel to start reading the tensors `names` of a local file into
         the page cache (posix_fadvise WILLNEED over their bytes, adjacent ones as one
-        range), and return at once: the number of bytes asked for. A buffer holds its
-        bytes already, and a file read by ranges has no page cache: 0."""
+        range, in pieces that it reads whole), and return at once: the number of
+        bytes asked for. A buffer holds its bytes already, and a file read by ranges
+        has no page cache: 0."""
         positions = sorted(self._position(name) for name in names)
         cdef Entry* entry
         spans = []
@@ -469,13 +470,19 @@ cdef class Reader:
         return self._will_need([[begin, begin + (stop - first) * row_bytes]])
 
     cdef _will_need(self, list spans):
-        """posix_fadvise(WILLNEED) over byte spans [begin, end) of a local file."""
+        """posix_fadvise(WILLNEED) over byte spans [begin, end) of a local file, in
+        pieces that the kernel reads whole: it reads no more than the device's
+        read-ahead limit of one call (_readahead_bytes) and drops the rest."""
         if self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES or not spans:
             return 0
+        piece = _readahead_bytes(self.file_dev)
         fd = self._reopen()     # the page cache is the file's, whichever descriptor asks
         try:
             for begin, end in spans:
-                os.posix_fadvise(fd, begin, end - begin, os.POSIX_FADV_WILLNEED)
+                while begin < end:
+                    stop = min(end, (begin // piece + 1) * piece)    # on multiples of piece
+                    os.posix_fadvise(fd, begin, stop - begin, os.POSIX_FADV_WILLNEED)
+                    begin = stop
         finally:
             os.close(fd)
         return sum(end - begin for begin, end in spans)
@@ -783,6 +790,36 @@ cdef class Reader:
     def __dealloc__(self):
         if self.fd >= 0:
             os.close(self.fd)
+
+
+# The least that one posix_fadvise(WILLNEED) reads whole on Linux: the kernel's default
+# read-ahead (128 KiB), where sysfs does not tell a device's own limit.
+MIN_READAHEAD_BYTES = 128 << 10
+cdef dict _READAHEAD_BYTES = {}     # st_dev -> its limit, read from sysfs once
+
+
+def _readahead_bytes(device):
+    """The most bytes that one posix_fadvise(WILLNEED) reads of a file on device
+    `device` (an st_dev): Linux reads up to the larger of the device's read-ahead and
+    its largest request (sysfs read_ahead_kb, max_sectors_kb), and no more."""
+    found = _READAHEAD_BYTES.get(device)
+    if found is None:
+        found = _READAHEAD_BYTES[device] = _device_readahead_bytes(device)
+    return found
+
+
+def _device_readahead_bytes(device):
+    disk = f"/sys/dev/block/{os.major(device)}:{os.minor(device)}"
+    for queue in (disk + "/queue", disk + "/../queue"):     # a disk's, a partition's disk's
+        try:
+            limits = []
+            for name in ("read_ahead_kb", "max_sectors_kb"):
+                with open(f"{queue}/{name}") as limit:
+                    limits.append(int(limit.read()) << 10)
+        except (OSError, ValueError):
+            continue
+        return max(MIN_READAHEAD_BYTES, max(limits))
+    return MIN_READAHEAD_BYTES
 
 
 cdef inline uint64_t _row_bytes(Entry* entry, cnp.npy_intp rows) noexcept:

@@ -120,20 +120,22 @@ def test_block_shuffle_keeps_each_window_of_blocks_together(one_file):
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_block_shuffle_asks_the_kernel_for_each_block_once_an_epoch(tmp_path, monkeypatch,
                                                                     backend):
-    """On a cold disk a block's rows are read in large requests: starting a batch asks
-    the kernel (posix_fadvise WILLNEED) for the blocks its rows fall in, each block of
-    each tensor once an epoch; a full shuffle asks for nothing."""
+    """On a cold disk a block's rows are read in large requests: the threads that
+    gather ask the kernel (posix_fadvise WILLNEED) for the blocks the batches fall
+    in, each block of each tensor once an epoch, and the consumer's thread asks for
+    none; a full shuffle asks for nothing."""
     path = str(tmp_path / "rows.safetensors")
     fastst.save_file({"x": np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16),
                       "y": np.arange(1000)}, path)
     with fastst.safe_open(path) as f:
         begins = {name: f.data_start + f.info(name).data_offsets[0] for name in ("x", "y")}
-    asked = []
+    asked, askers = [], set()
     advise = os.posix_fadvise
 
     def noted(fd, offset, length, advice):
         if advice == os.POSIX_FADV_WILLNEED:
             asked.append((offset, length))
+            askers.add(threading.current_thread())
         return advise(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", noted)
@@ -145,9 +147,32 @@ def test_a_block_shuffle_asks_the_kernel_for_each_block_once_an_epoch(tmp_path, 
             rows = np.concatenate([batch["y"].copy() for batch in loader])
             assert sorted(rows.tolist()) == list(range(1000))
             assert sorted(asked) == sorted(blocks) and len(asked) == 20
+            assert askers and threading.main_thread() not in askers
             asked.clear()
     with Loader(path, ["x", "y"], 64, shuffle=True, backend=backend) as loader:
         assert sum(len(batch["y"]) for batch in loader) == 1000 and not asked
+
+
+def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_ahead():
+    """A thread that starts gathering a batch asks for the blocks of the batches up to
+    a window after it that are not asked for yet, in the order the batches need them:
+    the next window is read while this one is gathered."""
+    from fastst._loader import _BlockHints
+    batches = [np.array(rows) for rows in
+               ([5, 1], [1, 0], [7, 9], [8, 6], [3, 2], [2, 4], [11, 10], [10, 11])]
+    hints = _BlockHints(batches.__getitem__, len(batches), block_rows=2, window=3)
+    assert hints.claim(0) == [2, 0, 3, 4]           # batches 0-3, in the order they need them
+    assert hints.claim(1) == [1]                    # batch 4's: 1 (2 was asked)
+    assert hints.claim(1) == [] and hints.claim(0) == []
+    assert hints.claim(4) == [5]                    # batches 5 to 7
+    assert hints.claim(6) == []                     # the last batch is asked for
+
+
+def test_the_window_ahead_is_a_windows_share_of_this_iterations_batches(one_file):
+    with Loader(one_file, "y", 4, shuffle="blocks", block_rows=10, window_blocks=3,
+                world_size=2, rank=1, seed=0) as loader:
+        assert loader._window_batches(1) == 4       # 30 rows: 15 a rank, 4 batches of 4
+        assert loader._window_batches(2) == 2       # of which a worker of two takes every other
 
 
 @pytest.mark.parametrize("layout,backend", [("list", "mmap"), ("glob", "mmap"),

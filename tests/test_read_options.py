@@ -3,6 +3,7 @@ hints and O_DIRECT (fastst.read_options). Whatever the options, the bytes are th
 same; the counts of requests say what the plan did."""
 import io
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -312,6 +313,56 @@ def test_prefetch_asks_for_the_bytes_of_the_tensors_named(tmp_path):
             assert f.prefetch([]) == 0
             with pytest.raises(fastst.TensorNotFoundError):
                 f.prefetch(["nope"])
+
+
+def test_a_long_prefetch_is_asked_for_in_pieces_the_kernel_reads_whole(tmp_path, monkeypatch):
+    """Linux reads no more of one posix_fadvise(WILLNEED) than the device's read-ahead
+    limit and drops the rest: a longer span is asked for in pieces of at most that
+    limit, cut on its multiples, which together are the span, once."""
+    from fastst import _core
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.zeros(10_000, np.uint8), "b": np.zeros((1000, 40), np.uint8)},
+                     path)
+    asked = []
+    advise = os.posix_fadvise
+
+    def noted(fd, offset, length, advice):
+        asked.append((offset, length))
+        return advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", noted)
+    monkeypatch.setattr(_core, "_readahead_bytes", lambda device: 8 * KIB)
+    with fastst.safe_open(path) as f:
+        start = f.data_start
+        b = start + f.info("b").data_offsets[0]
+        for ask, begin, end in ((lambda: f.prefetch(["a", "b"]), start, start + 50_000),
+                                (lambda: f.prefetch_rows("b", 100, 900), b + 4000, b + 36_000)):
+            asked.clear()
+            assert ask() == end - begin
+            ends = [offset + length for offset, length in asked]
+            assert [offset for offset, _ in asked] == [begin] + ends[:-1]    # in order, no gap
+            assert ends[-1] == end
+            assert all(0 < length <= 8 * KIB for _, length in asked)
+            assert all(stop % (8 * KIB) == 0 for stop in ends[:-1])
+            assert len(asked) == len(range(begin // (8 * KIB), -(-end // (8 * KIB))))
+
+
+def test_the_read_ahead_limit_is_the_devices(tmp_path):
+    """One WILLNEED reads up to the larger of the device's read-ahead and its largest
+    request, as sysfs tells them; 128 KiB, the kernel's default, where it does not."""
+    from fastst import _core
+    device = os.stat(tmp_path).st_dev
+    found = []
+    disk = f"/sys/dev/block/{os.major(device)}:{os.minor(device)}"
+    for queue in (disk + "/queue", disk + "/../queue"):
+        try:
+            found = [int(pathlib.Path(queue, name).read_text()) * KIB
+                     for name in ("read_ahead_kb", "max_sectors_kb")]
+            break
+        except OSError:
+            continue
+    assert _core._readahead_bytes(device) == max([128 * KIB] + found)
+    assert _core._device_readahead_bytes(os.makedev(0, 0)) == 128 * KIB   # no such disk
 
 
 def test_prefetch_of_a_buffer_or_a_file_object_asks_for_nothing():

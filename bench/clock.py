@@ -9,13 +9,15 @@ from typing import Any, Iterable
 
 def timed_rows(batches: Iterable[Any], batch: int, rows: int, warmup: int = 2) -> float:
     """Rows a second of an iterable of batches, from the end of the first `warmup`
-    (start-up not timed) until `rows` rows more have come."""
-    received, start = 0, 0.0
+    (start-up not timed; 0: from the start, start-up included) until `rows` rows more
+    have come."""
+    received, start = 0, time.perf_counter()
     for k, _ in enumerate(batches):
-        if k + 1 == warmup:
-            start = time.perf_counter()
-        elif k >= warmup:
-            received += batch
-            if received >= rows:
-                break
+        if k < warmup:
+            if k + 1 == warmup:
+                start = time.perf_counter()
+            continue
+        received += batch
+        if received >= rows:
+            break
     return received / (time.perf_counter() - start)

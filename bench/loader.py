@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -173,6 +173,14 @@ LOADERS_DOC = """Shuffled batches from a table, each loader with two threads or 
                         (bench/peers/streaming_mds.py)
 - in-process gather:    `f.gather(name, rows, out=buffer)` in a loop (no loader)
 - memcpy:               `np.copyto` of as many adjacent rows into a buffer
+
+Hot runs are timed from the end of the first batches (start-up is not timed; for the
+Loader, the first fill of its ring of 8 buffers, whose pages the first batches fault
+in), over a page cache that holds the files in large folios (`warm_cache`). Cold
+runs (`--cold`: the file's pages dropped first) are timed from the start, start-up
+included, since the first batches are where the reading starts; `cat` of the file,
+cold, is timed just before each batch size's cold runs; `--cold-rows` sets their rows
+(a whole epoch at most).
 """
 
 
@@ -264,18 +272,26 @@ def drop_cache(*paths: str) -> None:
 
 
 def warm_cache(*paths: str) -> None:
+    """The files read into the page cache afresh: their pages dropped, then read in
+    order, so that the cache holds them in large folios, as after any sequential read,
+    whatever the runs before left there. Random reads and read-ahead hints (a cold
+    run's) leave 4 KiB pages, which a map then maps one by one: rows gathered from
+    them miss the TLB, and gathers and copies ran 2-3x slower over them."""
+    drop_cache(*paths)
     for path in files_in(paths):
         with open(path, "rb") as source:
             while source.read(64 << 20):
                 pass
 
 
-def rate_fastst_loader(paths: Dict[str, str], batch: int, rows: int, shuffle: Any = True
-                       ) -> float:
+def rate_fastst_loader(paths: Dict[str, str], batch: int, rows: int, shuffle: Any = True,
+                       warmup: int = 8) -> float:
+    """Rows a second of the Loader, hot from the end of its ring's first fill (8
+    buffers, 2 x prefetch, each faulted in by its first batch: start-up)."""
     from fastst.data import Loader
     with Loader(paths["safetensors"], NAME, batch, shuffle=shuffle, seed=0, threads=2,
                 drop_last=True) as loader:
-        return timed_rows(loader, batch, rows)
+        return timed_rows(loader, batch, rows, warmup)
 
 
 def rate_row_dataset(paths: Dict[str, str], batch: int, rows: int) -> float:
@@ -283,12 +299,12 @@ def rate_row_dataset(paths: Dict[str, str], batch: int, rows: int) -> float:
         return rate_in_data_loader(dataset, batch, rows)
 
 
-def rate_in_data_loader(dataset: Dataset, batch: int, rows: int) -> float:
+def rate_in_data_loader(dataset: Dataset, batch: int, rows: int, warmup: int = 4) -> float:
     sampler = BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(0)),
                            batch, drop_last=True)
     loader = DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=2,
                         multiprocessing_context="fork", timeout=600, prefetch_factor=2)
-    return timed_rows(loader, batch, rows, warmup=4)
+    return timed_rows(loader, batch, rows, warmup)
 
 
 class ArrowRows(Dataset):
@@ -375,14 +391,15 @@ def rate_grain_here(paths: Dict[str, str], batch: int, rows: int, columns: int) 
     return rate
 
 
-def rate_streaming(python: str, folder: str, batch: int, rows: int) -> float:
+def rate_streaming(python: str, folder: str, batch: int, rows: int, warmup: int = 4) -> float:
     """MosaicML streaming's rate, measured by bench/peers/streaming_mds.py run by the
     Python of its own environment, in a session of its own that is killed after (as
     grain's: no worker is left to take the cores from the rows measured next)."""
     import json
     import signal
 
-    child = subprocess.Popen([python, STREAMING_CHILD, "rate", folder, str(batch), str(rows)],
+    child = subprocess.Popen([python, STREAMING_CHILD, "rate", folder, str(batch), str(rows),
+                              str(warmup)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
     try:
@@ -482,22 +499,8 @@ def compare_loaders(args: argparse.Namespace) -> int:
             for name, rate in rates.items():
                 print_rate(name, shape, batch, "hot", rate, rates)
             if args.cold:
-                for shuffle in (True, "blocks") if "loader" in peers else ():
-                    drop_cache(paths["safetensors"])
-                    rate = rate_fastst_loader(paths, batch, rows, shuffle=shuffle)
-                    print_rate(f"fastst Loader (2 threads), shuffle={shuffle!r}", shape, batch,
-                               "cold", rate, rates)
-                drop_cache(paths["npy"])
-                print_rate("npy memmap in DataLoader (2 workers)", shape, batch, "cold",
-                           rate_in_data_loader(NpyRows(paths["npy"]), batch, rows), rates)
-                if "mds" in paths:
-                    drop_cache(paths["mds"])
-                    print_rate(STREAMING_NAME, shape, batch, "cold", rate_streaming(
-                        streaming_python, paths["mds"], batch, rows), rates)
-        if args.cold:
-            rate = cat_rate(paths["safetensors"])
-            print(f"| cat (sequential, cold) | {shape} | | cold | {fmt_rate(rate / (columns * 4))} "
-                  f"rows ({rate / 2 ** 20:.0f} MiB/s) | | | |", flush=True)
+                cold_rates(paths, shape, batch, columns, peers, rates, streaming_python,
+                           min(args.cold_rows or args.rows, length // batch * batch))
         if "loader" in peers:
             peak, anonymous = loader_memory(paths, 4096)
             print(f"\nLoader over {shape}, batches of 4096: peak RSS {peak / 1024:.0f} MiB "
@@ -505,6 +508,27 @@ def compare_loaders(args: argparse.Namespace) -> int:
                   flush=True)
     print(f"load after: {os.getloadavg()}", file=sys.stderr)
     return 0
+
+
+def cold_rates(paths: Dict[str, str], shape: str, batch: int, columns: int, peers: Set[str],
+               rates: Dict[str, float], streaming_python: Optional[str], rows: int) -> None:
+    """Print cat's rate of the file and, just after it, the cold runs: each timed from
+    the start once the file's pages are dropped."""
+    rate = cat_rate(paths["safetensors"])
+    print(f"| cat (sequential, cold) | {shape} | {batch} | cold | "
+          f"{fmt_rate(rate / (columns * 4))} rows ({rate / 2 ** 20:.0f} MiB/s) | | | |",
+          flush=True)
+    for shuffle in (True, "blocks") if "loader" in peers else ():
+        drop_cache(paths["safetensors"])
+        print_rate(f"fastst Loader (2 threads), shuffle={shuffle!r}", shape, batch, "cold",
+                   rate_fastst_loader(paths, batch, rows, shuffle=shuffle, warmup=0), rates)
+    drop_cache(paths["npy"])
+    print_rate("npy memmap in DataLoader (2 workers)", shape, batch, "cold",
+               rate_in_data_loader(NpyRows(paths["npy"]), batch, rows, warmup=0), rates)
+    if "mds" in paths:
+        drop_cache(paths["mds"])
+        print_rate(STREAMING_NAME, shape, batch, "cold", rate_streaming(
+            streaming_python, paths["mds"], batch, rows, warmup=0), rates)
 
 
 def print_rate(name: str, shape: str, batch: int, cache: str, rate: float,
@@ -538,6 +562,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--peers", default=",".join(PEERS),
                         help="--loaders: the loaders measured beside the in-process gather, "
                              "memcpy and the .npy memmap in DataLoader (which always run)")
+    parser.add_argument("--cold-rows", type=int, default=0,
+                        help="--loaders --cold: rows of each cold run (default --rows; "
+                             "at most an epoch)")
     parser.add_argument("--streaming-python", default=STREAMING_VENV,
                         help="--loaders: the Python of MosaicML streaming's environment "
                              "(bench/peers/streaming-venv.sh)")

@@ -123,10 +123,11 @@ def main(argv: list[str]) -> int:
     elif command == "write":
         table_path, folder = args
         write_mds(np.load(table_path, mmap_mode="r"), folder)
-    elif command == "rate":
+    elif command == "rate":     # folder batch rows [warmup: batches not timed, 4]
         folder, batch, rows = args[0], int(args[1]), int(args[2])
+        warmup = int(args[3]) if len(args) > 3 else 4
         batches = full_batches(shuffled_loader(folder, batch), batch)
-        print(json.dumps({"rate": timed_rows(batches, batch, rows, warmup=4)}), flush=True)
+        print(json.dumps({"rate": timed_rows(batches, batch, rows, warmup)}), flush=True)
     else:
         raise SystemExit(f"unknown command {command!r}: check, write or rate")
     return 0

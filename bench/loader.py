@@ -23,6 +23,9 @@ libraries instead (see `LOADERS_DOC`); `--cold` adds runs from a cold page cache
 
 MosaicML streaming runs in a virtual environment of its own (it requires numpy<2.2):
 `bash bench/peers/streaming-venv.sh` makes it where `--streaming-python` looks first.
+`--url` times the Loader over HTTP instead, against the link:
+
+    python bench/loader.py --url --size-mib 256
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 import fastst
 from clock import timed_rows
-from fastst.data import RowDataset
+from fastst.data import Loader, RowDataset
 
 COLUMNS = 128
 NAME = "x"
@@ -288,7 +291,6 @@ def rate_fastst_loader(paths: Dict[str, str], batch: int, rows: int, shuffle: An
                        warmup: int = 8) -> float:
     """Rows a second of the Loader, hot from the end of its ring's first fill (8
     buffers, 2 x prefetch, each faulted in by its first batch: start-up)."""
-    from fastst.data import Loader
     with Loader(paths["safetensors"], NAME, batch, shuffle=shuffle, seed=0, threads=2,
                 drop_last=True) as loader:
         return timed_rows(loader, batch, rows, warmup)
@@ -531,6 +533,46 @@ def cold_rates(paths: Dict[str, str], shape: str, batch: int, columns: int, peer
             streaming_python, paths["mds"], batch, rows, warmup=0), rates)
 
 
+def loader_over_url(args: argparse.Namespace) -> int:
+    """The Loader over HTTP: shuffled batches of a [N, 128] F32 table (512 B rows) served
+    by tests/servers.py's server in a process of its own, each way against the link (one
+    GET of the whole file, in rows a second). A full shuffle asks for each row apart; a
+    block shuffle fetches whole blocks a window ahead (fastst's HTTP client, and fsspec's
+    aiohttp transport)."""
+    from remote import http_server_process, single_get
+
+    length = args.size_mib * (1 << 20) // (COLUMNS * 4)
+    table = np.random.default_rng(0).standard_normal((length, COLUMNS), np.float32)
+    data = fastst.save({NAME: table})
+    url, stop, process = http_server_process(data, None, 0.0)
+    try:
+        single_get(url)
+        started = time.perf_counter()
+        single_get(url)
+        link = length / (time.perf_counter() - started)
+        print(f"Produced by `python bench/loader.py --url --size-mib {args.size_mib}` on "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+              f"{os.getloadavg()[0]:.2f}: [{length}, {COLUMNS}] F32 over HTTP on "
+              f"127.0.0.1, 2 threads.\n")
+        print("| loader | batch | rows timed | rows/s | × the link |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        print(f"| one GET of the whole file (the link) | | {length} | {fmt_rate(link)} | 1.00× |")
+        for batch in (int(size) for size in args.batch_sizes.split(",")):
+            for shuffle, transport, rows in [(True, "http", 20_000), (True, "fsspec", 20_000),
+                                             ("blocks", "http", length),
+                                             ("blocks", "fsspec", length)]:
+                rows = min(rows, (length // batch - 2) * batch)
+                with Loader(url, NAME, batch, shuffle=shuffle, seed=0, threads=2,
+                            drop_last=True, storage_options={"transport": transport}) as loader:
+                    rate = timed_rows(loader, batch, rows, warmup=0)
+                print(f"| fastst Loader, shuffle={shuffle!r}, {transport} transport | {batch} | "
+                      f"{rows} | {fmt_rate(rate)} | {rate / link:.2f}× |", flush=True)
+    finally:
+        stop.set()
+        process.join(10)
+    return 0
+
+
 def print_rate(name: str, shape: str, batch: int, cache: str, rate: float,
                rates: Dict[str, float]) -> None:
     npy = rates["npy memmap in DataLoader (2 workers)"] if cache == "hot" else None
@@ -568,10 +610,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--streaming-python", default=STREAMING_VENV,
                         help="--loaders: the Python of MosaicML streaming's environment "
                              "(bench/peers/streaming-venv.sh)")
+    parser.add_argument("--url", action="store_true",
+                        help="the Loader over HTTP (--size-mib 256 is enough), shuffled "
+                             "rows and blocks, against the link")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.loaders:
         return compare_loaders(args)
+    if args.url:
+        return loader_over_url(args)
     paths = write_inputs(args.data_dir, args.size_mib)
     length = args.size_mib * (1 << 20) // (COLUMNS * 4)
     found = datasets(paths, length)

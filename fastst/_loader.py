@@ -20,6 +20,7 @@ from ._core import SafetensorError, TensorNotFoundError
 from ._api import safe_open
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
+from ._rowblocks import RowBlocks
 from ._source import Identity, LocalFile, as_source, identity_of
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class Loader:
         ``"blocks"``: rows in blocks of `block_rows` adjacent rows, the blocks
         in a random order, the rows shuffled within each window of
         `window_blocks` blocks: reads stay local (a cold disk, an object store).
+        Over a URL or a file object the blocks are fetched whole a window ahead
+        and batches gathered from memory, two windows held at most.
     seed : int, optional
         The seed of the shuffled orders; None draws one (saved in
         ``state_dict()``). Needed when there are several ranks.
@@ -251,10 +254,11 @@ class Loader:
                 self._epoch, self._batch = epoch + 1, 0
             return
         slots = self._take_ring(min(2 * self.prefetch, len(todo)))
+        blocks = (_BlockShuffle(self.block_rows, self.window_blocks,
+                                self._window_batches(workers))
+                  if self.shuffle == "blocks" else None)
         pipeline = _Pipeline(self._dataset, rows, self.batch_size, todo, slots,
-                             self.prefetch, self.threads,
-                             self.block_rows if self.shuffle == "blocks" else None,
-                             self._window_batches(workers))
+                             self.prefetch, self.threads, blocks)
         delivered: Dict[int, Dict[str, Any]] = {}
         try:
             for position, index in enumerate(todo):
@@ -442,6 +446,14 @@ class Loader:
                 f"{self.batch_size}, epoch {self._epoch} batch {self._batch})>")
 
 
+class _BlockShuffle(NamedTuple):
+    """A block shuffle's blocks: their rows, a window's blocks, and the batches of an
+    iteration that a window fills."""
+    block_rows: int
+    window_blocks: int
+    window_batches: int
+
+
 class _Part(NamedTuple):
     """A file (or checkpoint) of a dataset: its handle, its first row's number."""
     handle: Any
@@ -470,6 +482,8 @@ class _Dataset:
             raise
         self.rows = sum(part.rows for part in self.parts)
         self.starts = np.array([part.start for part in self.parts], np.int64)
+        # read by ranges (URLs, file objects): no page cache to read ahead into
+        self.by_ranges = any(part.handle.backend == "ranges" for part in self.parts)
 
     def _add(self, handle: Any) -> None:
         start = self.parts[-1].start + self.parts[-1].rows if self.parts else 0
@@ -513,6 +527,12 @@ class _Dataset:
                     part.handle.gather(name, local, out=buffers[name][first:last + 1])
                 else:
                     buffers[name][places] = part.handle.gather(name, local)
+
+    def read_rows(self, rows: npt.NDArray[np.int64]) -> Dict[str, Any]:
+        """Rows `rows` of each tensor, in fresh arrays, read in one gather a file."""
+        buffers = self.buffers(len(rows), np.empty)
+        self.fill(buffers, rows)
+        return buffers
 
     def prefetch_blocks(self, blocks: List[int], block_rows: int) -> None:
         """Ask the kernel to start reading blocks `blocks` of `block_rows` rows, in
@@ -605,18 +625,22 @@ class _Pipeline:
 
     The consumer hands out the batches to start, in order, through a queue (any
     free thread takes the next); a slot's lock, held while it is being filled,
-    is released when its batch is in. With `block_rows` (a block shuffle), a thread
-    that takes a batch first asks the kernel for the blocks of the batches up to
-    `window` after it (a window's), those not asked yet: the disk reads the next
-    window while the batches of this one are gathered, and the consumer's thread
-    never waits for the hints."""
+    is released when its batch is in. With `blocks` (a block shuffle), a thread
+    that takes a batch first asks for the blocks of the batches up to a window after
+    it, those not asked yet: the kernel, of a local file (the disk reads the next
+    window while the batches of this one are gathered); of files read by ranges,
+    `RowBlocks`, which fetches them whole into memory and gathers the batches from
+    there. The consumer's thread never waits for either."""
 
     def __init__(self, dataset: _Dataset, rows: npt.NDArray[np.int64], batch_size: int,
                  todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int,
-                 block_rows: Optional[int] = None, window: int = 1) -> None:
+                 blocks: Optional[_BlockShuffle] = None) -> None:
         self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
-        self.blocks = None if block_rows is None else _BlockHints(
-            self._rows_of, len(todo), block_rows, window)
+        self.blocks = None if blocks is None else _BlockHints(
+            self._rows_of, len(todo), blocks.block_rows, blocks.window_batches)
+        self.row_blocks = None
+        if blocks is not None and dataset.by_ranges:
+            self.row_blocks = self._row_blocks(blocks)
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
         self.filled = [threading.Lock() for _ in slots]
@@ -642,6 +666,14 @@ class _Pipeline:
         index = self.todo[position]
         return self.rows[index * self.batch_size:(index + 1) * self.batch_size]
 
+    def _row_blocks(self, blocks: _BlockShuffle) -> RowBlocks:
+        """Blocks in memory for the batches to do: at most two windows' held."""
+        taken = np.concatenate([self._rows_of(position) for position in range(len(self.todo))])
+        counts = np.bincount(taken // blocks.block_rows,
+                             minlength=-(-self.dataset.rows // blocks.block_rows))
+        return RowBlocks(self.dataset.read_rows, blocks.block_rows, self.dataset.rows, counts,
+                         most=2 * blocks.window_blocks, per_read=blocks.window_blocks)
+
     def _work(self) -> None:
         while True:
             position = self.to_start.get()
@@ -649,14 +681,22 @@ class _Pipeline:
                 return
             slot = position % len(self.slots)
             try:
-                if self.blocks is not None:
-                    self.dataset.prefetch_blocks(self.blocks.claim(position),
-                                                 self.blocks.block_rows)
-                self.dataset.fill(self.slots[slot], self._rows_of(position))
+                self._fill(position, self.slots[slot])
             except BaseException as error:   # raised in the consumer, at this batch
                 self.errors[slot] = error
             finally:
                 self.filled[slot].release()
+
+    def _fill(self, position: int, buffers: Dict[str, Any]) -> None:
+        rows = self._rows_of(position)
+        blocks = [] if self.blocks is None else self.blocks.claim(position)
+        if self.row_blocks is not None:
+            self.row_blocks.want(blocks)
+            self.row_blocks.fill(buffers, rows)
+            return
+        if self.blocks is not None:
+            self.dataset.prefetch_blocks(blocks, self.blocks.block_rows)
+        self.dataset.fill(buffers, rows)
 
     def take(self, position: int) -> int:
         """The slot of batch `position`, once gathered; the batch `ahead` after it is
@@ -677,6 +717,8 @@ class _Pipeline:
         self.stopping = True
         for _ in self.workers:
             self.to_start.put(None)
+        if self.row_blocks is not None:
+            self.row_blocks.stop()     # a batch waiting for a block ends at once
         for worker in self.workers:
             if worker is not threading.current_thread():
                 worker.join()

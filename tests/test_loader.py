@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
+import fastst._loader
+import fastst._rowblocks
 from fastst import SafetensorError, TensorNotFoundError
 from fastst.data import Loader
 
@@ -539,6 +541,63 @@ def test_a_url_that_changes_under_the_loader_is_an_error(big_file):
             with pytest.raises(SafetensorError, match="big.safetensors"):
                 taken(loader)
         assert not loader_threads()
+
+
+class CountedRowBlocks(fastst._rowblocks.RowBlocks):
+    """RowBlocks that keep a list of themselves, for tests to read their counts."""
+    made: list = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        CountedRowBlocks.made.append(self)
+
+
+@pytest.fixture
+def counted_row_blocks(monkeypatch):
+    CountedRowBlocks.made = []
+    monkeypatch.setattr(fastst._loader, "RowBlocks", CountedRowBlocks)
+    return CountedRowBlocks.made
+
+
+@pytest.mark.parametrize("rank", [None, 1])
+def test_a_block_shuffle_over_a_url_reads_each_block_whole_once_an_epoch(
+        big_file, counted_row_blocks, rank):
+    """16 blocks of 250 rows, windows of 4: the batches of the local file, each block
+    fetched once (adjacent ones in one request), never more than two windows held."""
+    ranks = {} if rank is None else {"rank": rank, "world_size": 2}
+    settings = dict(shuffle="blocks", seed=5, block_rows=250, window_blocks=4, threads=2,
+                    **ranks)
+    data = big_file.read_bytes()
+    with RangeServer({"/big.safetensors": data}) as server:
+        url = f"{server.url}/big.safetensors"
+        with Loader(big_file, ["x", "y"], 100, **settings) as local, \
+                Loader(url, ["x", "y"], 100, **settings) as remote:
+            expected = taken(local)
+            server.reset_counts()
+            assert_same_batches(taken(remote), expected)
+            gets, sent = len(server.gets()), server.bytes_sent
+            assert_same_batches(taken(remote), taken(local))      # the next epoch too
+    (blocks, *_) = counted_row_blocks
+    wanted = {row // 250 for batch in expected for row in batch["y"].tolist()}
+    assert blocks.fetches == len(wanted) and blocks.most_held <= 2 * 4
+    assert gets <= 2 * len(wanted)                  # a request a block and tensor at most
+    assert sent <= len(wanted) * 250 * (256 * 4 + 8) + (64 << 10)   # their rows, once
+    assert not loader_threads()
+
+
+def test_a_block_shuffle_over_a_url_ends_its_fetches_on_break_and_on_errors(big_file):
+    with RangeServer({"/big.safetensors": big_file.read_bytes()}) as server:
+        url = f"{server.url}/big.safetensors"
+        with Loader(url, "x", 100, shuffle="blocks", seed=1, block_rows=250,
+                    window_blocks=4) as loader:
+            for k, _ in enumerate(loader):
+                if k == 3:
+                    break
+            assert not loader_threads()
+            server.mode = "change"       # a new version under the loader
+            with pytest.raises(SafetensorError, match="changed since it was opened"):
+                taken(loader)
+    assert not loader_threads()
 
 
 def test_batches_over_fsspec_memory(one_file):

@@ -1,0 +1,183 @@
+"""Blocks of rows held in memory for a block shuffle over files read by ranges (URLs,
+file objects), which have no page cache to read ahead into.
+
+A block shuffle takes its batches' rows from a window of blocks of adjacent rows at a
+time. Read by ranges, each row of a batch would be a request of its own; instead
+``RowBlocks`` fetches whole blocks, several in one read (their parts in flight at once),
+on a thread of its own, ahead of the batches that need them, and gathers each batch
+from memory. A block is dropped as soon as every row the iteration takes from it has
+been taken, and no more than `most` blocks are held for later batches, so memory stays
+within about two windows of blocks.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+# rows -> {name: an array of those rows}: how the dataset reads rows, for a block's
+Read = Callable[[npt.NDArray[np.int64]], Dict[str, Any]]
+
+
+class RowBlocks:
+    """Blocks of `block_rows` rows of a dataset of `total` rows, fetched by `read`.
+
+    Parameters
+    ----------
+    read : callable
+        ``read(rows)`` gives ``{name: array}`` of those rows, read in one call.
+    block_rows : int
+        Rows a block (the last may be shorter).
+    total : int
+        The dataset's rows.
+    counts : ndarray
+        For each block, the rows the iteration will take from it: when they are
+        all taken, the block is dropped.
+    most : int
+        Blocks held or being fetched ahead of demand, at most; a block a batch
+        waits for is fetched whatever the count.
+    per_read : int
+        Blocks fetched in one call of `read`, at most.
+    """
+
+    def __init__(self, read: Read, block_rows: int, total: int,
+                 counts: npt.NDArray[np.int64], most: int, per_read: int) -> None:
+        self.read, self.block_rows, self.total = read, block_rows, total
+        self.left = {int(block): int(count) for block, count in enumerate(counts) if count}
+        self.most, self.per_read = most, per_read
+        self.condition = threading.Condition()
+        # a block: the arrays of the read that brought it, and its first row in them
+        self.held: Dict[int, Tuple[Dict[str, Any], int]] = {}
+        self.fetching: Set[int] = set()
+        self.ahead: List[int] = []       # asked for, in the order batches need them
+        self.demanded: List[int] = []    # a batch waits for them
+        self.error: Optional[BaseException] = None
+        self.stopping = False
+        self.fetches = 0                 # blocks fetched, for tests: each once
+        self.most_held = 0
+        self.thread = threading.Thread(target=self._fetch_blocks, daemon=True,
+                                       name="fastst-loader-blocks")
+        self.thread.start()
+
+    def want(self, blocks: Iterable[int]) -> None:
+        """Fetch `blocks` ahead, in this order, as room allows."""
+        with self.condition:
+            for block in blocks:
+                if self._unasked(block):
+                    self.ahead.append(block)
+            self.condition.notify_all()
+
+    def fill(self, buffers: Dict[str, Any], rows: npt.NDArray[np.int64]) -> None:
+        """Gather rows `rows` into `buffers` from their blocks (waiting for those not
+        fetched yet), then count them taken. Blocks fetched in one read lie in one
+        array: the rows from one read are gathered in one pass, straight into place."""
+        found, inverse = np.unique(rows // self.block_rows, return_inverse=True)
+        blocks = found.tolist()
+        for block in blocks:
+            self._wait_for(block)
+        homes = [self.held[block] for block in blocks]
+        # each row's place in the arrays of the read that brought its block
+        shift = np.array([first - block * self.block_rows
+                          for (_, first), block in zip(homes, blocks)], np.int64)
+        places = rows + shift[inverse]
+        reads = [arrays for arrays, _ in homes]
+        if all(arrays is reads[0] for arrays in reads):
+            for name, array in reads[0].items():
+                np.take(array, places, axis=0, out=buffers[name][:len(rows)])
+        else:     # a window's edge: rows from two reads or more
+            first_of = [[id(other) for other in reads].index(id(arrays)) for arrays in reads]
+            read_of = np.array(first_of)[inverse]
+            for k in sorted(set(first_of)):
+                mine = np.flatnonzero(read_of == k)
+                for name, array in reads[k].items():
+                    buffers[name][mine] = array[places[mine]]
+        self._taken(blocks, np.bincount(inverse, minlength=len(blocks)).tolist())
+
+    def _taken(self, blocks: List[int], counts: List[int]) -> None:
+        """Count `counts` rows of `blocks` taken; drop the blocks whose rows all are."""
+        with self.condition:
+            for block, count in zip(blocks, counts):
+                left = self.left.get(block, 0) - count
+                if left > 0:
+                    self.left[block] = left
+                else:
+                    self.left.pop(block, None)
+                    self.held.pop(block, None)
+            self.condition.notify_all()
+
+    def stop(self) -> None:
+        """End the fetching thread (after a read under way) and drop every block."""
+        with self.condition:
+            self.stopping = True
+            self.condition.notify_all()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+        self.held.clear()
+
+    def _unasked(self, block: int) -> bool:
+        return (block in self.left and block not in self.held and block not in self.fetching
+                and block not in self.ahead and block not in self.demanded)
+
+    def _wait_for(self, block: int) -> None:
+        with self.condition:
+            while block not in self.held:
+                if self.error is not None:
+                    raise self.error
+                if self.stopping:
+                    raise RuntimeError("the loader stopped while a batch waited for rows")
+                if block not in self.fetching and block not in self.demanded:
+                    if block in self.ahead:
+                        self.ahead.remove(block)
+                    self.demanded.append(block)
+                    self.condition.notify_all()
+                self.condition.wait()
+
+    def _fetch_blocks(self) -> None:
+        while True:
+            with self.condition:
+                batch = self._next_blocks()
+                while batch is None:
+                    self.condition.wait()
+                    batch = self._next_blocks()
+                if not batch:
+                    return
+                self.fetching.update(batch)
+            try:
+                rows = np.concatenate([self._rows_of(block) for block in batch])
+                read = self.read(rows)
+            except BaseException as error:
+                with self.condition:
+                    self.error = error
+                    self.fetching.clear()
+                    self.condition.notify_all()
+                return
+            with self.condition:
+                first = 0
+                for block in batch:
+                    self.held[block] = (read, first)
+                    first += len(self._rows_of(block))
+                self.fetching.difference_update(batch)
+                self.fetches += len(batch)
+                self.most_held = max(self.most_held, len(self.held))
+                self.condition.notify_all()
+
+    def _next_blocks(self) -> Optional[List[int]]:
+        """The blocks to fetch next (those a batch waits for first, then those asked
+        ahead while room lasts); [] to end; None to wait."""
+        if self.stopping:
+            return []
+        batch = self.demanded[:self.per_read]
+        del self.demanded[:len(batch)]
+        room = self.most - len(self.held) - len(self.fetching) - len(batch)
+        while self.ahead and room > 0 and len(batch) < self.per_read:
+            block = self.ahead.pop(0)
+            if block in self.left and block not in self.held:
+                batch.append(block)
+                room -= 1
+        return batch or None
+
+    def _rows_of(self, block: int) -> npt.NDArray[np.int64]:
+        first = block * self.block_rows
+        return np.arange(first, min(first + self.block_rows, self.total), dtype=np.int64)

@@ -89,7 +89,7 @@ ReadOptions.__doc__ = """How local files are read into fresh memory (see read_op
 # what plans have read, for read_counters(): requests and bytes by path
 cdef dict _COUNTERS = dict.fromkeys(
     ["requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
-     "direct_refused", "hinted_plans", "threads_started"], 0)
+     "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes"], 0)
 
 
 def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
@@ -101,8 +101,10 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
     `request_bytes`: the largest request (a multiple of 4096, 64 KiB to 1 GiB);
     `direct`: read with O_DIRECT (bypassing the page cache) where the file system
     takes it, buffered where it refuses; `hints`: tell the kernel (posix_fadvise)
-    that a plan reads its bytes in order; `huge_pages`: fresh arrays of 4 MiB or
-    more (from any source, URLs too) in memory mapped for huge pages."""
+    that a plan reads its bytes in order, and set the disk reading a whole file's
+    tensors while their fresh arrays are made (a thread reads ahead of the plan
+    until it starts); `huge_pages`: fresh arrays of 4 MiB or more (from any
+    source, URLs too) in memory mapped for huge pages."""
     global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES
     before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES)
     if threads is not None:
@@ -134,7 +136,9 @@ def read_counters():
     """What read plans on local files have done since the process started: requests
     and bytes read (all of them), those read with O_DIRECT, the bytes of those read
     through an aligned buffer, files that refused O_DIRECT, plans given posix_fadvise
-    hints, and threads started. For tests and benchmarks: compare two snapshots."""
+    hints, threads started, plans read ahead while their memory was made and the
+    bytes read so (not counted in `bytes`: the plan reads them again, from the page
+    cache). For tests and benchmarks: compare two snapshots."""
     return dict(_COUNTERS)
 
 
@@ -171,6 +175,49 @@ cdef object _fresh_array(int ndim, cnp.npy_intp* dims, object descr):
         PyDataMem_SetHandler(before)
 
 
+cdef uint64_t PRIME_BYTES = 256 << 10    # what the primer asks for at a time
+
+
+cdef class _Primer:
+    """A thread reading a span of a file in order, in requests of PRIME_BYTES into
+    one scratch buffer whose bytes are dropped, until it is told to stop. The
+    kernel's read-ahead follows a reader it sees reading in order, in windows
+    that grow to the device's read-ahead size: the disk streams the span while
+    the calling thread makes the plan's arrays (for 10,000 small tensors, several
+    milliseconds of allocation during which nothing was read). The plan's own
+    readers then start at the span's beginning, find what the primer read in the
+    page cache, and carry on where it stopped, on the same descriptor, whose
+    read-ahead state they share."""
+    cdef int fd
+    cdef uint64_t begin, at, end
+    cdef volatile bint stopping
+    cdef object thread
+
+    def run(self):
+        cdef char* scratch = <char*>malloc(PRIME_BYTES)
+        cdef Py_ssize_t got
+        if scratch == NULL:
+            return      # a hint: nothing is lost without it
+        with nogil:
+            while self.at < self.end and not self.stopping:
+                got = pread(self.fd, scratch, min(PRIME_BYTES, self.end - self.at),
+                            <off_t>self.at)
+                if got <= 0 and not (got < 0 and errno == EINTR):
+                    break   # an error or the end of the file: the plan's reads report it
+                if got > 0:
+                    self.at += got
+        free(scratch)
+
+
+cdef _Primer _start_primer(int fd, uint64_t begin, uint64_t end):
+    import threading
+    cdef _Primer primer = _Primer.__new__(_Primer)
+    primer.fd, primer.begin, primer.at, primer.end = fd, begin, begin, end
+    primer.thread = threading.Thread(target=primer.run, name="fastst-primer", daemon=True)
+    primer.thread.start()
+    return primer
+
+
 cdef class _ReadPlan:
     """Byte ranges to copy into arrays, cut into requests that threads share."""
     cdef ReadJob* jobs
@@ -185,6 +232,8 @@ cdef class _ReadPlan:
     cdef uint64_t requests, direct_requests, direct_bytes, bounced_bytes
     cdef Py_ssize_t* groups     # group g: jobs [groups[g], groups[g + 1]) (see group())
     cdef Py_ssize_t ngroups
+    cdef bint hinted            # told the kernel already (see hint() and prime())
+    cdef _Primer primer         # reading ahead of the plan while it is made (see prime())
 
     def __cinit__(self):
         self.direct_fd = -1
@@ -304,10 +353,13 @@ cdef class _ReadPlan:
         self.group()
         if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
             threads = min(READ_THREADS or min(usable_cpus(), AUTO_THREADS), self.ngroups)
+        if self.primer is not None:
+            self.primer.stopping = True      # the readers take over from here
         if threads > 1:
             self._run_on(threads)
         else:
             self.run(0, 1)
+        self.stop_priming()
         _COUNTERS["requests"] += self.requests
         _COUNTERS["bytes"] += self.total - self.short_by
         _COUNTERS["direct_requests"] += self.direct_requests
@@ -338,11 +390,34 @@ cdef class _ReadPlan:
     cdef bint hint(self):
         """Tell the kernel that a large plan read in file order will read its span
         once, in order, so that it reads further ahead: True when it was told."""
+        if self.hinted:
+            return True
         if not READ_HINTS or self.total < 2 * self.chunk or not self.in_file_order():
             return False
         cdef uint64_t begin = self.jobs[0].offset
         cdef uint64_t end = self.jobs[self.n - 1].offset + self.jobs[self.n - 1].length
-        return hint_sequential(self.fd, begin, end - begin)
+        self.hinted = hint_sequential(self.fd, begin, end - begin)
+        return self.hinted
+
+    cdef prime(self, uint64_t begin, uint64_t end):
+        """Before the plan is made: when it will read bytes [begin, end) of
+        self.fd, all of them, in order, and that span is large, hint it and start
+        a thread reading it ahead (see _Primer), so that the disk is busy while
+        the caller makes the arrays the plan reads into."""
+        if not READ_HINTS or READ_DIRECT or end - begin < 2 * self.chunk:
+            return
+        self.hinted = hint_sequential(self.fd, begin, end - begin)
+        self.primer = _start_primer(self.fd, begin, end)
+        _COUNTERS["primed_plans"] += 1
+
+    cdef stop_priming(self):
+        """Stop the primer, if one runs, and wait for it (one request at most)."""
+        if self.primer is None:
+            return
+        self.primer.stopping = True
+        self.primer.thread.join()
+        _COUNTERS["primed_bytes"] += self.primer.at - self.primer.begin
+        self.primer = None
 
     cdef raise_if_failed(self, str source, object what):
         if self.error:

@@ -2,7 +2,10 @@
 hints and O_DIRECT (fastst.read_options). Whatever the options, the bytes are the
 same; the counts of requests say what the plan did."""
 import io
+import json
 import os
+import struct
+import threading
 
 import numpy as np
 import pytest
@@ -161,6 +164,58 @@ def test_hints_are_given_only_to_plans_in_file_order(tmp_path):
         assert counted(lambda: f.read_into(dict(reversed(out.items()))))["hinted_plans"] == 1
         fastst.read_options(hints=False)
         assert counted(lambda: f.copy_tensors())["hinted_plans"] == 0
+
+
+def primers():
+    return [thread for thread in threading.enumerate() if thread.name == "fastst-primer"]
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_whole_file_copy_is_read_ahead_while_its_arrays_are_made(tmp_path, backend):
+    """copy_tensors (load_file(copy=True), the pread backend's get_tensors) starts a
+    thread reading the tensors' span before it makes their arrays; it stops when the
+    plan's readers start and reads nothing the plan counts, nothing past the span."""
+    path = tmp_path / "x.safetensors"
+    tensors = {f"t{k:03d}": np.full(10_000, k, np.uint8) for k in range(100)}
+    fastst.save_file(tensors, path)
+    fastst.read_options(request_bytes=64 * KIB)
+    result = {}
+    done = counted(lambda: result.update(fastst.load_file(path, copy=backend == "mmap",
+                                                          backend=backend)))
+    assert all(result[name].tobytes() == tensors[name].tobytes() for name in tensors)
+    assert done["primed_plans"] == 1 and done["hinted_plans"] == 1
+    assert 0 <= done["primed_bytes"] <= 100 * 10_000
+    # six tensors a request: one preadv each run of six, as without the read-ahead
+    assert done["requests"] == -(-100 // 6) and done["bytes"] == 100 * 10_000
+    assert primers() == []      # stopped and joined before the call returned
+
+
+@pytest.mark.parametrize("options", [dict(hints=False), dict(direct=True),
+                                     dict(request_bytes=1024 * KIB)],
+                         ids=["no hints", "direct", "a span under two requests"])
+def test_a_copy_is_not_read_ahead_without_hints_directly_or_when_small(tmp_path, options):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k:03d}": np.full(10_000, k, np.uint8) for k in range(100)}, path)
+    fastst.read_options(**{"request_bytes": 64 * KIB, **options})
+    done = counted(lambda: fastst.load_file(path, copy=True))
+    assert done["primed_plans"] == 0 and done["primed_bytes"] == 0
+
+
+def test_a_copy_that_fails_making_its_arrays_stops_reading_ahead(tmp_path):
+    """A tensor NumPy cannot hold, after a large one: copy_tensors raises while it
+    makes the arrays, and the thread reading ahead is stopped and joined first."""
+    header = {"a": {"dtype": "U8", "shape": [MIB], "data_offsets": [0, MIB]},
+              "z": {"dtype": "U8", "shape": [1] * 65, "data_offsets": [MIB, MIB + 1]}}
+    encoded = json.dumps(header).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"\0" * (MIB + 1))
+    fastst.read_options(request_bytes=64 * KIB)
+    for backend in ("mmap", "pread"):
+        with fastst.safe_open(path, backend=backend) as f:
+            before = read_counters()["primed_plans"]
+            with pytest.raises(fastst.SafetensorError, match="cannot be a NumPy array"):
+                f.copy_tensors()
+            assert read_counters()["primed_plans"] == before + 1 and primers() == []
 
 
 def test_direct_reads_aligned_tensors_straight_into_aligned_memory(tmp_path):

@@ -161,6 +161,86 @@ static void *fastst_huge_realloc(void *ctx, void *data, size_t size) {
     return moved;
 }
 
+/* A primer: a thread that reads bytes [at, end) of a file in order, PRIMER_BYTES a
+   request, into a scratch buffer whose bytes no one reads (primers running at once
+   share it), until it reaches the end, a read fails, or it is told to stop. The
+   kernel's read-ahead follows a reader it sees reading in order, in windows that grow
+   to the device's read-ahead size: the disk streams the span while the thread that
+   started the primer does other work. A thread of the C library's own, not Python's:
+   it needs no interpreter state or lock and allocates nothing, so starting it leaves
+   the memory the caller allocates meanwhile where it would be without it. */
+#include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#define FASTST_PRIMER_BYTES ((size_t)256 << 10)
+#define FASTST_PRIMER_STACK ((size_t)64 << 10)
+
+static char fastst_primer_scratch[FASTST_PRIMER_BYTES];
+
+typedef struct {
+    int fd;
+    uint64_t begin, at, end;       /* `at`: where the next request starts */
+    int stopping;
+    int running;                   /* started and not yet joined */
+    pthread_t thread;
+} fastst_primer;
+
+static void *fastst_primer_run(void *arg) {
+    fastst_primer *primer = (fastst_primer *)arg;
+    uint64_t at = primer->begin;
+    while (at < primer->end && !__atomic_load_n(&primer->stopping, __ATOMIC_RELAXED)) {
+        uint64_t left = primer->end - at;
+        ssize_t got = pread(primer->fd, fastst_primer_scratch,
+                            left < FASTST_PRIMER_BYTES ? (size_t)left : FASTST_PRIMER_BYTES,
+                            (off_t)at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;       /* an error or the end of the file: the plan reports it */
+        at += (uint64_t)got;
+        __atomic_store_n(&primer->at, at, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* Start reading [begin, end) of `fd`: 0, or an errno when no thread could be made
+   (then nothing runs, and nothing is lost but the head start). */
+static int fastst_primer_start(fastst_primer *primer, int fd, uint64_t begin, uint64_t end) {
+    pthread_attr_t attributes;
+    int error;
+    primer->fd = fd;
+    primer->begin = primer->at = begin;
+    primer->end = end;
+    primer->stopping = 0;
+    primer->running = 0;
+    if ((error = pthread_attr_init(&attributes)) != 0) return error;
+    pthread_attr_setstacksize(&attributes, FASTST_PRIMER_STACK);
+    error = pthread_create(&primer->thread, &attributes, fastst_primer_run, primer);
+    pthread_attr_destroy(&attributes);
+    if (error == 0) {
+        primer->running = 1;
+#ifdef __linux__
+        pthread_setname_np(primer->thread, "fastst-primer");
+#endif
+    }
+    return error;
+}
+
+/* Tell a primer to stop after its current request (it reads on, in the background,
+   until then). */
+static void fastst_primer_signal(fastst_primer *primer) {
+    __atomic_store_n(&primer->stopping, 1, __ATOMIC_RELAXED);
+}
+
+/* Stop a primer and wait for its thread: the bytes it read; 0 when it was not
+   running (never started, or stopped already). */
+static uint64_t fastst_primer_stop(fastst_primer *primer) {
+    if (!primer->running) return 0;
+    fastst_primer_signal(primer);
+    pthread_join(primer->thread, NULL);
+    primer->running = 0;
+    return primer->at - primer->begin;
+}
+
 static PyDataMem_Handler fastst_huge_handler = {
     "fastst_huge_pages", 1,
     {NULL, fastst_huge_malloc, fastst_huge_calloc, fastst_huge_realloc, fastst_huge_free}

@@ -175,49 +175,6 @@ cdef object _fresh_array(int ndim, cnp.npy_intp* dims, object descr):
         PyDataMem_SetHandler(before)
 
 
-cdef uint64_t PRIME_BYTES = 256 << 10    # what the primer asks for at a time
-
-
-cdef class _Primer:
-    """A thread reading a span of a file in order, in requests of PRIME_BYTES into
-    one scratch buffer whose bytes are dropped, until it is told to stop. The
-    kernel's read-ahead follows a reader it sees reading in order, in windows
-    that grow to the device's read-ahead size: the disk streams the span while
-    the calling thread makes the plan's arrays (for 10,000 small tensors, several
-    milliseconds of allocation during which nothing was read). The plan's own
-    readers then start at the span's beginning, find what the primer read in the
-    page cache, and carry on where it stopped, on the same descriptor, whose
-    read-ahead state they share."""
-    cdef int fd
-    cdef uint64_t begin, at, end
-    cdef volatile bint stopping
-    cdef object thread
-
-    def run(self):
-        cdef char* scratch = <char*>malloc(PRIME_BYTES)
-        cdef Py_ssize_t got
-        if scratch == NULL:
-            return      # a hint: nothing is lost without it
-        with nogil:
-            while self.at < self.end and not self.stopping:
-                got = pread(self.fd, scratch, min(PRIME_BYTES, self.end - self.at),
-                            <off_t>self.at)
-                if got <= 0 and not (got < 0 and errno == EINTR):
-                    break   # an error or the end of the file: the plan's reads report it
-                if got > 0:
-                    self.at += got
-        free(scratch)
-
-
-cdef _Primer _start_primer(int fd, uint64_t begin, uint64_t end):
-    import threading
-    cdef _Primer primer = _Primer.__new__(_Primer)
-    primer.fd, primer.begin, primer.at, primer.end = fd, begin, begin, end
-    primer.thread = threading.Thread(target=primer.run, name="fastst-primer", daemon=True)
-    primer.thread.start()
-    return primer
-
-
 cdef class _ReadPlan:
     """Byte ranges to copy into arrays, cut into requests that threads share."""
     cdef ReadJob* jobs
@@ -233,13 +190,14 @@ cdef class _ReadPlan:
     cdef Py_ssize_t* groups     # group g: jobs [groups[g], groups[g + 1]) (see group())
     cdef Py_ssize_t ngroups
     cdef bint hinted            # told the kernel already (see hint() and prime())
-    cdef _Primer primer         # reading ahead of the plan while it is made (see prime())
+    cdef fastst_primer primer   # reading ahead of the plan while it is made (see prime())
 
     def __cinit__(self):
         self.direct_fd = -1
         self.chunk = CHUNK      # fixed for the plan: read_options() may change CHUNK
 
     def __dealloc__(self):
+        fastst_primer_stop(&self.primer)     # joined already, unless an error came first
         free(self.jobs)
         free(self.groups)
 
@@ -353,8 +311,7 @@ cdef class _ReadPlan:
         self.group()
         if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
             threads = min(READ_THREADS or min(usable_cpus(), AUTO_THREADS), self.ngroups)
-        if self.primer is not None:
-            self.primer.stopping = True      # the readers take over from here
+        fastst_primer_signal(&self.primer)   # the readers take over from here
         if threads > 1:
             self._run_on(threads)
         else:
@@ -400,24 +357,23 @@ cdef class _ReadPlan:
         return self.hinted
 
     cdef prime(self, uint64_t begin, uint64_t end):
-        """Before the plan is made: when it will read bytes [begin, end) of
-        self.fd, all of them, in order, and that span is large, hint it and start
-        a thread reading it ahead (see _Primer), so that the disk is busy while
-        the caller makes the arrays the plan reads into."""
+        """Before the plan is made: when it will read bytes [begin, end) of self.fd,
+        all of them, in order, and that span is two requests or more, hint it and
+        start a primer on it (see _fastst.h), so that the disk is busy while the
+        caller makes the arrays the plan reads into (for 10,000 small tensors,
+        milliseconds of allocation during which nothing was read). The plan's
+        readers stop it as they start, find what it read in the page cache and
+        carry on where it stopped, on the same descriptor, whose read-ahead state
+        they share."""
         if not READ_HINTS or READ_DIRECT or end - begin < 2 * self.chunk:
             return
         self.hinted = hint_sequential(self.fd, begin, end - begin)
-        self.primer = _start_primer(self.fd, begin, end)
-        _COUNTERS["primed_plans"] += 1
+        if fastst_primer_start(&self.primer, self.fd, begin, end) == 0:
+            _COUNTERS["primed_plans"] += 1
 
     cdef stop_priming(self):
         """Stop the primer, if one runs, and wait for it (one request at most)."""
-        if self.primer is None:
-            return
-        self.primer.stopping = True
-        self.primer.thread.join()
-        _COUNTERS["primed_bytes"] += self.primer.at - self.primer.begin
-        self.primer = None
+        _COUNTERS["primed_bytes"] += fastst_primer_stop(&self.primer)
 
     cdef raise_if_failed(self, str source, object what):
         if self.error:

@@ -183,6 +183,8 @@ typedef struct {
     uint64_t begin, at, end;       /* `at`: where the next request starts */
     int stopping;
     int running;                   /* started and not yet joined */
+    pid_t owner;                   /* the process that started it: a fork's child has no
+                                      such thread to join */
     pthread_t thread;
 } fastst_primer;
 
@@ -218,6 +220,7 @@ static int fastst_primer_start(fastst_primer *primer, int fd, uint64_t begin, ui
     pthread_attr_destroy(&attributes);
     if (error == 0) {
         primer->running = 1;
+        primer->owner = getpid();
 #ifdef __linux__
         pthread_setname_np(primer->thread, "fastst-primer");
 #endif
@@ -235,10 +238,109 @@ static void fastst_primer_signal(fastst_primer *primer) {
    running (never started, or stopped already). */
 static uint64_t fastst_primer_stop(fastst_primer *primer) {
     if (!primer->running) return 0;
+    primer->running = 0;
+    if (primer->owner != getpid()) return 0;
     fastst_primer_signal(primer);
     pthread_join(primer->thread, NULL);
-    primer->running = 0;
     return primer->at - primer->begin;
+}
+
+/* A map reader: a thread that maps every page of [at, end), a range of a file mapping,
+   in order, FASTST_MAP_READER_BYTES at a time, reading from the file those not in the page
+   cache (MADV_POPULATE_READ, Linux 5.14): as the process's own touches would, but
+   ahead of them, and without a fault each. A file that shrank meanwhile ends it
+   (EFAULT, where a touch would raise SIGBUS). The map readers running at once hold
+   at most `limit` bytes of the budget between them: a file larger than what memory
+   can keep is left to be read as it is touched. */
+#define FASTST_MAP_READER_BYTES ((size_t)8 << 20)
+
+static uint64_t fastst_map_reading;    /* bytes the running map readers were given */
+
+typedef struct {
+    char *at, *end;
+    uint64_t held;                 /* of fastst_map_reading, given back at the end */
+    int stopping;
+    int started;                   /* once: a map is read ahead at most once */
+    int running;                   /* started and not yet joined */
+    pid_t owner;                   /* the process that started it (see fastst_primer) */
+    pthread_t thread;
+} fastst_map_reader;
+
+static void *fastst_map_reader_run(void *arg) {
+#ifdef MADV_POPULATE_READ
+    fastst_map_reader *reader = (fastst_map_reader *)arg;
+    char *at = reader->at;
+    while (at < reader->end && !__atomic_load_n(&reader->stopping, __ATOMIC_RELAXED)) {
+        size_t step = (size_t)(reader->end - at) < FASTST_MAP_READER_BYTES
+                      ? (size_t)(reader->end - at) : FASTST_MAP_READER_BYTES;
+        if (madvise(at, step, MADV_POPULATE_READ) != 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        at += step;
+    }
+    __atomic_sub_fetch(&fastst_map_reading, reader->held, __ATOMIC_RELAXED);
+#else
+    (void)arg;
+#endif
+    return NULL;
+}
+
+/* Start reading [begin, end) of a mapping ahead: 0, or an errno when it does not start
+   (ENOSYS: no MADV_POPULATE_READ here; ENOMEM: over the budget; EALREADY: this map was
+   read ahead before; or pthread_create's). */
+static int fastst_map_reader_start(fastst_map_reader *reader, char *begin, char *end,
+                                   uint64_t limit) {
+#ifdef MADV_POPULATE_READ
+    pthread_attr_t attributes;
+    int error;
+    uint64_t span = (uint64_t)(end - begin);
+    if (reader->started) return EALREADY;
+    if (__atomic_add_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED) > limit) {
+        __atomic_sub_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED);
+        return ENOMEM;
+    }
+    reader->at = (char *)((uintptr_t)begin & ~(uintptr_t)(FASTST_PAGE - 1));
+    reader->end = end;
+    reader->held = span;
+    reader->stopping = 0;
+    if ((error = pthread_attr_init(&attributes)) == 0) {
+        pthread_attr_setstacksize(&attributes, FASTST_PRIMER_STACK);
+        error = pthread_create(&reader->thread, &attributes, fastst_map_reader_run, reader);
+        pthread_attr_destroy(&attributes);
+    }
+    if (error != 0) {
+        __atomic_sub_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED);
+        return error;
+    }
+    reader->started = reader->running = 1;
+    reader->owner = getpid();
+#ifdef __linux__
+    pthread_setname_np(reader->thread, "fastst-map-read");
+#endif
+    return 0;
+#else
+    (void)reader; (void)begin; (void)end; (void)limit;
+    return ENOSYS;
+#endif
+}
+
+/* A fork's child runs none of its parent's map readers: none holds the budget there. */
+static void fastst_map_readers_forked(void) {
+    fastst_map_reading = 0;
+}
+
+static int fastst_map_readers_init(void) {
+    return pthread_atfork(NULL, NULL, fastst_map_readers_forked);
+}
+
+/* Stop a map reader after its current step and wait for it (before the map goes). */
+static void fastst_map_reader_stop(fastst_map_reader *reader) {
+    if (!reader->running) return;
+    reader->running = 0;
+    if (reader->owner != getpid()) return;
+    __atomic_store_n(&reader->stopping, 1, __ATOMIC_RELAXED);
+    pthread_join(reader->thread, NULL);
 }
 
 static PyDataMem_Handler fastst_huge_handler = {

@@ -764,7 +764,24 @@ cdef class Reader:
             return self.copy_tensors()
         cdef Py_ssize_t i
         names = self.header.names
+        if self.kind == BACKEND_MMAP:
+            self._read_map_ahead()
         return {names[i]: self._array(i) for i in range(len(names))}
+
+    cdef _read_map_ahead(self):
+        """Every tensor of a mapped file asked for at once: unless read_options() turned
+        hints off, or their span is under two requests, a thread maps their pages in
+        the background, in file order (see _Mapping.read_ahead), so that the disk
+        streams them while the caller works on the first ones, where each touch of a
+        page not yet read waited for the disk."""
+        cdef _Header h = self.header
+        cdef Py_ssize_t n = len(h.names)
+        if not READ_HINTS or n == 0:
+            return
+        cdef char* begin = self.data + h.entries[0].begin
+        cdef char* end = self.data + h.entries[n - 1].end
+        if <uint64_t>(end - begin) >= 2 * CHUNK:
+            (<_Mapping>self.owner).read_ahead(begin, end)
 
     def keys(self):
         """Tensor names, sorted."""

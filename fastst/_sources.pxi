@@ -3,14 +3,27 @@
 
 cdef class _Mapping:
     """A private (copy-on-write) memory map of a whole file; unmapped when the last
-    array viewing it is gone."""
+    array viewing it is gone (and the thread reading it ahead, if one still runs,
+    has stopped)."""
     cdef void* addr
     cdef size_t size
+    cdef fastst_map_reader ahead    # see read_ahead()
 
     def __dealloc__(self):
+        fastst_map_reader_stop(&self.ahead)
         if self.addr != NULL:
             munmap(self.addr, self.size)
             self.addr = NULL
+
+    cdef bint read_ahead(self, char* begin, char* end):
+        """Start a thread mapping the pages of [begin, end), in order, reading those
+        not in the page cache (see fastst_map_reader in _fastst.h), once a map, and
+        while the map readers running hold no more than half the machine's memory:
+        True when it started."""
+        if fastst_map_reader_start(&self.ahead, begin, end, _map_reading_limit()) != 0:
+            return False
+        _COUNTERS["maps_read_ahead"] += 1
+        return True
 
     def __len__(self):
         return self.size
@@ -40,6 +53,21 @@ cdef _Mapping _map_file(int fd, size_t size):
     mapping.addr = addr
     mapping.size = size
     return mapping
+
+
+cdef uint64_t _MAP_READING_LIMIT = 0
+fastst_map_readers_init()
+
+
+cdef uint64_t _map_reading_limit():
+    """Half the machine's memory: the most that map readers read ahead at once."""
+    global _MAP_READING_LIMIT
+    if _MAP_READING_LIMIT == 0:
+        try:
+            _MAP_READING_LIMIT = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        except (ValueError, OSError):
+            _MAP_READING_LIMIT = 1    # unknown: read nothing ahead
+    return _MAP_READING_LIMIT
 
 
 cdef _BufferOwner _hold_buffer(object data):
@@ -89,7 +117,8 @@ ReadOptions.__doc__ = """How local files are read into fresh memory (see read_op
 # what plans have read, for read_counters(): requests and bytes by path
 cdef dict _COUNTERS = dict.fromkeys(
     ["requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
-     "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes"], 0)
+     "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes",
+     "maps_read_ahead"], 0)
 
 
 def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
@@ -101,10 +130,12 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
     `request_bytes`: the largest request (a multiple of 4096, 64 KiB to 1 GiB);
     `direct`: read with O_DIRECT (bypassing the page cache) where the file system
     takes it, buffered where it refuses; `hints`: tell the kernel (posix_fadvise)
-    that a plan reads its bytes in order, and set the disk reading a whole file's
+    that a plan reads its bytes in order, set the disk reading a whole file's
     tensors while their fresh arrays are made (a thread reads ahead of the plan
-    until it starts); `huge_pages`: fresh arrays of 4 MiB or more (from any
-    source, URLs too) in memory mapped for huge pages."""
+    until it starts), and read a mapped file whose every tensor is asked for
+    (get_tensors, load_file) into the page cache in the background;
+    `huge_pages`: fresh arrays of 4 MiB or more (from any source, URLs too) in
+    memory mapped for huge pages."""
     global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES
     before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES)
     if threads is not None:
@@ -138,7 +169,8 @@ def read_counters():
     through an aligned buffer, files that refused O_DIRECT, plans given posix_fadvise
     hints, threads started, plans read ahead while their memory was made and the
     bytes read so (not counted in `bytes`: the plan reads them again, from the page
-    cache). For tests and benchmarks: compare two snapshots."""
+    cache), and maps read ahead in the background. For tests and benchmarks:
+    compare two snapshots."""
     return dict(_COUNTERS)
 
 

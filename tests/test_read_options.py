@@ -5,6 +5,8 @@ import io
 import json
 import os
 import struct
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -165,19 +167,22 @@ def test_hints_are_given_only_to_plans_in_file_order(tmp_path):
         assert counted(lambda: f.copy_tensors())["hinted_plans"] == 0
 
 
-def primers():
-    """The threads of this process named fastst-primer (Linux names them; elsewhere
-    none is seen)."""
+def threads_named(name):
+    """The threads of this process named `name` (Linux names fastst's C threads;
+    elsewhere none is seen)."""
     found = []
     for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
         try:
             with open(f"/proc/self/task/{task}/comm") as comm:
-                name = comm.read().strip()
+                if comm.read().strip() == name:
+                    found.append(task)
         except OSError:     # ended meanwhile
             continue
-        if name == "fastst-primer":
-            found.append(task)
     return found
+
+
+def primers():
+    return threads_named("fastst-primer")
 
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
@@ -226,6 +231,114 @@ def test_a_copy_that_fails_making_its_arrays_stops_reading_ahead(tmp_path):
             with pytest.raises(fastst.SafetensorError, match="cannot be a NumPy array"):
                 f.copy_tensors()
             assert read_counters()["primed_plans"] == before + 1 and primers() == []
+
+
+def resident_bytes(path):
+    """Bytes of `path`'s mappings in this process that are in memory (pages mapped)."""
+    target, total, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if not fields[0].endswith(":"):          # a mapping's first line
+                inside = len(fields) == 6 and fields[5] == target
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * KIB
+    return total
+
+
+def wait_until(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="MADV_POPULATE_READ and /proc/self are Linux's")
+
+
+def small_tensors(path, count=100, size=10_000):
+    tensors = {f"t{k:03d}": np.full(size, k, np.uint8) for k in range(count)}
+    fastst.save_file(tensors, path)
+    return tensors
+
+
+@LINUX_ONLY
+def test_every_tensor_of_a_mapped_file_asked_for_is_read_ahead(tmp_path):
+    """get_tensors (load_file) on a mapped file starts one thread mapping every
+    tensor's pages in order: untouched, the whole span becomes resident."""
+    path = tmp_path / "x.safetensors"
+    tensors = small_tensors(path)
+    fastst.read_options(request_bytes=64 * KIB)
+    loaded = {}
+    done = counted(lambda: loaded.update(fastst.load_file(path)))
+    assert done["maps_read_ahead"] == 1 and done["requests"] == 0
+    assert wait_until(lambda: resident_bytes(path) >= 100 * 10_000), resident_bytes(path)
+    assert wait_until(lambda: not threads_named("fastst-map-read"))
+    assert all(loaded[name].tobytes() == array.tobytes() for name, array in tensors.items())
+
+
+@LINUX_ONLY
+def test_a_map_is_read_ahead_once_and_only_for_every_tensor_with_hints(tmp_path):
+    path = tmp_path / "x.safetensors"
+    small_tensors(path)
+    fastst.read_options(request_bytes=64 * KIB)
+    with fastst.safe_open(path) as f:
+        assert counted(lambda: f.get_tensor("t000"))["maps_read_ahead"] == 0
+        assert counted(f.get_tensors)["maps_read_ahead"] == 1
+        assert counted(f.get_tensors)["maps_read_ahead"] == 0      # once a map
+    fastst.read_options(hints=False)
+    kept = []
+    assert counted(lambda: kept.append(fastst.load_file(path)))["maps_read_ahead"] == 0
+    assert resident_bytes(path) == 0        # nothing touched, nothing read ahead
+    fastst.read_options(hints=True, request_bytes=1024 * KIB)
+    assert counted(lambda: fastst.load_file(path))["maps_read_ahead"] == 0   # under 2 requests
+
+
+@LINUX_ONLY
+def test_a_file_cut_short_under_its_read_ahead_ends_it_without_a_fault(tmp_path):
+    """The read-ahead maps pages with MADV_POPULATE_READ, which fails (EFAULT) past
+    the end of a file that shrank, where a touch of the page raises SIGBUS: the
+    process survives, the thread ends."""
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k}": np.full(MIB, k, np.uint8) for k in range(8)}, path)
+    fastst.read_options(request_bytes=64 * KIB)
+    loaded = fastst.load_file(path)
+    os.truncate(path, 4096)
+    assert wait_until(lambda: not threads_named("fastst-map-read"))
+    del loaded
+
+
+def drop_and_load_again(holder, path, sender):
+    """In a forked child: let go of the parent's map, whose read-ahead thread (ended
+    or not) is not this process's to wait for, then load the file again."""
+    import gc
+    holder.clear()
+    gc.collect()
+    before = read_counters()["maps_read_ahead"]
+    loaded = fastst.load_file(path)
+    sender.send((read_counters()["maps_read_ahead"] - before, int(loaded["t005"][0])))
+
+
+@LINUX_ONLY
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+def test_a_forked_child_lets_go_of_its_parents_read_ahead(tmp_path):
+    import multiprocessing
+    path = tmp_path / "x.safetensors"
+    small_tensors(path)
+    fastst.read_options(request_bytes=64 * KIB)
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    holder = [fastst.load_file(path)]      # the only reference, which the child drops
+    child = context.Process(target=drop_and_load_again, args=(holder, path, sender))
+    child.start()
+    sender.close()
+    assert receiver.poll(120), "the forked child sent nothing"
+    assert receiver.recv() == (1, 5)
+    child.join(60)
+    assert child.exitcode == 0 and int(holder[0]["t005"][0]) == 5
 
 
 def test_direct_reads_aligned_tensors_straight_into_aligned_memory(tmp_path):

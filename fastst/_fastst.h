@@ -188,9 +188,19 @@ typedef struct {
     pthread_t thread;
 } fastst_primer;
 
+/* Name the calling thread (from itself: naming another thread goes through /proc). */
+static void fastst_name_thread(const char *name) {
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), name);
+#else
+    (void)name;
+#endif
+}
+
 static void *fastst_primer_run(void *arg) {
     fastst_primer *primer = (fastst_primer *)arg;
     uint64_t at = primer->begin;
+    fastst_name_thread("fastst-primer");
     while (at < primer->end && !__atomic_load_n(&primer->stopping, __ATOMIC_RELAXED)) {
         uint64_t left = primer->end - at;
         ssize_t got = pread(primer->fd, fastst_primer_scratch,
@@ -221,9 +231,6 @@ static int fastst_primer_start(fastst_primer *primer, int fd, uint64_t begin, ui
     if (error == 0) {
         primer->running = 1;
         primer->owner = getpid();
-#ifdef __linux__
-        pthread_setname_np(primer->thread, "fastst-primer");
-#endif
     }
     return error;
 }
@@ -245,13 +252,16 @@ static uint64_t fastst_primer_stop(fastst_primer *primer) {
     return primer->at - primer->begin;
 }
 
-/* A map reader: a thread that maps every page of [at, end), a range of a file mapping,
-   in order, FASTST_MAP_READER_BYTES at a time, reading from the file those not in the page
-   cache (MADV_POPULATE_READ, Linux 5.14): as the process's own touches would, but
-   ahead of them, and without a fault each. A file that shrank meanwhile ends it
-   (EFAULT, where a touch would raise SIGBUS). The map readers running at once hold
-   at most `limit` bytes of the budget between them: a file larger than what memory
-   can keep is left to be read as it is touched. */
+/* A map reader: a thread that goes through [at, end), a range of a file mapping, in
+   order, FASTST_MAP_READER_BYTES at a time, and maps the pages of each step that is
+   not all in the page cache already, reading those that are not from the file
+   (MADV_POPULATE_READ, Linux 5.14): as the process's own touches would, but ahead of
+   them, and without a fault each. A step the page cache holds whole is left alone
+   (mincore): nothing to read there, and mapping it would only cost time and show the
+   whole file in the process's RSS. A file that shrank meanwhile ends it (EFAULT,
+   where a touch would raise SIGBUS). The map readers running at once hold at most
+   `limit` bytes of the budget between them: a file larger than what memory can keep
+   is left to be read as it is touched. */
 #define FASTST_MAP_READER_BYTES ((size_t)8 << 20)
 
 static uint64_t fastst_map_reading;    /* bytes the running map readers were given */
@@ -266,13 +276,29 @@ typedef struct {
     pthread_t thread;
 } fastst_map_reader;
 
+#ifdef MADV_POPULATE_READ
+static int fastst_cached_whole(char *start, size_t length) {
+    unsigned char resident[FASTST_MAP_READER_BYTES / FASTST_PAGE];
+    size_t pages = (length + FASTST_PAGE - 1) / FASTST_PAGE, k;
+    if (mincore(start, length, resident) != 0) return 0;
+    for (k = 0; k < pages; k++)
+        if (!(resident[k] & 1)) return 0;
+    return 1;
+}
+#endif
+
 static void *fastst_map_reader_run(void *arg) {
 #ifdef MADV_POPULATE_READ
     fastst_map_reader *reader = (fastst_map_reader *)arg;
     char *at = reader->at;
+    fastst_name_thread("fastst-map-read");
     while (at < reader->end && !__atomic_load_n(&reader->stopping, __ATOMIC_RELAXED)) {
         size_t step = (size_t)(reader->end - at) < FASTST_MAP_READER_BYTES
                       ? (size_t)(reader->end - at) : FASTST_MAP_READER_BYTES;
+        if (fastst_cached_whole(at, step)) {
+            at += step;
+            continue;
+        }
         if (madvise(at, step, MADV_POPULATE_READ) != 0) {
             if (errno == EINTR) continue;
             break;
@@ -315,9 +341,6 @@ static int fastst_map_reader_start(fastst_map_reader *reader, char *begin, char 
     }
     reader->started = reader->running = 1;
     reader->owner = getpid();
-#ifdef __linux__
-    pthread_setname_np(reader->thread, "fastst-map-read");
-#endif
     return 0;
 #else
     (void)reader; (void)begin; (void)end; (void)limit;

@@ -16,10 +16,10 @@ cdef class _Mapping:
             self.addr = NULL
 
     cdef bint read_ahead(self, char* begin, char* end):
-        """Start a thread mapping the pages of [begin, end), in order, reading those
-        not in the page cache (see fastst_map_reader in _fastst.h), once a map, and
-        while the map readers running hold no more than half the machine's memory:
-        True when it started."""
+        """Start a thread mapping the pages of [begin, end) that the page cache does
+        not hold, in order, reading them (see fastst_map_reader in _fastst.h), once a
+        map, and while the map readers running hold no more than half the machine's
+        memory: True when it started."""
         if fastst_map_reader_start(&self.ahead, begin, end, _map_reading_limit()) != 0:
             return False
         _COUNTERS["maps_read_ahead"] += 1

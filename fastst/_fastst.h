@@ -263,6 +263,7 @@ static uint64_t fastst_primer_stop(fastst_primer *primer) {
    `limit` bytes of the budget between them: a file larger than what memory can keep
    is left to be read as it is touched. */
 #define FASTST_MAP_READER_BYTES ((size_t)8 << 20)
+#define FASTST_MAP_PROBE_BYTES ((size_t)64 << 10)
 
 static uint64_t fastst_map_reading;    /* bytes the running map readers were given */
 
@@ -277,10 +278,12 @@ typedef struct {
 } fastst_map_reader;
 
 #ifdef MADV_POPULATE_READ
+/* Whether the page cache holds every page of [start, start + length) (start on a page
+   boundary, length at most FASTST_MAP_READER_BYTES). */
 static int fastst_cached_whole(char *start, size_t length) {
     unsigned char resident[FASTST_MAP_READER_BYTES / FASTST_PAGE];
     size_t pages = (length + FASTST_PAGE - 1) / FASTST_PAGE, k;
-    if (mincore(start, length, resident) != 0) return 0;
+    if (pages > sizeof(resident) || mincore(start, length, resident) != 0) return 0;
     for (k = 0; k < pages; k++)
         if (!(resident[k] & 1)) return 0;
     return 1;
@@ -313,20 +316,33 @@ static void *fastst_map_reader_run(void *arg) {
 }
 
 /* Start reading [begin, end) of a mapping ahead: 0, or an errno when it does not start
-   (ENOSYS: no MADV_POPULATE_READ here; ENOMEM: over the budget; EALREADY: this map was
-   read ahead before; or pthread_create's). */
+   (ENOSYS: no MADV_POPULATE_READ here; EALREADY: this map was read ahead before;
+   ECANCELED: the page cache holds its first and its last FASTST_MAP_PROBE_BYTES, as
+   it holds a file read before, and a thread would most likely find nothing to read;
+   ENOMEM: over the budget; or pthread_create's). The probes are small: mincore looks
+   each page up, some 25 ns a page here, and a probe of 8 MiB at each end took longer
+   than starting the thread. */
 static int fastst_map_reader_start(fastst_map_reader *reader, char *begin, char *end,
                                    uint64_t limit) {
 #ifdef MADV_POPULATE_READ
     pthread_attr_t attributes;
     int error;
     uint64_t span = (uint64_t)(end - begin);
+    char *first = (char *)((uintptr_t)begin & ~(uintptr_t)(FASTST_PAGE - 1));
+    char *last = end - first > (ptrdiff_t)FASTST_MAP_PROBE_BYTES    /* a page boundary */
+                 ? (char *)(((uintptr_t)(end - FASTST_MAP_PROBE_BYTES) + FASTST_PAGE - 1)
+                            & ~(uintptr_t)(FASTST_PAGE - 1)) : first;
     if (reader->started) return EALREADY;
+    reader->started = 1;
+    if (fastst_cached_whole(first, (size_t)(end - first) < FASTST_MAP_PROBE_BYTES
+                                   ? (size_t)(end - first) : FASTST_MAP_PROBE_BYTES)
+            && fastst_cached_whole(last, (size_t)(end - last)))
+        return ECANCELED;
     if (__atomic_add_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED) > limit) {
         __atomic_sub_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED);
         return ENOMEM;
     }
-    reader->at = (char *)((uintptr_t)begin & ~(uintptr_t)(FASTST_PAGE - 1));
+    reader->at = first;
     reader->end = end;
     reader->held = span;
     reader->stopping = 0;
@@ -339,7 +355,7 @@ static int fastst_map_reader_start(fastst_map_reader *reader, char *begin, char 
         __atomic_sub_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED);
         return error;
     }
-    reader->started = reader->running = 1;
+    reader->running = 1;
     reader->owner = getpid();
     return 0;
 #else

@@ -320,28 +320,31 @@ def test_every_tensor_of_a_mapped_file_asked_for_is_read_ahead(tmp_path):
 
 
 @LINUX_ONLY
-def test_a_mapped_file_in_the_page_cache_is_not_mapped_ahead(tmp_path):
-    """A file the page cache holds whole has nothing to read: its read-ahead starts,
-    finds every step cached (mincore) and maps none of it."""
+def test_a_mapped_file_in_the_page_cache_is_not_read_ahead(tmp_path):
+    """A file the page cache holds (its first and last 64 KiB at least) has nothing to
+    read: no thread starts, and none of its pages is mapped."""
     path = tmp_path / "x.safetensors"
     small_tensors(path)
     assert cached_pages(path) * mmap.PAGESIZE >= os.path.getsize(path) - mmap.PAGESIZE
     fastst.read_options(request_bytes=64 * KIB)
     loaded = {}
-    assert counted(lambda: loaded.update(fastst.load_file(path)))["maps_read_ahead"] == 1
-    assert wait_until(lambda: not threads_named("fastst-map-read"))
-    assert resident_bytes(path) == 0
+    assert counted(lambda: loaded.update(fastst.load_file(path)))["maps_read_ahead"] == 0
+    assert not threads_named("fastst-map-read") and resident_bytes(path) == 0
 
 
 @LINUX_ONLY
 def test_a_map_is_read_ahead_once_and_only_for_every_tensor_with_hints(tmp_path):
     path = tmp_path / "x.safetensors"
     small_tensors(path)
+    if not dropped_from_page_cache(path):
+        pytest.skip("this file system keeps the file in the page cache")
     fastst.read_options(request_bytes=64 * KIB)
     with fastst.safe_open(path) as f:
         assert counted(lambda: f.get_tensor("t000"))["maps_read_ahead"] == 0
         assert counted(f.get_tensors)["maps_read_ahead"] == 1
         assert counted(f.get_tensors)["maps_read_ahead"] == 0      # once a map
+    assert wait_until(lambda: not threads_named("fastst-map-read"))
+    dropped_from_page_cache(path)
     fastst.read_options(hints=False)
     kept = []
     assert counted(lambda: kept.append(fastst.load_file(path)))["maps_read_ahead"] == 0
@@ -366,14 +369,12 @@ def test_a_file_cut_short_under_its_read_ahead_ends_it_without_a_fault(tmp_path)
 
 
 def drop_and_load_again(holder, path, sender):
-    """In a forked child: let go of the parent's map, whose read-ahead thread (ended
-    or not) is not this process's to wait for, then load the file again."""
+    """In a forked child: let go of the parent's map, whose read-ahead thread (running
+    or ended) is not this process's to wait for, then load the file again."""
     import gc
     holder.clear()
     gc.collect()
-    before = read_counters()["maps_read_ahead"]
-    loaded = fastst.load_file(path)
-    sender.send((read_counters()["maps_read_ahead"] - before, int(loaded["t005"][0])))
+    sender.send(int(fastst.load_file(path)["t005"][0]))
 
 
 @LINUX_ONLY
@@ -382,6 +383,7 @@ def test_a_forked_child_lets_go_of_its_parents_read_ahead(tmp_path):
     import multiprocessing
     path = tmp_path / "x.safetensors"
     small_tensors(path)
+    dropped_from_page_cache(path)       # so that a read-ahead starts
     fastst.read_options(request_bytes=64 * KIB)
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
@@ -390,7 +392,7 @@ def test_a_forked_child_lets_go_of_its_parents_read_ahead(tmp_path):
     child.start()
     sender.close()
     assert receiver.poll(120), "the forked child sent nothing"
-    assert receiver.recv() == (1, 5)
+    assert receiver.recv() == 5
     child.join(60)
     assert child.exitcode == 0 and int(holder[0]["t005"][0]) == 5
 

@@ -161,20 +161,20 @@ static void *fastst_huge_realloc(void *ctx, void *data, size_t size) {
     return moved;
 }
 
-/* A primer: a thread that reads bytes [at, end) of a file in order, PRIMER_BYTES a
-   request, into a scratch buffer whose bytes no one reads (primers running at once
+/* A primer: a thread that reads bytes [at, end) of a file in order, FASTST_PRIMER_BYTES
+   a request, into a scratch buffer whose bytes no one reads (primers running at once
    share it), until it reaches the end, a read fails, or it is told to stop. The
    kernel's read-ahead follows a reader it sees reading in order, in windows that grow
    to the device's read-ahead size: the disk streams the span while the thread that
    started the primer does other work. A thread of the C library's own, not Python's:
-   it needs no interpreter state or lock and allocates nothing, so starting it leaves
-   the memory the caller allocates meanwhile where it would be without it. */
+   it needs no interpreter state or lock and takes nothing from the heap, so starting
+   it leaves the memory the caller allocates meanwhile where it would be without it. */
 #include <errno.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #define FASTST_PRIMER_BYTES ((size_t)256 << 10)
-#define FASTST_PRIMER_STACK ((size_t)64 << 10)
+#define FASTST_THREAD_STACK ((size_t)64 << 10)   /* the primers' and map readers' */
 
 static char fastst_primer_scratch[FASTST_PRIMER_BYTES];
 
@@ -225,7 +225,7 @@ static int fastst_primer_start(fastst_primer *primer, int fd, uint64_t begin, ui
     primer->stopping = 0;
     primer->running = 0;
     if ((error = pthread_attr_init(&attributes)) != 0) return error;
-    pthread_attr_setstacksize(&attributes, FASTST_PRIMER_STACK);
+    pthread_attr_setstacksize(&attributes, FASTST_THREAD_STACK);
     error = pthread_create(&primer->thread, &attributes, fastst_primer_run, primer);
     pthread_attr_destroy(&attributes);
     if (error == 0) {
@@ -347,7 +347,7 @@ static int fastst_map_reader_start(fastst_map_reader *reader, char *begin, char 
     reader->held = span;
     reader->stopping = 0;
     if ((error = pthread_attr_init(&attributes)) == 0) {
-        pthread_attr_setstacksize(&attributes, FASTST_PRIMER_STACK);
+        pthread_attr_setstacksize(&attributes, FASTST_THREAD_STACK);
         error = pthread_create(&reader->thread, &attributes, fastst_map_reader_run, reader);
         pthread_attr_destroy(&attributes);
     }

@@ -37,10 +37,11 @@ def load_file(filename: Openable, *, backend: Backend = "mmap",
 
     The drop-in for ``safetensors.numpy.load_file``. By default the arrays are
     zero-copy views of the file's private map: writable, their writes never
-    reach the file, and valid however long they live. With ``copy=True`` each
-    tensor is read into fresh memory of its own (threads read large files in
-    parallel, the GIL released), and no array depends on the file; the shards
-    of a checkpoint are read in parallel too.
+    reach the file, and valid however long they live; a thread reads the
+    file's pages in the background (see ``fastst.read_options``). With
+    ``copy=True`` each tensor is read into fresh memory of its own (threads
+    read large files in parallel, the GIL released), and no array depends on
+    the file; the shards of a checkpoint are read in parallel too.
 
     A URL or a file object is read by byte ranges: every tensor into fresh
     memory, neighbouring tensors in shared requests, big ones in parts fetched

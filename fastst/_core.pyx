@@ -59,6 +59,18 @@ cdef extern from "_fastst.h":
                                Py_ssize_t row0, Py_ssize_t rows, int itemsize) noexcept nogil
     object fastst_huge_handler_capsule()
     void fastst_prefetch(const char* source, uint64_t length) noexcept nogil
+    ctypedef struct fastst_primer:
+        pass
+    int fastst_primer_start(fastst_primer* primer, int fd, uint64_t begin,
+                            uint64_t end) noexcept nogil
+    void fastst_primer_signal(fastst_primer* primer) noexcept nogil
+    uint64_t fastst_primer_stop(fastst_primer* primer) noexcept nogil
+    ctypedef struct fastst_map_reader:
+        pass
+    int fastst_map_reader_start(fastst_map_reader* reader, char* begin, char* end,
+                                uint64_t limit) noexcept nogil
+    void fastst_map_reader_stop(fastst_map_reader* reader) noexcept nogil
+    int fastst_map_readers_init() noexcept nogil
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
 cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS

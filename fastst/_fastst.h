@@ -161,6 +161,227 @@ static void *fastst_huge_realloc(void *ctx, void *data, size_t size) {
     return moved;
 }
 
+/* A primer: a thread that reads bytes [at, end) of a file in order, FASTST_PRIMER_BYTES
+   a request, into a scratch buffer whose bytes no one reads (primers running at once
+   share it), until it reaches the end, a read fails, or it is told to stop. The
+   kernel's read-ahead follows a reader it sees reading in order, in windows that grow
+   to the device's read-ahead size: the disk streams the span while the thread that
+   started the primer does other work. A thread of the C library's own, not Python's:
+   it needs no interpreter state or lock and takes nothing from the heap, so starting
+   it leaves the memory the caller allocates meanwhile where it would be without it. */
+#include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#define FASTST_PRIMER_BYTES ((size_t)256 << 10)
+#define FASTST_THREAD_STACK ((size_t)64 << 10)   /* the primers' and map readers' */
+
+static char fastst_primer_scratch[FASTST_PRIMER_BYTES];
+
+typedef struct {
+    int fd;
+    uint64_t begin, at, end;       /* `at`: where the next request starts */
+    int stopping;
+    int running;                   /* started and not yet joined */
+    pid_t owner;                   /* the process that started it: a fork's child has no
+                                      such thread to join */
+    pthread_t thread;
+} fastst_primer;
+
+/* Name the calling thread (from itself: naming another thread goes through /proc). */
+static void fastst_name_thread(const char *name) {
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), name);
+#else
+    (void)name;
+#endif
+}
+
+static void *fastst_primer_run(void *arg) {
+    fastst_primer *primer = (fastst_primer *)arg;
+    uint64_t at = primer->begin;
+    fastst_name_thread("fastst-primer");
+    while (at < primer->end && !__atomic_load_n(&primer->stopping, __ATOMIC_RELAXED)) {
+        uint64_t left = primer->end - at;
+        ssize_t got = pread(primer->fd, fastst_primer_scratch,
+                            left < FASTST_PRIMER_BYTES ? (size_t)left : FASTST_PRIMER_BYTES,
+                            (off_t)at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;       /* an error or the end of the file: the plan reports it */
+        at += (uint64_t)got;
+        __atomic_store_n(&primer->at, at, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* Start reading [begin, end) of `fd`: 0, or an errno when no thread could be made
+   (then nothing runs, and nothing is lost but the head start). */
+static int fastst_primer_start(fastst_primer *primer, int fd, uint64_t begin, uint64_t end) {
+    pthread_attr_t attributes;
+    int error;
+    primer->fd = fd;
+    primer->begin = primer->at = begin;
+    primer->end = end;
+    primer->stopping = 0;
+    primer->running = 0;
+    if ((error = pthread_attr_init(&attributes)) != 0) return error;
+    pthread_attr_setstacksize(&attributes, FASTST_THREAD_STACK);
+    error = pthread_create(&primer->thread, &attributes, fastst_primer_run, primer);
+    pthread_attr_destroy(&attributes);
+    if (error == 0) {
+        primer->running = 1;
+        primer->owner = getpid();
+    }
+    return error;
+}
+
+/* Tell a primer to stop after its current request (it reads on, in the background,
+   until then). */
+static void fastst_primer_signal(fastst_primer *primer) {
+    __atomic_store_n(&primer->stopping, 1, __ATOMIC_RELAXED);
+}
+
+/* Stop a primer and wait for its thread: the bytes it read; 0 when it was not
+   running (never started, or stopped already). */
+static uint64_t fastst_primer_stop(fastst_primer *primer) {
+    if (!primer->running) return 0;
+    primer->running = 0;
+    if (primer->owner != getpid()) return 0;
+    fastst_primer_signal(primer);
+    pthread_join(primer->thread, NULL);
+    return primer->at - primer->begin;
+}
+
+/* A map reader: a thread that goes through [at, end), a range of a file mapping, in
+   order, FASTST_MAP_READER_BYTES at a time, and maps the pages of each step that is
+   not all in the page cache already, reading those that are not from the file
+   (MADV_POPULATE_READ, Linux 5.14): as the process's own touches would, but ahead of
+   them, and without a fault each. A step the page cache holds whole is left alone
+   (mincore): nothing to read there, and mapping it would only cost time and show the
+   whole file in the process's RSS. A file that shrank meanwhile ends it (EFAULT,
+   where a touch would raise SIGBUS). The map readers running at once hold at most
+   `limit` bytes of the budget between them: a file larger than what memory can keep
+   is left to be read as it is touched. */
+#define FASTST_MAP_READER_BYTES ((size_t)8 << 20)
+#define FASTST_MAP_PROBE_BYTES ((size_t)64 << 10)
+
+static uint64_t fastst_map_reading;    /* bytes the running map readers were given */
+
+typedef struct {
+    char *at, *end;
+    uint64_t held;                 /* of fastst_map_reading, given back at the end */
+    int stopping;
+    int started;                   /* once: a map is read ahead at most once */
+    int running;                   /* started and not yet joined */
+    pid_t owner;                   /* the process that started it (see fastst_primer) */
+    pthread_t thread;
+} fastst_map_reader;
+
+#ifdef MADV_POPULATE_READ
+/* Whether the page cache holds every page of [start, start + length) (start on a page
+   boundary, length at most FASTST_MAP_READER_BYTES). */
+static int fastst_cached_whole(char *start, size_t length) {
+    unsigned char resident[FASTST_MAP_READER_BYTES / FASTST_PAGE];
+    size_t pages = (length + FASTST_PAGE - 1) / FASTST_PAGE, k;
+    if (pages > sizeof(resident) || mincore(start, length, resident) != 0) return 0;
+    for (k = 0; k < pages; k++)
+        if (!(resident[k] & 1)) return 0;
+    return 1;
+}
+#endif
+
+static void *fastst_map_reader_run(void *arg) {
+#ifdef MADV_POPULATE_READ
+    fastst_map_reader *reader = (fastst_map_reader *)arg;
+    char *at = reader->at;
+    fastst_name_thread("fastst-map-read");
+    while (at < reader->end && !__atomic_load_n(&reader->stopping, __ATOMIC_RELAXED)) {
+        size_t step = (size_t)(reader->end - at) < FASTST_MAP_READER_BYTES
+                      ? (size_t)(reader->end - at) : FASTST_MAP_READER_BYTES;
+        if (fastst_cached_whole(at, step)) {
+            at += step;
+            continue;
+        }
+        if (madvise(at, step, MADV_POPULATE_READ) != 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        at += step;
+    }
+    __atomic_sub_fetch(&fastst_map_reading, reader->held, __ATOMIC_RELAXED);
+#else
+    (void)arg;
+#endif
+    return NULL;
+}
+
+/* Start reading [begin, end) of a mapping ahead: 0, or an errno when it does not start
+   (ENOSYS: no MADV_POPULATE_READ here; EALREADY: this map was read ahead before;
+   ECANCELED: the page cache holds its first and its last FASTST_MAP_PROBE_BYTES, as
+   it holds a file read before, and a thread would most likely find nothing to read;
+   ENOMEM: over the budget; or pthread_create's). The probes are small: mincore looks
+   each page up, some 25 ns a page here, and a probe of 8 MiB at each end took longer
+   than starting the thread. */
+static int fastst_map_reader_start(fastst_map_reader *reader, char *begin, char *end,
+                                   uint64_t limit) {
+#ifdef MADV_POPULATE_READ
+    pthread_attr_t attributes;
+    int error;
+    uint64_t span = (uint64_t)(end - begin);
+    char *first = (char *)((uintptr_t)begin & ~(uintptr_t)(FASTST_PAGE - 1));
+    char *last = end - first > (ptrdiff_t)FASTST_MAP_PROBE_BYTES    /* a page boundary */
+                 ? (char *)(((uintptr_t)(end - FASTST_MAP_PROBE_BYTES) + FASTST_PAGE - 1)
+                            & ~(uintptr_t)(FASTST_PAGE - 1)) : first;
+    if (reader->started) return EALREADY;
+    reader->started = 1;
+    if (fastst_cached_whole(first, (size_t)(end - first) < FASTST_MAP_PROBE_BYTES
+                                   ? (size_t)(end - first) : FASTST_MAP_PROBE_BYTES)
+            && fastst_cached_whole(last, (size_t)(end - last)))
+        return ECANCELED;
+    if (__atomic_add_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED) > limit) {
+        __atomic_sub_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED);
+        return ENOMEM;
+    }
+    reader->at = first;
+    reader->end = end;
+    reader->held = span;
+    reader->stopping = 0;
+    if ((error = pthread_attr_init(&attributes)) == 0) {
+        pthread_attr_setstacksize(&attributes, FASTST_THREAD_STACK);
+        error = pthread_create(&reader->thread, &attributes, fastst_map_reader_run, reader);
+        pthread_attr_destroy(&attributes);
+    }
+    if (error != 0) {
+        __atomic_sub_fetch(&fastst_map_reading, span, __ATOMIC_RELAXED);
+        return error;
+    }
+    reader->running = 1;
+    reader->owner = getpid();
+    return 0;
+#else
+    (void)reader; (void)begin; (void)end; (void)limit;
+    return ENOSYS;
+#endif
+}
+
+/* A fork's child runs none of its parent's map readers: none holds the budget there. */
+static void fastst_map_readers_forked(void) {
+    fastst_map_reading = 0;
+}
+
+static int fastst_map_readers_init(void) {
+    return pthread_atfork(NULL, NULL, fastst_map_readers_forked);
+}
+
+/* Stop a map reader after its current step and wait for it (before the map goes). */
+static void fastst_map_reader_stop(fastst_map_reader *reader) {
+    if (!reader->running) return;
+    reader->running = 0;
+    if (reader->owner != getpid()) return;
+    __atomic_store_n(&reader->stopping, 1, __ATOMIC_RELAXED);
+    pthread_join(reader->thread, NULL);
+}
+
 static PyDataMem_Handler fastst_huge_handler = {
     "fastst_huge_pages", 1,
     {NULL, fastst_huge_malloc, fastst_huge_calloc, fastst_huge_realloc, fastst_huge_free}

@@ -426,13 +426,44 @@ cdef class Reader:
         return out
 
     def copy_tensors(self):
-        """Every tensor, in buffer order, read into fresh memory of its own."""
+        """Every tensor, in buffer order, read into fresh memory of its own. From a
+        local file, the disk starts reading the tensors' bytes before their arrays
+        are made (see _ReadPlan.prime)."""
         self._check_open()
+        cdef _Header h = self.header
+        cdef Py_ssize_t n = len(h.names)
+        cdef _ReadPlan plan = _ReadPlan.__new__(_ReadPlan)
+        what = h.names[0] if n == 1 else n
+        if self.kind != BACKEND_MMAP and self.kind != BACKEND_PREAD:
+            arrays = self._fresh_arrays(plan)
+            self._run(plan, what)
+            return dict(zip(h.names, arrays))
+        self._begin_file_plan(plan)
+        try:
+            if n:
+                plan.prime(self.data_offset + h.entries[0].begin,
+                           self.data_offset + h.entries[n - 1].end)
+            arrays = self._fresh_arrays(plan)
+            self._read_file(plan)
+        finally:
+            self._end_file_plan(plan)
+        plan.raise_if_failed(self.source, what)
+        return dict(zip(h.names, arrays))
+
+    cdef list _fresh_arrays(self, _ReadPlan plan):
+        """A fresh array for every tensor, in buffer order, each added to `plan`."""
+        cdef _Header h = self.header
         cdef Py_ssize_t i
-        names = self.header.names
-        arrays = [self._empty(i) for i in range(len(names))]
-        self._fill(list(enumerate(arrays)))
-        return dict(zip(names, arrays))
+        cdef Entry* entry
+        cdef cnp.ndarray array
+        arrays = []
+        for i in range(len(h.names)):
+            array = self._empty(i)
+            entry = &h.entries[i]
+            plan.add(<char*>cnp.PyArray_DATA(array), entry.end - entry.begin,
+                     self.data_offset + entry.begin)
+            arrays.append(array)
+        return arrays
 
     def prefetch(self, names):
         """Ask the kernel to start reading the tensors `names` of a local file into
@@ -631,24 +662,31 @@ cdef class Reader:
         if self.kind == BACKEND_RANGES:
             self._run_ranges(plan, what)
             return
-        if self.kind == BACKEND_MMAP:
-            self._check_open()
-            plan.fd = self._reopen()
-            try:
-                self._read_file(plan)
-            finally:
-                os.close(plan.fd)
-            plan.raise_if_failed(self.source, what)
-            return
-        self.busy += 1
+        self._begin_file_plan(plan)
         try:
-            self._check_open()
-            plan.fd = self.fd
             self._read_file(plan)
         finally:
-            self.busy -= 1
-            self._release_fd_if_closed()
+            self._end_file_plan(plan)
         plan.raise_if_failed(self.source, what)
+
+    cdef _begin_file_plan(self, _ReadPlan plan):
+        """Give a plan on a local file its descriptor: the mapped file opened again
+        (mmap), or the reader's own, counted busy so that close() leaves it open
+        until _end_file_plan (pread)."""
+        self._check_open()
+        if self.kind == BACKEND_MMAP:
+            plan.fd = self._reopen()
+            return
+        self.busy += 1
+        plan.fd = self.fd
+
+    cdef _end_file_plan(self, _ReadPlan plan):
+        plan.stop_priming()     # before the descriptor it reads goes
+        if self.kind == BACKEND_MMAP:
+            os.close(plan.fd)
+            return
+        self.busy -= 1
+        self._release_fd_if_closed()
 
     cdef _read_file(self, _ReadPlan plan):
         """pread the plan from plan.fd: hinted, shared by threads, and with O_DIRECT
@@ -733,7 +771,24 @@ cdef class Reader:
             return self.copy_tensors()
         cdef Py_ssize_t i
         names = self.header.names
+        if self.kind == BACKEND_MMAP:
+            self._read_map_ahead()
         return {names[i]: self._array(i) for i in range(len(names))}
+
+    cdef _read_map_ahead(self):
+        """Every tensor of a mapped file asked for at once: unless read_options() turned
+        hints off, or their span is under two requests, a thread maps their pages in
+        the background, in file order (see _Mapping.read_ahead), so that the disk
+        streams them while the caller works on the first ones, where each touch of a
+        page not yet read waited for the disk."""
+        cdef _Header h = self.header
+        cdef Py_ssize_t n = len(h.names)
+        if not READ_HINTS or n == 0:
+            return
+        cdef char* begin = self.data + h.entries[0].begin
+        cdef char* end = self.data + h.entries[n - 1].end
+        if <uint64_t>(end - begin) >= 2 * CHUNK:
+            (<_Mapping>self.owner).read_ahead(begin, end)
 
     def keys(self):
         """Tensor names, sorted."""

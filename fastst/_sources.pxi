@@ -3,14 +3,27 @@
 
 cdef class _Mapping:
     """A private (copy-on-write) memory map of a whole file; unmapped when the last
-    array viewing it is gone."""
+    array viewing it is gone (and the thread reading it ahead, if one still runs,
+    has stopped)."""
     cdef void* addr
     cdef size_t size
+    cdef fastst_map_reader ahead    # see read_ahead()
 
     def __dealloc__(self):
+        fastst_map_reader_stop(&self.ahead)
         if self.addr != NULL:
             munmap(self.addr, self.size)
             self.addr = NULL
+
+    cdef bint read_ahead(self, char* begin, char* end):
+        """Start a thread mapping the pages of [begin, end) that the page cache does
+        not hold, in order, reading them (see fastst_map_reader in _fastst.h), once a
+        map, and while the map readers running hold no more than half the machine's
+        memory: True when it started."""
+        if fastst_map_reader_start(&self.ahead, begin, end, _map_reading_limit()) != 0:
+            return False
+        _COUNTERS["maps_read_ahead"] += 1
+        return True
 
     def __len__(self):
         return self.size
@@ -40,6 +53,21 @@ cdef _Mapping _map_file(int fd, size_t size):
     mapping.addr = addr
     mapping.size = size
     return mapping
+
+
+cdef uint64_t _MAP_READING_LIMIT = 0
+fastst_map_readers_init()
+
+
+cdef uint64_t _map_reading_limit():
+    """Half the machine's memory: the most that map readers read ahead at once."""
+    global _MAP_READING_LIMIT
+    if _MAP_READING_LIMIT == 0:
+        try:
+            _MAP_READING_LIMIT = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        except (ValueError, OSError):
+            _MAP_READING_LIMIT = 1    # unknown: read nothing ahead
+    return _MAP_READING_LIMIT
 
 
 cdef _BufferOwner _hold_buffer(object data):
@@ -89,7 +117,8 @@ ReadOptions.__doc__ = """How local files are read into fresh memory (see read_op
 # what plans have read, for read_counters(): requests and bytes by path
 cdef dict _COUNTERS = dict.fromkeys(
     ["requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
-     "direct_refused", "hinted_plans", "threads_started"], 0)
+     "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes",
+     "maps_read_ahead"], 0)
 
 
 def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
@@ -101,8 +130,12 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
     `request_bytes`: the largest request (a multiple of 4096, 64 KiB to 1 GiB);
     `direct`: read with O_DIRECT (bypassing the page cache) where the file system
     takes it, buffered where it refuses; `hints`: tell the kernel (posix_fadvise)
-    that a plan reads its bytes in order; `huge_pages`: fresh arrays of 4 MiB or
-    more (from any source, URLs too) in memory mapped for huge pages."""
+    that a plan reads its bytes in order, set the disk reading a whole file's
+    tensors while their fresh arrays are made (a thread reads ahead of the plan
+    until it starts), and read a mapped file whose every tensor is asked for
+    (get_tensors, load_file) into the page cache in the background;
+    `huge_pages`: fresh arrays of 4 MiB or more (from any source, URLs too) in
+    memory mapped for huge pages."""
     global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES
     before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES)
     if threads is not None:
@@ -134,7 +167,10 @@ def read_counters():
     """What read plans on local files have done since the process started: requests
     and bytes read (all of them), those read with O_DIRECT, the bytes of those read
     through an aligned buffer, files that refused O_DIRECT, plans given posix_fadvise
-    hints, and threads started. For tests and benchmarks: compare two snapshots."""
+    hints, threads started, plans read ahead while their memory was made and the
+    bytes read so (not counted in `bytes`: the plan reads them again, from the page
+    cache), and maps read ahead in the background. For tests and benchmarks:
+    compare two snapshots."""
     return dict(_COUNTERS)
 
 
@@ -185,12 +221,15 @@ cdef class _ReadPlan:
     cdef uint64_t requests, direct_requests, direct_bytes, bounced_bytes
     cdef Py_ssize_t* groups     # group g: jobs [groups[g], groups[g + 1]) (see group())
     cdef Py_ssize_t ngroups
+    cdef bint hinted            # told the kernel already (see hint() and prime())
+    cdef fastst_primer primer   # reading ahead of the plan while it is made (see prime())
 
     def __cinit__(self):
         self.direct_fd = -1
         self.chunk = CHUNK      # fixed for the plan: read_options() may change CHUNK
 
     def __dealloc__(self):
+        fastst_primer_stop(&self.primer)     # joined already, unless an error came first
         free(self.jobs)
         free(self.groups)
 
@@ -304,10 +343,12 @@ cdef class _ReadPlan:
         self.group()
         if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
             threads = min(READ_THREADS or min(usable_cpus(), AUTO_THREADS), self.ngroups)
+        fastst_primer_signal(&self.primer)   # the readers take over from here
         if threads > 1:
             self._run_on(threads)
         else:
             self.run(0, 1)
+        self.stop_priming()
         _COUNTERS["requests"] += self.requests
         _COUNTERS["bytes"] += self.total - self.short_by
         _COUNTERS["direct_requests"] += self.direct_requests
@@ -338,11 +379,33 @@ cdef class _ReadPlan:
     cdef bint hint(self):
         """Tell the kernel that a large plan read in file order will read its span
         once, in order, so that it reads further ahead: True when it was told."""
+        if self.hinted:
+            return True
         if not READ_HINTS or self.total < 2 * self.chunk or not self.in_file_order():
             return False
         cdef uint64_t begin = self.jobs[0].offset
         cdef uint64_t end = self.jobs[self.n - 1].offset + self.jobs[self.n - 1].length
-        return hint_sequential(self.fd, begin, end - begin)
+        self.hinted = hint_sequential(self.fd, begin, end - begin)
+        return self.hinted
+
+    cdef prime(self, uint64_t begin, uint64_t end):
+        """Before the plan is made: when it will read bytes [begin, end) of self.fd,
+        all of them, in order, and that span is two requests or more, hint it and
+        start a primer on it (see _fastst.h), so that the disk is busy while the
+        caller makes the arrays the plan reads into (for 10,000 small tensors,
+        milliseconds of allocation during which nothing was read). The plan's
+        readers stop it as they start, find what it read in the page cache and
+        carry on where it stopped, on the same descriptor, whose read-ahead state
+        they share."""
+        if not READ_HINTS or READ_DIRECT or end - begin < 2 * self.chunk:
+            return
+        self.hinted = hint_sequential(self.fd, begin, end - begin)
+        if fastst_primer_start(&self.primer, self.fd, begin, end) == 0:
+            _COUNTERS["primed_plans"] += 1
+
+    cdef stop_priming(self):
+        """Stop the primer, if one runs, and wait for it (one request at most)."""
+        _COUNTERS["primed_bytes"] += fastst_primer_stop(&self.primer)
 
     cdef raise_if_failed(self, str source, object what):
         if self.error:

@@ -85,11 +85,13 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     """Load every tensor of a file, or of a sharded checkpoint, as torch tensors.
 
     The drop-in for ``safetensors.torch.load_file``. On the CPU (the default)
-    the tensors view the file's private map: nothing is copied or read until
-    used, writes stay in this process, and the tensors stay valid however
-    long they live. On another device each tensor is moved there; a CUDA
-    device gets one allocation holding every tensor, streamed from the file
-    through a ring of pinned buffers.
+    the tensors view the file's private map: nothing is copied, writes stay in
+    this process, and the tensors stay valid however long they live; a thread
+    reads the file's pages in the background, in order, so that using the
+    tensors seldom waits for the disk (see ``fastst.read_options``). On another
+    device each tensor is moved there; a CUDA device gets one allocation
+    holding every tensor, streamed from the file through a ring of pinned
+    buffers.
 
     Parameters
     ----------

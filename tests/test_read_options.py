@@ -2,8 +2,13 @@
 hints and O_DIRECT (fastst.read_options). Whatever the options, the bytes are the
 same; the counts of requests say what the plan did."""
 import io
+import json
+import mmap
 import os
 import pathlib
+import struct
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -162,6 +167,235 @@ def test_hints_are_given_only_to_plans_in_file_order(tmp_path):
         assert counted(lambda: f.read_into(dict(reversed(out.items()))))["hinted_plans"] == 1
         fastst.read_options(hints=False)
         assert counted(lambda: f.copy_tensors())["hinted_plans"] == 0
+
+
+def threads_named(name):
+    """The threads of this process named `name` (Linux names fastst's C threads;
+    elsewhere none is seen)."""
+    found = []
+    for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().strip() == name:
+                    found.append(task)
+        except OSError:     # ended meanwhile
+            continue
+    return found
+
+
+def primers():
+    return threads_named("fastst-primer")
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_whole_file_copy_is_read_ahead_while_its_arrays_are_made(tmp_path, backend):
+    """copy_tensors (load_file(copy=True), the pread backend's get_tensors) starts a
+    thread reading the tensors' span before it makes their arrays; it stops when the
+    plan's readers start and reads nothing the plan counts, nothing past the span."""
+    path = tmp_path / "x.safetensors"
+    tensors = {f"t{k:03d}": np.full(10_000, k, np.uint8) for k in range(100)}
+    fastst.save_file(tensors, path)
+    fastst.read_options(request_bytes=64 * KIB)
+    result = {}
+    done = counted(lambda: result.update(fastst.load_file(path, copy=backend == "mmap",
+                                                          backend=backend)))
+    assert all(result[name].tobytes() == tensors[name].tobytes() for name in tensors)
+    assert done["primed_plans"] == 1 and done["hinted_plans"] == 1
+    assert 0 <= done["primed_bytes"] <= 100 * 10_000
+    # six tensors a request: one preadv each run of six, as without the read-ahead
+    assert done["requests"] == -(-100 // 6) and done["bytes"] == 100 * 10_000
+    assert primers() == []      # stopped and joined before the call returned
+
+
+@pytest.mark.parametrize("options", [dict(hints=False), dict(direct=True),
+                                     dict(request_bytes=1024 * KIB)],
+                         ids=["no hints", "direct", "a span under two requests"])
+def test_a_copy_is_not_read_ahead_without_hints_directly_or_when_small(tmp_path, options):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k:03d}": np.full(10_000, k, np.uint8) for k in range(100)}, path)
+    fastst.read_options(**{"request_bytes": 64 * KIB, **options})
+    done = counted(lambda: fastst.load_file(path, copy=True))
+    assert done["primed_plans"] == 0 and done["primed_bytes"] == 0
+
+
+def test_a_copy_that_fails_making_its_arrays_stops_reading_ahead(tmp_path):
+    """A tensor NumPy cannot hold, after a large one: copy_tensors raises while it
+    makes the arrays, and the thread reading ahead is stopped and joined first."""
+    header = {"a": {"dtype": "U8", "shape": [MIB], "data_offsets": [0, MIB]},
+              "z": {"dtype": "U8", "shape": [1] * 65, "data_offsets": [MIB, MIB + 1]}}
+    encoded = json.dumps(header).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"\0" * (MIB + 1))
+    fastst.read_options(request_bytes=64 * KIB)
+    for backend in ("mmap", "pread"):
+        with fastst.safe_open(path, backend=backend) as f:
+            before = read_counters()["primed_plans"]
+            with pytest.raises(fastst.SafetensorError, match="cannot be a NumPy array"):
+                f.copy_tensors()
+            assert read_counters()["primed_plans"] == before + 1 and primers() == []
+
+
+def resident_bytes(path):
+    """Bytes of `path`'s mappings in this process that are in memory (pages mapped)."""
+    target, total, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if not fields[0].endswith(":"):          # a mapping's first line
+                inside = len(fields) == 6 and fields[5] == target
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * KIB
+    return total
+
+
+def wait_until(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="MADV_POPULATE_READ and /proc/self are Linux's")
+
+
+def small_tensors(path, count=100, size=10_000):
+    tensors = {f"t{k:03d}": np.full(size, k, np.uint8) for k in range(count)}
+    fastst.save_file(tensors, path)
+    return tensors
+
+
+def cached_pages(path):
+    """Pages of the file in the page cache (mincore over a map of it)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vector = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        try:
+            assert libc.mincore(address, size, vector) == 0
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+    return sum(byte & 1 for byte in vector.raw)
+
+
+def dropped_from_page_cache(path):
+    """Write the file back and drop its pages from the page cache: whether none is left
+    there (a tmpfs keeps them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return cached_pages(path) == 0
+
+
+@LINUX_ONLY
+def test_every_tensor_of_a_mapped_file_asked_for_is_read_ahead(tmp_path):
+    """get_tensors (load_file) on a mapped file not in the page cache starts one thread
+    that reads and maps every tensor's pages in order: untouched, the whole span
+    becomes resident in the map."""
+    path = tmp_path / "x.safetensors"
+    tensors = small_tensors(path)
+    if not dropped_from_page_cache(path):
+        pytest.skip("this file system keeps the file in the page cache")
+    fastst.read_options(request_bytes=64 * KIB)
+    loaded = {}
+    done = counted(lambda: loaded.update(fastst.load_file(path)))
+    assert done["maps_read_ahead"] == 1 and done["requests"] == 0
+    assert wait_until(lambda: resident_bytes(path) >= 100 * 10_000), resident_bytes(path)
+    assert wait_until(lambda: not threads_named("fastst-map-read"))
+    assert all(loaded[name].tobytes() == array.tobytes() for name, array in tensors.items())
+
+
+@LINUX_ONLY
+def test_a_mapped_file_in_the_page_cache_is_not_read_ahead(tmp_path):
+    """A file the page cache holds (its first and last 64 KiB at least) has nothing to
+    read: no thread starts, and none of its pages is mapped."""
+    path = tmp_path / "x.safetensors"
+    small_tensors(path)
+    assert cached_pages(path) * mmap.PAGESIZE >= os.path.getsize(path) - mmap.PAGESIZE
+    fastst.read_options(request_bytes=64 * KIB)
+    loaded = {}
+    assert counted(lambda: loaded.update(fastst.load_file(path)))["maps_read_ahead"] == 0
+    assert not threads_named("fastst-map-read") and resident_bytes(path) == 0
+
+
+@LINUX_ONLY
+def test_a_map_is_read_ahead_once_and_only_for_every_tensor_with_hints(tmp_path):
+    path = tmp_path / "x.safetensors"
+    small_tensors(path)
+    if not dropped_from_page_cache(path):
+        pytest.skip("this file system keeps the file in the page cache")
+    fastst.read_options(request_bytes=64 * KIB)
+    with fastst.safe_open(path) as f:
+        assert counted(lambda: f.get_tensor("t000"))["maps_read_ahead"] == 0
+        assert counted(f.get_tensors)["maps_read_ahead"] == 1
+        assert counted(f.get_tensors)["maps_read_ahead"] == 0      # once a map
+    assert wait_until(lambda: not threads_named("fastst-map-read"))
+    dropped_from_page_cache(path)
+    fastst.read_options(hints=False)
+    kept = []
+    assert counted(lambda: kept.append(fastst.load_file(path)))["maps_read_ahead"] == 0
+    assert resident_bytes(path) == 0        # nothing touched, nothing read ahead
+    fastst.read_options(hints=True, request_bytes=1024 * KIB)
+    assert counted(lambda: fastst.load_file(path))["maps_read_ahead"] == 0   # under 2 requests
+
+
+@LINUX_ONLY
+def test_a_file_cut_short_under_its_read_ahead_ends_it_without_a_fault(tmp_path):
+    """The read-ahead maps pages with MADV_POPULATE_READ, which fails (EFAULT) past
+    the end of a file that shrank, where a touch of the page raises SIGBUS: the
+    process survives, the thread ends."""
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k}": np.full(MIB, k, np.uint8) for k in range(8)}, path)
+    dropped_from_page_cache(path)       # else there is nothing to read (nor to fail)
+    fastst.read_options(request_bytes=64 * KIB)
+    loaded = fastst.load_file(path)
+    os.truncate(path, 4096)
+    assert wait_until(lambda: not threads_named("fastst-map-read"))
+    del loaded
+
+
+def drop_and_load_again(holder, path, sender):
+    """In a forked child: let go of the parent's map, whose read-ahead thread (running
+    or ended) is not this process's to wait for, then load the file again."""
+    import gc
+    holder.clear()
+    gc.collect()
+    sender.send(int(fastst.load_file(path)["t005"][0]))
+
+
+@LINUX_ONLY
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+def test_a_forked_child_lets_go_of_its_parents_read_ahead(tmp_path):
+    import multiprocessing
+    path = tmp_path / "x.safetensors"
+    small_tensors(path)
+    dropped_from_page_cache(path)       # so that a read-ahead starts
+    fastst.read_options(request_bytes=64 * KIB)
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    holder = [fastst.load_file(path)]      # the only reference, which the child drops
+    child = context.Process(target=drop_and_load_again, args=(holder, path, sender))
+    child.start()
+    sender.close()
+    assert receiver.poll(120), "the forked child sent nothing"
+    assert receiver.recv() == 5
+    child.join(60)
+    assert child.exitcode == 0 and int(holder[0]["t005"][0]) == 5
 
 
 def test_direct_reads_aligned_tensors_straight_into_aligned_memory(tmp_path):

@@ -6,6 +6,7 @@ same tensors read both ways, the same model-saving rules for tied weights.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import struct
 
@@ -184,6 +185,34 @@ def test_cpu_tensors_view_the_files_mapping(checkpoint):
         assert torch.equal(part, w[2:5, ::2])
     loaded = ft.load_file(checkpoint)
     assert all(inside(t.data_ptr(), mapping_ranges(checkpoint)) for t in loaded.values())
+
+
+def test_a_whole_files_tensors_ask_the_header_only_where_torch_needs_it(tmp_path, monkeypatch):
+    """get_tensors (load_file) on the CPU makes each array torch takes as it is a tensor
+    at once; a TensorInfo is asked for only for a uint8 array (a packed dtype's
+    bytes?), an ml_dtypes one (bfloat16) and one NumPy gives unaligned (copied)."""
+    from fastst._handle import NumpyHandle
+
+    layout = [("a", "F32", [4], 16), ("e", "I64", [2], 16), ("b", "U8", [3], 3),
+              ("c", "F32", [2], 8), ("d", "BF16", [2], 4)]
+    entries, offset = {}, 0
+    for name, code, shape, size in layout:
+        entries[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    header = json.dumps(entries).encode()
+    header += b" " * (-len(header) % 8)     # "c" starts at 35: unaligned in the file
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(range(offset)))
+    asked = []
+    info = NumpyHandle.info
+    monkeypatch.setattr(NumpyHandle, "info", lambda self, name: asked.append(name) or info(self, name))
+    loaded = ft.load_file(path)
+    assert sorted(asked) == ["b", "c", "d"]
+    monkeypatch.undo()
+    with fastst.safe_open(path, framework="pt") as f:
+        for name in entries:
+            assert_same(loaded[name], f.get_tensor(name))
+    assert loaded["c"].data_ptr() % 4 == 0 and bits(loaded["c"]) == bytes(range(35, 43))
 
 
 def test_tensors_are_writable_without_touching_the_file(checkpoint):

@@ -35,19 +35,11 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
+from pages import drop_pages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIG_TENSORS = 64
 SMALL_TENSORS = 10_000
-
-
-def drop_pages(path: str) -> None:
-    """Drop the file's pages from the page cache (none of them is dirty)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def make_inputs(folder: str, size_mib: int) -> Dict[str, str]:

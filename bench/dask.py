@@ -288,7 +288,7 @@ def main() -> None:
              f"{distributed.__version__}, zarr {zarr.__version__}, numpy {np.__version__}; "
              f"{args.mib} MiB [{rows}, {COLUMNS}] F32 in chunks of {args.chunk_mib} MiB; "
              f"median of {args.repeats}", "",
-             f"### Sum of the tensor (`.sum().compute()`)", ""]
+             "### Sum of the tensor (`.sum().compute()`)", ""]
     lines += table(read_times, gib, "fastst from_safetensors (pread)")
     lines += ["", "### Writing it (`to_safetensors`, `da.store` into zarr, `da.to_npy_stack`)", ""]
     lines += table(write_times, gib, "fastst to_safetensors")

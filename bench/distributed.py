@@ -34,6 +34,8 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List
 
+from pages import drop_pages  # noqa: E402  (before bench/ leaves sys.path)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != HERE]
 
@@ -68,15 +70,6 @@ def write_model(path: str, mib: int, hidden: int) -> Dict[str, Any]:
         tensors[f"layers.{i}.norm"] = np.ones(hidden, ml_dtypes.bfloat16)
     fastst.save_file(tensors, path, fsync=True)
     return dims
-
-
-def drop_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 # --- JAX, in a process of its own ------------------------------------------------------
@@ -183,7 +176,7 @@ def torch_rank(path: str, dims_file: str, repeats: int, out: str) -> None:
             gc.collect()
             dist.barrier()
             if rank == 0:
-                drop_cache(path)
+                drop_pages(path)
             dist.barrier()
             start, before = time.perf_counter(), read_bytes()
             loaded = loads[mode]()

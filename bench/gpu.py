@@ -35,6 +35,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import fastst  # noqa: E402
 import fastst.torch as ft  # noqa: E402
 from fastst import _cuda  # noqa: E402
+from pages import drop_pages  # noqa: E402
 
 MiB = 1 << 20
 DEVICE = torch.device("cuda", 0)
@@ -77,11 +78,7 @@ def drop(path: str) -> str:
         how = "drop_caches"
     except OSError:
         pass
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_pages(path)
     return how
 
 

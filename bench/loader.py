@@ -43,6 +43,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 import fastst
 from clock import timed_rows
+from pages import drop_pages
 from fastst.data import Loader, RowDataset
 
 COLUMNS = 128
@@ -262,12 +263,7 @@ def drop_cache(*paths: str) -> None:
     import gc
     gc.collect()
     for path in files_in(paths):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_pages(path)
         resident = subprocess.run(["fincore", "-nb", "-o", "RES", path], capture_output=True,
                                   text=True).stdout.strip()
         print(f"{os.path.basename(path)}: {resident or '?'} bytes still cached after "

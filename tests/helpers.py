@@ -1,5 +1,6 @@
 """Builders shared by the tests and by fuzz/make_corpus.py (import it as ``helpers``),
-and a runner of hostile inputs in a bounded child process."""
+a runner of hostile inputs in a bounded child process, and a poll for a condition to
+come true."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any, Dict, Optional, Union
 
 Header = Union[Dict[str, Any], str, bytes]
@@ -81,6 +83,16 @@ FRAMEWORK_OF_IMPORT = {"torch": "torch", "fastst.torch": "torch", "jax": "jax",
 # ... by the URLs it opens (fsspec serves them), and by the checksums it writes (xxhash)
 URL = re.compile(r"""["'](?:memory|s3|gs|https?)://""")
 CHECKSUM = re.compile(r"""["']xxh3_(?:64|128)["']""")
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    """Whether `condition()` became true within `timeout` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def imported_modules(code: str) -> list:

@@ -3,7 +3,6 @@ one request to the next, redirects and where credentials go, signed locations th
 expire, servers that refuse HEAD or give weak ETags, bounded waits, threads, forks.
 What every transport must do with hostile answers is tested in test_remote.py."""
 import concurrent.futures
-import os
 import subprocess
 import sys
 import threading

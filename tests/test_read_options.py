@@ -8,7 +8,6 @@ import os
 import pathlib
 import struct
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
 from fastst._core import read_counters
+from helpers import wait_until
+from pages import cached_pages, dropped_from_page_cache, resident_bytes
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -235,28 +236,6 @@ def test_a_copy_that_fails_making_its_arrays_stops_reading_ahead(tmp_path):
             assert read_counters()["primed_plans"] == before + 1 and primers() == []
 
 
-def resident_bytes(path):
-    """Bytes of `path`'s mappings in this process that are in memory (pages mapped)."""
-    target, total, inside = os.path.realpath(path), 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if not fields[0].endswith(":"):          # a mapping's first line
-                inside = len(fields) == 6 and fields[5] == target
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1]) * KIB
-    return total
-
-
-def wait_until(condition, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="MADV_POPULATE_READ and /proc/self are Linux's")
 
@@ -265,41 +244,6 @@ def small_tensors(path, count=100, size=10_000):
     tensors = {f"t{k:03d}": np.full(size, k, np.uint8) for k in range(count)}
     fastst.save_file(tensors, path)
     return tensors
-
-
-def cached_pages(path):
-    """Pages of the file in the page cache (mincore over a map of it)."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        vector = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
-        try:
-            assert libc.mincore(address, size, vector) == 0
-        finally:
-            libc.munmap(address, size)
-    finally:
-        os.close(fd)
-    return sum(byte & 1 for byte in vector.raw)
-
-
-def dropped_from_page_cache(path):
-    """Write the file back and drop its pages from the page cache: whether none is left
-    there (a tmpfs keeps them)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return cached_pages(path) == 0
 
 
 @LINUX_ONLY

@@ -13,21 +13,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
 from fastst import _readahead
+from helpers import wait_until
 
 KIB = 1 << 10
 
 
 def reading_threads():
     return [thread for thread in threading.enumerate() if thread.name == "fastst-read-ahead"]
-
-
-def wait_until(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 @pytest.fixture

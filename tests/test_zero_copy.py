@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import fastst
+from pages import resident_bytes
 
 
 @pytest.fixture
@@ -104,19 +105,6 @@ def thread_io() -> tuple:
     return counters, {"rchar": len(text), "syscr": 1}
 
 
-def resident_kib(path) -> int:
-    """KiB of `path`'s mappings in this process that are in memory (pages touched)."""
-    target, total, inside = os.path.realpath(path), 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if not fields[0].endswith(":"):          # a mapping's first line
-                inside = len(fields) == 6 and fields[5] == target
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
-
-
 def open_and_get_work(path) -> tuple:
     """(bytes read, read calls, KiB of the map resident) to open `path` and get its
     tensor "big", and the data start and tensor size."""
@@ -125,7 +113,7 @@ def open_and_get_work(path) -> tuple:
         big = f.get_tensor("big")
         after, _ = thread_io()
         work = tuple(after[key] - before[key] - own[key] for key in ("rchar", "syscr"))
-        work += (resident_kib(path),)
+        work += (resident_bytes(path) >> 10,)
         assert big.base is not None and not big.flags.owndata
         return work, f.data_start, big.nbytes
 

@@ -1,0 +1,55 @@
+"""What the tests read of memory and the page cache: the bytes of a file's mappings that
+this process has in memory, the pages of a file the page cache holds, and a file's pages
+dropped from it (Linux's /proc/self/smaps, mincore and posix_fadvise)."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+
+def resident_bytes(path) -> int:
+    """Bytes of `path`'s mappings in this process that are in memory (pages mapped)."""
+    target, total, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if not fields[0].endswith(":"):          # a mapping's first line
+                inside = len(fields) == 6 and fields[5] == target
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) << 10
+    return total
+
+
+def cached_pages(path) -> int:
+    """Pages of the file in the page cache (mincore over a map of it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vector = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        try:
+            assert libc.mincore(address, size, vector) == 0
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+    return sum(byte & 1 for byte in vector.raw)
+
+
+def dropped_from_page_cache(path) -> bool:
+    """Write the file back and drop its pages from the page cache: whether none is left
+    there (a tmpfs keeps them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return cached_pages(path) == 0

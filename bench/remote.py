@@ -8,7 +8,8 @@
 The HTTP server is tests/servers.py's RangeServer in a process of its own (as a real
 store is: the timings do not share the benchmark's interpreter); the 20 MB/s shape
 serves half the bytes (a single GET of them takes as long as one of the whole file at
-40 MB/s). Ways, each run once to warm up, then interleaved, the median of `repeats`:
+40 MB/s). Ways, each run once to warm up, then interleaved (the order rotated each
+round), the median of `repeats`:
 
 * single GET: one plain ``urllib`` GET of the whole object (no tensors made);
 * 32 threads: a plain client of 32 ``urllib`` threads, each taking the next 2 MiB
@@ -199,8 +200,11 @@ def timed(ways, repeats):
     times = {label: [] for label, _ in ways}
     for label, run in ways:     # warm-up: connections, caches, first-use imports
         run()
-    for _ in range(repeats):
-        for label, run in ways:
+    for repeat in range(repeats):
+        # the order rotated each round: a way's time depends on what ran just before it
+        # (on 2 cores, the memory and connections the last way leaves to be given back)
+        shift = repeat % len(ways)
+        for label, run in ways[shift:] + ways[:shift]:
             started = time.perf_counter()
             result = run()
             times[label].append(time.perf_counter() - started)
@@ -348,7 +352,7 @@ def main() -> None:
           f"{' --no-s3' if args.no_s3 else ''}` on "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{os.getloadavg()[0]:.2f}: {TENSORS} tensors, median of {args.repeats} after a "
-          f"warm-up.")
+          f"warm-up, interleaved, the order rotated each round.")
     for shape in filter(None, args.shapes.split(",")):    # --shapes "": S3 alone
         rate, delay, divide = SHAPES[shape]
         data = build(args.mib // divide)

@@ -33,7 +33,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ._core import SafetensorError
-from ._ranged import (READ_PIECE, Limits, ObjectVersion, Pace, PartQueue, Range,
+from ._ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range,
                       RangedObject, Span, Tally, changed, checked_answer,
                       precondition_failed, too_long, translated)
 
@@ -288,7 +288,7 @@ class HttpRanges(RangedObject):
 
     def __init__(self, url: str, storage_options: Mapping[str, Any], limits: Limits) -> None:
         self.url, self.limits = url, limits
-        self.pace = Pace(limits.start_requests, limits.max_requests, limits.part_size)
+        self.pace = limits.pace()
         client = storage_options.get("client_kwargs", {})
         self.connect_timeout, self.read_timeout = _timeouts(client.get("timeout"), limits)
         self.headers = {**client.get("headers", {}), **storage_options.get("headers", {}),

@@ -42,6 +42,11 @@ class Limits(NamedTuple):
         many times over; this bounds them all."""
         return self.connect_timeout + self.read_timeout + size / SLOWEST_RATE
 
+    def pace(self) -> Pace:
+        """A new `Pace` within these bounds: `start_requests` at first, `max_requests`
+        at most, parts of `part_size` at most."""
+        return Pace(self.start_requests, self.max_requests, self.part_size)
+
 
 class ObjectVersion(NamedTuple):
     """The object a URL named when it was opened: each answer must be from it."""

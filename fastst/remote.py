@@ -399,8 +399,7 @@ class UrlRanges(RangedObject):
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.limits = read_limits(url, self.storage_options)
-        self.pace = Pace(self.limits.start_requests, self.limits.max_requests,
-                         self.limits.part_size)
+        self.pace = self.limits.pace()
         fs, self.path = _url_to_fs(url, self.storage_options)
         try:
             fs.invalidate_cache(self.path)   # a listing cached earlier may be stale
@@ -775,13 +774,12 @@ def save_plan(plan: WritePlan, target: str,
     options = dict(storage_options or {})
     fs, path = _url_to_fs(target, options)
     limits = read_limits(target, options)
-    part_size = max(limits.part_size, SMALLEST_S3_PART)
     try:
         if _is_local(fs):
             write_atomically(plan, path)
-        elif _protocols(fs) & set(S3_PROTOCOLS) and plan.total_size > part_size:
-            upload = _MultipartUpload(fs, path, part_size, limits.max_requests,
-                                     limits.seconds_for(part_size))
+        elif (_protocols(fs) & set(S3_PROTOCOLS)
+              and plan.total_size > _MultipartUpload.part_size_for(limits)):
+            upload = _MultipartUpload(fs, path, limits)
             upload.send(lambda file: plan.write_stream(file, target))
         elif _is_staged(fs):
             _upload_staged(fs, path, lambda file: plan.write_stream(file, target))
@@ -795,10 +793,11 @@ def save_plan(plan: WritePlan, target: str,
 
 class _MultipartUpload:
     """A file written in order into an S3 multipart upload: ``write`` fills parts of
-    `part_size` bytes and sends each as it fills, while the next one fills, at most
-    `at_once` in flight (a write waits for room: no more parts than that are held in
-    memory). The object appears when the upload completes; until then, and when it
-    is aborted, the object stays as it was.
+    `part_size_for(limits)` bytes and sends each as it fills, while the next one
+    fills, at most ``limits.max_requests`` in flight (a write waits for room: no more
+    parts than that are held in memory), each within ``limits.seconds_for`` its
+    bytes, retries included. The object appears when the upload completes; until
+    then, and when it is aborted, the object stays as it was.
 
     Parameters
     ----------
@@ -806,20 +805,23 @@ class _MultipartUpload:
         The file system (its event loop carries the requests).
     path : str
         The object's bucket and key.
-    part_size : int
-        Bytes a part (S3 asks for 5 MiB at least, but for the last).
-    at_once : int
-        Parts in flight at most.
-    seconds : float
-        How long one part's request may take, retries included.
+    limits : Limits
+        The bounds of the upload (see `read_limits`).
     """
 
-    def __init__(self, fs: Any, path: str, part_size: int, at_once: int,
-                 seconds: float) -> None:
-        self.fs, self.seconds = fs, seconds
+    @staticmethod
+    def part_size_for(limits: Limits) -> int:
+        """Bytes a part: ``part_size``, but 5 MiB at least (S3 refuses smaller parts
+        but for an upload's last)."""
+        return max(limits.part_size, SMALLEST_S3_PART)
+
+    def __init__(self, fs: Any, path: str, limits: Limits) -> None:
+        self.fs = fs
         self.bucket, self.key, _ = fs.split_path(path)
-        self.part_size, self.at_once = part_size, at_once
-        self.part = bytearray(part_size)
+        self.part_size = self.part_size_for(limits)
+        self.at_once = limits.max_requests
+        self.seconds = limits.seconds_for(self.part_size)
+        self.part = bytearray(self.part_size)
         self.filled = 0
         self.sent: List[Any] = []    # a future per part, in order
         self.upload_id: Optional[str] = None
@@ -970,10 +972,8 @@ class SpooledUpload:
         """Send the file to S3 as a multipart upload, ``max_concurrency`` parts at
         once, as ``save_file`` sends one (the upload is aborted when a part fails:
         the previous object stays until the upload completes)."""
-        limits = read_limits(self.url, self.storage_options)
-        part_size = max(limits.part_size, SMALLEST_S3_PART)
-        upload = _MultipartUpload(self.fs, self.remote_path, part_size, limits.max_requests,
-                                  limits.seconds_for(part_size))
+        upload = _MultipartUpload(self.fs, self.remote_path,
+                                  read_limits(self.url, self.storage_options))
         with open(self.path, "rb") as local:
             upload.send(lambda into: shutil.copyfileobj(local, into, UPLOAD_PIECE))
 

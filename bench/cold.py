@@ -35,7 +35,7 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
-from pages import drop_pages
+from page_cache import drop_pages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIG_TENSORS = 64

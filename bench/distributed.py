@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List
 
-from pages import drop_pages  # noqa: E402  (before bench/ leaves sys.path)
+from page_cache import drop_pages  # noqa: E402  (before bench/ leaves sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != HERE]

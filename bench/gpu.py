@@ -35,7 +35,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import fastst  # noqa: E402
 import fastst.torch as ft  # noqa: E402
 from fastst import _cuda  # noqa: E402
-from pages import drop_pages  # noqa: E402
+from page_cache import drop_pages  # noqa: E402
 
 MiB = 1 << 20
 DEVICE = torch.device("cuda", 0)

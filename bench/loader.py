@@ -43,7 +43,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 import fastst
 from clock import timed_rows
-from pages import drop_pages
+from page_cache import drop_pages
 from fastst.data import Loader, RowDataset
 
 COLUMNS = 128

@@ -436,8 +436,8 @@ class Reader:
         """Ask the kernel to start reading rows ``[first, stop)`` of tensor
         `name`'s first axis (clipped to it) into the page cache, as `prefetch`
         does whole tensors (the thread ``Loader`` asks it of the blocks of a
-        block shuffle). The number of bytes asked for: 0 for a buffer or a
-        file read by ranges.
+        block shuffle over more than half the memory; see `cache_rows`). The
+        number of bytes asked for: 0 for a buffer or a file read by ranges.
 
         Raises
         ------
@@ -445,6 +445,33 @@ class Reader:
             When there is no tensor `name`.
         IndexError
             When the tensor is 0-d.
+        """
+    def cache_rows(self, name: str, first: int, stop: int, /) -> int:
+        """Read rows ``[first, stop)`` of tensor `name`'s first axis (clipped to
+        it) into the page cache now, without the GIL, and return once they are
+        there (the thread ``Loader`` reads the blocks of a block shuffle so).
+
+        The file is read in the whole 2 MiB-aligned pieces that hold the rows
+        (up to 2 MiB more on each side), each in one request, and the page
+        cache keeps each as one 2 MiB folio where the file system allows: a map
+        of the file then maps it by 2 MiB, which a gather of scattered rows
+        needs. A piece whose first and last pages the page cache holds is not
+        read again. Where the kernel cannot (before Linux 5.14) it asks as
+        `prefetch_rows` does and returns at once.
+
+        Returns
+        -------
+        int
+            The bytes of the rows: 0 for a buffer or a file read by ranges.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When there is no tensor `name`.
+        IndexError
+            When the tensor is 0-d.
+        SafetensorError
+            When the file at the path is another, or shorter than when opened.
         """
     def read_into(self, arrays: dict[str, npt.NDArray[Any]], /) -> None:
         """Read the named tensors into caller-supplied arrays, allocating nothing.

@@ -22,7 +22,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.errno cimport EINTR, EINVAL, EOPNOTSUPP, errno
+from libc.errno cimport EFAULT, EINTR, EINVAL, ENOSYS, EOPNOTSUPP, errno
 from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
@@ -71,6 +71,8 @@ cdef extern from "_fastst.h":
                                 uint64_t limit) noexcept nogil
     void fastst_map_reader_stop(fastst_map_reader* reader) noexcept nogil
     int fastst_map_readers_init() noexcept nogil
+    int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
+    int fastst_pieces_cached(char* map, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
 cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS

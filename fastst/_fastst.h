@@ -382,6 +382,71 @@ static void fastst_map_reader_stop(fastst_map_reader *reader) {
     pthread_join(reader->thread, NULL);
 }
 
+/* Whether the page cache holds the first and the last page of [start, start + length)
+   (start on a page boundary): a 2 MiB piece read whole holds all of them. */
+static int fastst_cached_ends(char *start, size_t length) {
+    unsigned char resident = 0;
+    char *last = start + ((length - 1) & ~(FASTST_PAGE - 1));
+    return mincore(start, 1, &resident) == 0 && (resident & 1)
+           && mincore(last, 1, &resident) == 0 && (resident & 1);
+}
+
+/* Whether the page cache holds the first and the last page of every 2 MiB-aligned
+   piece of a file (of `size` bytes, mapped whole at `map`) that holds [begin, end). */
+static int fastst_pieces_cached(char *map, uint64_t begin, uint64_t end, uint64_t size) {
+    uint64_t at = begin & ~(uint64_t)(FASTST_HUGE_PAGE - 1);
+    uint64_t stop = (end + FASTST_HUGE_PAGE - 1) & ~(uint64_t)(FASTST_HUGE_PAGE - 1);
+    if (stop > size) stop = size;
+    for (; at < stop; at += FASTST_HUGE_PAGE)
+        if (!fastst_cached_ends(map + at, stop - at < FASTST_HUGE_PAGE
+                                          ? (size_t)(stop - at) : FASTST_HUGE_PAGE))
+            return 0;
+    return 1;
+}
+
+/* Read [begin, end) of the file `fd` (of `size` bytes) into the page cache now, in the
+   whole 2 MiB-aligned pieces of the file that hold it, each in one request, as one
+   folio of 2 MiB where the file system keeps large folios: a map of the file then
+   maps each piece by one entry, where WILLNEED hints and scattered faults leave 4 KiB
+   pages, a TLB miss each for a later gather of scattered rows. Through a mapping of
+   the pieces of its own, advised MADV_HUGEPAGE (a fault reads the aligned 2 MiB around
+   it) and MADV_RANDOM (and nothing after it), populated piece by piece
+   (MADV_POPULATE_READ, Linux 5.14), its pages unmapped again at the end. A piece whose
+   first and last pages the page cache holds is taken as held whole and not read: a
+   check of two pages, where mincore of all 512 costs more than the rest (a piece held
+   in part is read by the gathers' faults). Without huge-page advice the pieces are
+   read as faults read them. 0, or an errno: ENOSYS where there is no
+   MADV_POPULATE_READ, EFAULT where the file is shorter than asked. */
+static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) {
+#ifdef MADV_POPULATE_READ
+    uint64_t first = begin & ~(uint64_t)(FASTST_HUGE_PAGE - 1);
+    uint64_t last = (end + FASTST_HUGE_PAGE - 1) & ~(uint64_t)(FASTST_HUGE_PAGE - 1);
+    uint64_t size_pages = (size + FASTST_PAGE - 1) & ~(uint64_t)(FASTST_PAGE - 1);
+    size_t span, at;
+    char *map;
+    int error = 0;
+    if (last > size_pages) last = size_pages;
+    if (last <= first) return 0;
+    span = (size_t)(last - first);
+    map = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, (off_t)first);
+    if (map == MAP_FAILED) return errno;
+#ifdef MADV_HUGEPAGE
+    if (madvise(map, span, MADV_HUGEPAGE) == 0) madvise(map, span, MADV_RANDOM);
+#endif
+    for (at = 0; at < span && error == 0; at += FASTST_HUGE_PAGE) {
+        size_t piece = span - at < FASTST_HUGE_PAGE ? span - at : FASTST_HUGE_PAGE;
+        if (fastst_cached_ends(map + at, piece)) continue;
+        while (madvise(map + at, piece, MADV_POPULATE_READ) != 0 && error == 0)
+            if (errno != EINTR) error = errno;
+    }
+    munmap(map, span);
+    return error;
+#else
+    (void)fd; (void)begin; (void)end; (void)size;
+    return ENOSYS;
+#endif
+}
+
 static PyDataMem_Handler fastst_huge_handler = {
     "fastst_huge_pages", 1,
     {NULL, fastst_huge_malloc, fastst_huge_calloc, fastst_huge_realloc, fastst_huge_free}

@@ -12,7 +12,7 @@ import sys
 import threading
 import weakref
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
-                    Sequence, Set, Tuple, Union)
+                    Sequence, Tuple, Union)
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from ._core import SafetensorError, TensorNotFoundError
 from ._api import safe_open
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
-from ._rowblocks import RowBlocks
+from ._rowblocks import CachedBlocks, RowBlocks
 from ._source import Identity, LocalFile, as_source, identity_of
 
 if TYPE_CHECKING:
@@ -75,8 +75,11 @@ class Loader:
         ``"blocks"``: rows in blocks of `block_rows` adjacent rows, the blocks
         in a random order, the rows shuffled within each window of
         `window_blocks` blocks: reads stay local (a cold disk, an object store).
-        Over a URL or a file object the blocks are fetched whole a window ahead
-        and batches gathered from memory, two windows held at most.
+        The blocks are read a window ahead on a thread of their own: from a
+        local file into the page cache, in whole 2 MiB pieces that a map of the
+        file maps by 2 MiB (later epochs gather faster from them); over a URL
+        or a file object into memory, and batches gathered from there, two
+        windows held at most.
     seed : int, optional
         The seed of the shuffled orders; None draws one (saved in
         ``state_dict()``). Needed when there are several ranks.
@@ -539,14 +542,38 @@ class _Dataset:
         that order, into the page cache (each in large requests). Local files only; a
         sharded checkpoint is not asked."""
         for block in blocks:
-            first, stop = block * block_rows, (block + 1) * block_rows
-            for part in self.parts:
-                prefetch_rows = getattr(part.handle, "prefetch_rows", None)
-                if (prefetch_rows is None or part.start >= stop
-                        or part.start + part.rows <= first):
-                    continue
+            for handle, first, stop in self._local_parts(block * block_rows,
+                                                         (block + 1) * block_rows):
                 for name in self.names:
-                    prefetch_rows(name, first - part.start, stop - part.start)
+                    handle.prefetch_rows(name, first, stop)
+
+    def cache_rows(self, first: int, stop: int) -> None:
+        """Read rows [first, stop) of the local files into the page cache now (see
+        ``Reader.cache_rows``); a sharded checkpoint's are left to its reads."""
+        for handle, local_first, local_stop in self._local_parts(first, stop):
+            for name in self.names:
+                handle.cache_rows(name, local_first, local_stop)
+
+    def _local_parts(self, first: int, stop: int) -> Iterator[Tuple[Any, int, int]]:
+        """(handle, first, stop) of each single local file that holds some of rows
+        [first, stop), those rows numbered in the file."""
+        for part in self.parts:
+            if (getattr(part.handle, "cache_rows", None) is not None
+                    and part.start < stop and first < part.start + part.rows):
+                yield part.handle, first - part.start, stop - part.start
+
+    def fits_page_cache(self) -> bool:
+        """Whether the rows of every tensor read fill at most half of the machine's
+        memory. A block read in whole 2 MiB pieces brings parts of its neighbours,
+        which are read again unless the page cache still holds them when their turn
+        comes; a larger dataset is only asked for, block by block."""
+        row_bytes = sum(dtype.itemsize * int(np.prod(shape))
+                        for dtype, shape in self.layouts.values())
+        try:
+            memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return False
+        return self.rows * row_bytes <= memory // 2
 
     def fingerprint(self) -> Dict[str, Any]:
         files = [[identity.location, list(identity.version)]
@@ -589,33 +616,56 @@ class _Dataset:
             part.handle.close()
 
 
-class _BlockHints:
-    """The blocks of a block shuffle that its pipeline asks the kernel for: those of
-    the batches up to `window` after the one a thread starts gathering, each block
-    once, in the order the batches need them."""
+class _BlocksAhead:
+    """The blocks of a block shuffle that its pipeline asks for: once a thread starts
+    a batch whose next `window` batches are not all asked for, the blocks of the
+    `window` batches after those asked (or of the next `window` after it, if more),
+    each block once, in the order of the file within each claim (a window's blocks
+    are all needed by its first batches); a window at a time, so that the cost of
+    working them out is shared by a window's batches. With a `reader`, the blocks
+    are handed to it as they are claimed, in that order, and ``wait(position)``
+    waits until it has read every block of batch `position`."""
 
     def __init__(self, rows_of: Callable[[int], npt.NDArray[np.int64]], batches: int,
-                 block_rows: int, window: int) -> None:
+                 rows: int, block_rows: int, window: int,
+                 reader: Optional[CachedBlocks] = None) -> None:
         self.rows_of, self.batches = rows_of, batches
-        self.block_rows, self.window = block_rows, window
-        self.asked: Set[int] = set()
+        self.block_rows, self.window, self.reader = block_rows, window, reader
+        # each block's place in the asking (-1: not asked), of the dataset's `rows` rows
+        self.places = np.full(-(-rows // block_rows), -1, np.int64)
+        self.asked = 0              # blocks asked for
         self.asked_to = 0           # the batches (places in `todo`) asked for: [0, asked_to)
+        # for each batch asked for, the blocks asked for up to its last one
+        self.needs = np.zeros(batches, np.int64)
         self.lock = threading.Lock()
 
     def claim(self, position: int) -> List[int]:
         """The blocks not asked for yet of the batches up to `window` after batch
-        `position`, now counted as asked: the caller asks for them."""
+        `position` (and of those after them up to a window's), now counted as asked:
+        the caller asks for them (the reader, if there is one, has them already)."""
         with self.lock:
-            stop = min(self.batches, position + 1 + self.window)
-            if stop <= self.asked_to:
+            wanted = min(self.batches, position + 1 + self.window)
+            if wanted <= self.asked_to:
                 return []
-            rows = np.concatenate([self.rows_of(later) for later in range(self.asked_to, stop)])
+            stop = min(self.batches, max(wanted, self.asked_to + self.window))
+            batches = [self.rows_of(later) for later in range(self.asked_to, stop)]
+            of_rows = np.concatenate(batches) // self.block_rows
+            fresh = np.unique(of_rows[self.places[of_rows] < 0])
+            self.places[fresh] = np.arange(self.asked, self.asked + len(fresh))
+            self.asked += len(fresh)
+            starts = np.cumsum([0] + [len(rows) for rows in batches[:-1]])
+            self.needs[self.asked_to:stop] = np.maximum.reduceat(
+                self.places[of_rows], starts) + 1
+            blocks = fresh.tolist()
             self.asked_to = stop
-            found, first = np.unique(rows // self.block_rows, return_index=True)
-            blocks = [block for block in found[np.argsort(first)].tolist()
-                      if block not in self.asked]
-            self.asked.update(blocks)
+            if self.reader is not None:
+                self.reader.want(blocks)     # under the lock: in the order of `places`
             return blocks
+
+    def wait(self, position: int) -> None:
+        """Wait until the reader has read every block of batch `position` (claimed)."""
+        if self.reader is not None:
+            self.reader.wait(int(self.needs[position]))
 
 
 class _Pipeline:
@@ -627,20 +677,28 @@ class _Pipeline:
     free thread takes the next); a slot's lock, held while it is being filled,
     is released when its batch is in. With `blocks` (a block shuffle), a thread
     that takes a batch first asks for the blocks of the batches up to a window after
-    it, those not asked yet: the kernel, of a local file (the disk reads the next
-    window while the batches of this one are gathered); of files read by ranges,
-    `RowBlocks`, which fetches them whole into memory and gathers the batches from
-    there. The consumer's thread never waits for either."""
+    it, those not asked yet (a window at a time), which are read ahead while the
+    batches before them are gathered: of local files, `CachedBlocks` reads them into
+    the page cache in whole 2 MiB pieces, and a batch is gathered once its blocks are
+    in (over a dataset larger than half the memory, the kernel is only asked for them,
+    and batches gathered at once); of files read by ranges, `RowBlocks` fetches them
+    whole into memory and gathers the batches from there. The consumer's thread never
+    waits for either."""
 
     def __init__(self, dataset: _Dataset, rows: npt.NDArray[np.int64], batch_size: int,
                  todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int,
                  blocks: Optional[_BlockShuffle] = None) -> None:
         self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
-        self.blocks = None if blocks is None else _BlockHints(
-            self._rows_of, len(todo), blocks.block_rows, blocks.window_batches)
-        self.row_blocks = None
+        self.row_blocks: Optional[RowBlocks] = None
+        self.cached_blocks: Optional[CachedBlocks] = None
         if blocks is not None and dataset.by_ranges:
             self.row_blocks = self._row_blocks(blocks)
+        elif blocks is not None and dataset.fits_page_cache():
+            self.cached_blocks = CachedBlocks(dataset.cache_rows, blocks.block_rows,
+                                              dataset.rows)
+        self.blocks = None if blocks is None else _BlocksAhead(
+            self._rows_of, len(todo), dataset.rows, blocks.block_rows, blocks.window_batches,
+            self.cached_blocks)
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
         self.filled = [threading.Lock() for _ in slots]
@@ -689,13 +747,17 @@ class _Pipeline:
 
     def _fill(self, position: int, buffers: Dict[str, Any]) -> None:
         rows = self._rows_of(position)
-        blocks = [] if self.blocks is None else self.blocks.claim(position)
+        if self.blocks is None:
+            self.dataset.fill(buffers, rows)
+            return
+        blocks = self.blocks.claim(position)
         if self.row_blocks is not None:
             self.row_blocks.want(blocks)
             self.row_blocks.fill(buffers, rows)
             return
-        if self.blocks is not None:
+        if self.cached_blocks is None:
             self.dataset.prefetch_blocks(blocks, self.blocks.block_rows)
+        self.blocks.wait(position)
         self.dataset.fill(buffers, rows)
 
     def take(self, position: int) -> int:
@@ -717,8 +779,9 @@ class _Pipeline:
         self.stopping = True
         for _ in self.workers:
             self.to_start.put(None)
-        if self.row_blocks is not None:
-            self.row_blocks.stop()     # a batch waiting for a block ends at once
+        for reader in (self.row_blocks, self.cached_blocks):
+            if reader is not None:
+                reader.stop()          # a batch waiting for a block ends at once
         for worker in self.workers:
             if worker is not threading.current_thread():
                 worker.join()

@@ -488,6 +488,51 @@ cdef class Reader:
         """Ask the kernel to start reading rows [first, stop) of tensor `name`'s first
         axis (clipped to it) into the page cache, as prefetch does whole tensors: the
         number of bytes asked for."""
+        span = self._rows_span(name, first, stop)
+        return 0 if span is None else self._will_need([span])
+
+    def cache_rows(self, name, Py_ssize_t first, Py_ssize_t stop):
+        """Read rows [first, stop) of tensor `name`'s first axis (clipped to it) into
+        the page cache now, without the GIL, and return once they are there: the
+        number of bytes of those rows. The file is read in the whole 2 MiB-aligned
+        pieces that hold the rows (up to 2 MiB more on each side), each in one request,
+        and kept as 2 MiB folios where the file system allows: a map of the file maps
+        them by 2 MiB, which a later gather of scattered rows needs (see
+        fastst_cache_span in _fastst.h). Pieces the page cache holds already are not
+        read again. Where the kernel cannot (before Linux 5.14), asks as prefetch_rows
+        does and returns at once. A buffer, or a file read by ranges: 0."""
+        span = self._rows_span(name, first, stop)
+        if span is None or self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES:
+            return 0
+        cdef uint64_t begin = span[0], end = span[1], size = self.file_size
+        cdef int error, held = 0
+        cdef char* mapped = NULL
+        if self.kind == BACKEND_MMAP:    # held already? asked of the map: no open, no mmap
+            mapped = <char*>(<_Mapping>self.owner).addr
+            with nogil:
+                held = fastst_pieces_cached(mapped, begin, end, size)
+            if held:
+                return end - begin
+        fd = self._reopen()     # the page cache is the file's, whichever descriptor reads
+        try:
+            with nogil:
+                error = fastst_cache_span(fd, begin, end, size)
+        finally:
+            os.close(fd)
+        if error == ENOSYS or error == EINVAL:      # no MADV_POPULATE_READ in this kernel
+            return self._will_need([span])
+        if error == EFAULT:
+            _fail(self.source, f"file was truncated under the reader (it had {size} "
+                               f"bytes when opened)")
+        if error != 0:
+            raise OSError(error, f"{os.strerror(error)}: reading rows of "
+                                 f"{_shown(name)} into the page cache", self.source)
+        _COUNTERS["rows_cached"] += 1
+        return end - begin
+
+    cdef object _rows_span(self, name, Py_ssize_t first, Py_ssize_t stop):
+        """The file's bytes [begin, end) of rows [first, stop) of tensor `name`'s first
+        axis, clipped to it; None when none."""
         cdef Py_ssize_t i = self._position(name)
         cdef Entry* entry = &self.header.entries[i]
         if entry.np_ndim < 1:
@@ -496,9 +541,9 @@ cdef class Reader:
         cdef uint64_t row_bytes = _row_bytes(entry, count)
         first, stop = max(first, 0), min(stop, count)
         if stop <= first or row_bytes == 0:
-            return 0
+            return None
         begin = self.data_offset + entry.begin + first * row_bytes
-        return self._will_need([[begin, begin + (stop - first) * row_bytes]])
+        return [begin, begin + (stop - first) * row_bytes]
 
     cdef _will_need(self, list spans):
         """posix_fadvise(WILLNEED) over byte spans [begin, end) of a local file, in

@@ -1,18 +1,23 @@
-"""Blocks of rows held in memory for a block shuffle over files read by ranges (URLs,
-file objects), which have no page cache to read ahead into.
+"""Blocks of rows of a block shuffle, read on a thread of their own ahead of the
+batches that need them: into memory for files read by ranges (URLs, file objects),
+which have no page cache (``RowBlocks``), and into the page cache for local files
+(``CachedBlocks``).
 
 A block shuffle takes its batches' rows from a window of blocks of adjacent rows at a
 time. Read by ranges, each row of a batch would be a request of its own; instead
 ``RowBlocks`` fetches whole blocks, several in one read (their parts in flight at once),
-on a thread of its own, ahead of the batches that need them, and gathers each batch
-from memory. A block is dropped as soon as every row the iteration takes from it has
-been taken, and no more than `most` blocks are held for later batches, so memory stays
-within about two windows of blocks.
+ahead of the batches that need them, and gathers each batch from memory. A block is
+dropped as soon as every row the iteration takes from it has been taken, and no more
+than `most` blocks are held for later batches, so memory stays within about two windows
+of blocks. ``CachedBlocks`` reads a local file's blocks into the page cache in the order
+they are asked for, and a batch is gathered from the file once the blocks it needs are
+in: none of its rows is faulted in by itself, 4 KiB at a time.
 """
 from __future__ import annotations
 
+import collections
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -181,3 +186,78 @@ class RowBlocks:
     def _rows_of(self, block: int) -> npt.NDArray[np.int64]:
         first = block * self.block_rows
         return np.arange(first, min(first + self.block_rows, self.total), dtype=np.int64)
+
+
+class CachedBlocks:
+    """Blocks of `block_rows` rows of a dataset of `total` rows, read into the page
+    cache by ``cache(first, stop)`` (rows [first, stop) of every tensor) on `threads`
+    threads of their own, a block at a time each, in the order they are asked for;
+    ``wait(count)`` returns once the first `count` blocks asked for are in."""
+
+    def __init__(self, cache: Callable[[int, int], Any], block_rows: int, total: int,
+                 threads: int = 2) -> None:
+        self.cache, self.block_rows, self.total = cache, block_rows, total
+        self.condition = threading.Condition()
+        self.asked: Deque[int] = collections.deque()
+        self.taken = 0                   # blocks a thread took to read, of those asked
+        self.done = 0                    # the first blocks asked that are all read
+        self.read: Set[int] = set()      # the places of those read after a gap
+        self.error: Optional[BaseException] = None
+        self.stopping = False
+        self.threads = [threading.Thread(target=self._read_blocks, daemon=True,
+                                         name="fastst-loader-blocks") for _ in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def want(self, blocks: Iterable[int]) -> None:
+        """Read `blocks` after those asked for before, in this order."""
+        with self.condition:
+            count = len(self.asked)
+            self.asked.extend(blocks)
+            if len(self.asked) > count:
+                self.condition.notify_all()
+
+    def wait(self, count: int) -> None:
+        """Wait until the first `count` blocks asked for are in the page cache."""
+        if self.done >= count:
+            return
+        with self.condition:
+            while self.done < count:
+                if self.error is not None:
+                    raise self.error
+                if self.stopping:
+                    raise RuntimeError("the loader stopped while a batch waited for rows")
+                self.condition.wait()
+
+    def stop(self) -> None:
+        """End the threads (after the blocks they read) and wake every batch waiting."""
+        with self.condition:
+            self.stopping = True
+            self.condition.notify_all()
+        for thread in self.threads:
+            if thread is not threading.current_thread():
+                thread.join()
+
+    def _read_blocks(self) -> None:
+        while True:
+            with self.condition:
+                while not self.asked and not self.stopping:
+                    self.condition.wait()
+                if self.stopping or self.error is not None:
+                    return
+                block, place = self.asked.popleft(), self.taken
+                self.taken += 1
+            try:
+                first = block * self.block_rows
+                self.cache(first, min(first + self.block_rows, self.total))
+            except BaseException as error:
+                with self.condition:
+                    self.error = error
+                    self.condition.notify_all()
+                return
+            with self.condition:
+                self.read.add(place)
+                while self.done in self.read:
+                    self.read.remove(self.done)
+                    self.done += 1
+                self.condition.notify_all()

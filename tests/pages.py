@@ -1,6 +1,7 @@
 """What the tests read of memory and the page cache: the bytes of a file's mappings that
-this process has in memory, the pages of a file the page cache holds, and a file's pages
-dropped from it (Linux's /proc/self/smaps, mincore and posix_fadvise)."""
+this process has in memory, the pages of a file the page cache holds, a file's pages
+dropped from it, and the bytes the process has read from storage (Linux's
+/proc/self/smaps, mincore, posix_fadvise and /proc/self/io)."""
 from __future__ import annotations
 
 import ctypes
@@ -21,8 +22,9 @@ def resident_bytes(path) -> int:
     return total
 
 
-def cached_pages(path) -> int:
-    """Pages of the file in the page cache (mincore over a map of it)."""
+def cached_pages(path, begin: int = 0, end: int = -1) -> int:
+    """Pages of the file in the page cache (mincore over a map of it), of those that
+    hold its bytes [begin, end) (-1: to its end)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -40,7 +42,16 @@ def cached_pages(path) -> int:
             libc.munmap(address, size)
     finally:
         os.close(fd)
-    return sum(byte & 1 for byte in vector.raw)
+    end = size if end < 0 else min(end, size)
+    pages = vector.raw[begin // mmap.PAGESIZE:-(-end // mmap.PAGESIZE)]
+    return sum(byte & 1 for byte in pages)
+
+
+def read_bytes() -> int:
+    """Bytes this process (all its threads) has had read from storage so far, into the
+    page cache or past it (Linux's /proc/self/io)."""
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("read_bytes:"))
 
 
 def dropped_from_page_cache(path) -> bool:

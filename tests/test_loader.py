@@ -12,14 +12,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
+import fastst._handle
 import fastst._loader
 import fastst._rowblocks
 from fastst import SafetensorError, TensorNotFoundError
 from fastst.data import Loader
 
 from conftest import modules_loaded_by
+from pages import cached_pages, dropped_from_page_cache, read_bytes
 from servers import RangeServer
 
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the page cache and /proc/self/io are Linux's")
 ROWS = 103            # not a multiple of any batch size or world size used
 
 
@@ -120,12 +125,13 @@ def test_block_shuffle_keeps_each_window_of_blocks_together(one_file):
 
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
-def test_a_block_shuffle_asks_the_kernel_for_each_block_once_an_epoch(tmp_path, monkeypatch,
-                                                                    backend):
-    """On a cold disk a block's rows are read in large requests: the threads that
-    gather ask the kernel (posix_fadvise WILLNEED) for the blocks the batches fall
-    in, each block of each tensor once an epoch, and the consumer's thread asks for
-    none; a full shuffle asks for nothing."""
+def test_a_block_shuffle_over_more_than_the_memory_asks_the_kernel_for_each_block_once(
+        tmp_path, monkeypatch, backend):
+    """Over a dataset larger than half the memory, a block's rows are asked for in large
+    requests: the threads that gather ask the kernel (posix_fadvise WILLNEED) for the
+    blocks the batches fall in, each block of each tensor once an epoch, and the
+    consumer's thread asks for none; a full shuffle asks for nothing."""
+    monkeypatch.setattr(fastst._loader._Dataset, "fits_page_cache", lambda dataset: False)
     path = str(tmp_path / "rows.safetensors")
     fastst.save_file({"x": np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16),
                       "y": np.arange(1000)}, path)
@@ -155,19 +161,110 @@ def test_a_block_shuffle_asks_the_kernel_for_each_block_once_an_epoch(tmp_path, 
         assert sum(len(batch["y"]) for batch in loader) == 1000 and not asked
 
 
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_block_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
+        tmp_path, monkeypatch, backend):
+    """A block shuffle over local files reads each block of each tensor into the page
+    cache once an epoch, on a thread of its own (not the consumer's, not a gathering
+    one), and no batch is gathered before every block it takes rows from is in; a
+    full shuffle reads no block."""
+    files = [tmp_path / f"part-{k}.safetensors" for k in range(2)]
+    for k, path in enumerate(files):     # 1000 rows in two files: a block across the two
+        fastst.save_file(table(500, 500 * k), path)
+    cached, readers, early = [], set(), []
+    cache_rows = fastst._handle.NumpyHandle.cache_rows
+    fill = fastst._loader._Dataset.fill
+
+    def noted_cache(handle, name, first, stop):
+        start = 500 * [str(path) for path in files].index(handle.source)
+        cached.append((name, start + max(first, 0), start + min(stop, 500)))
+        readers.add(threading.current_thread().name)
+        return cache_rows(handle, name, first, stop)
+
+    def checked_fill(dataset, buffers, rows):
+        early.extend(row for row in rows.tolist()
+                     if not any(first <= row < stop for _, first, stop in cached))
+        return fill(dataset, buffers, rows)
+
+    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    monkeypatch.setattr(fastst._loader._Dataset, "fill", checked_fill)
+    pieces = sorted((name, first, stop) for name in ("x", "y") for block in range(9)
+                    for first, stop in ((120 * block, min(120 * block + 120, 500)),
+                                        (max(120 * block, 500), min(120 * block + 120, 1000)))
+                    if first < stop)        # blocks of 120 rows, the one across 500 in two
+    with Loader(files, ["x", "y"], 64, shuffle="blocks", block_rows=120, window_blocks=3,
+                seed=0, backend=backend) as loader:
+        for epoch in range(2):
+            rows = np.concatenate([batch["y"].copy() for batch in loader])
+            assert sorted(rows.tolist()) == list(range(1000))
+            assert sorted(cached) == pieces                # each once
+            assert readers == {"fastst-loader-blocks"} and not early
+            cached.clear()
+    with Loader(files, ["x", "y"], 64, shuffle=True, backend=backend) as loader:
+        assert sum(len(batch["y"]) for batch in loader) == 1000 and not cached
+    assert not loader_threads()
+
+
+@LINUX_ONLY
+def test_a_block_shuffle_over_a_cold_file_reads_it_once_and_leaves_it_cached(tmp_path):
+    """An epoch of a block shuffle over a file not in the page cache reads the file
+    once (blocks read in whole 2 MiB pieces bring parts of their neighbours, which are
+    not read again when their turn comes), and leaves it all in the page cache: the
+    next epoch reads nothing."""
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file({"x": np.arange(16384 * 256, dtype=np.float32).reshape(16384, 256)},
+                     path)                                    # 16 MiB of 1 KiB rows
+    if not dropped_from_page_cache(path):
+        pytest.skip("this file system keeps the file in the page cache")
+    size = os.path.getsize(path)
+    with Loader(path, "x", 256, shuffle="blocks", block_rows=1500, window_blocks=2,
+                seed=0) as loader:
+        before = read_bytes()
+        assert sum(len(batch["x"]) for batch in loader) == 16384
+        assert size - (64 << 10) <= read_bytes() - before <= size
+        assert cached_pages(path) * 4096 >= size
+        before = read_bytes()
+        assert sum(len(batch["x"]) for batch in loader) == 16384
+        assert read_bytes() == before
+
+
+def test_a_file_cut_short_under_a_block_shuffle_is_an_error_not_a_fault(tmp_path):
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file(table(1000), path)
+    with Loader(path, ["x", "y"], 50, shuffle="blocks", block_rows=100, window_blocks=2,
+                seed=0) as loader:
+        os.truncate(path, 4096)
+        with pytest.raises(SafetensorError, match="truncated"):
+            taken(loader)
+    assert not loader_threads()
+
+
 def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_ahead():
-    """A thread that starts gathering a batch asks for the blocks of the batches up to
-    a window after it that are not asked for yet, in the order the batches need them:
-    the next window is read while this one is gathered."""
-    from fastst._loader import _BlockHints
+    """A thread that starts gathering a batch whose next window of batches is not all
+    asked for asks for the blocks of the next window's batches (or more, to the window
+    after its batch) that are not asked for yet, in file order: the next window is
+    read while this one is gathered. Each batch waits for the blocks asked for up to
+    its last one."""
+    from fastst._loader import _BlocksAhead
+
+    class Reader:
+        asked, waits = [], []
+        want = asked.extend
+        wait = waits.append
+
     batches = [np.array(rows) for rows in
                ([5, 1], [1, 0], [7, 9], [8, 6], [3, 2], [2, 4], [11, 10], [10, 11])]
-    hints = _BlockHints(batches.__getitem__, len(batches), block_rows=2, window=3)
-    assert hints.claim(0) == [2, 0, 3, 4]           # batches 0-3, in the order they need them
-    assert hints.claim(1) == [1]                    # batch 4's: 1 (2 was asked)
-    assert hints.claim(1) == [] and hints.claim(0) == []
-    assert hints.claim(4) == [5]                    # batches 5 to 7
+    hints = _BlocksAhead(batches.__getitem__, len(batches), rows=12, block_rows=2, window=3,
+                         reader=Reader())
+    assert hints.claim(0) == [0, 2, 3, 4]           # batches 0-3
+    assert hints.claim(1) == [1, 5]                 # batches 4-6 (2 was asked)
+    assert hints.claim(1) == [] and hints.claim(0) == [] and hints.claim(3) == []
+    assert hints.claim(4) == []                     # batch 7: 5 was asked
     assert hints.claim(6) == []                     # the last batch is asked for
+    assert Reader.asked == [0, 2, 3, 4, 1, 5]
+    for position in range(len(batches)):
+        hints.wait(position)
+    assert Reader.waits == [2, 1, 4, 4, 5, 5, 6, 6]    # places of blocks 2, 0, 4, 4, 1...
 
 
 def test_the_window_ahead_is_a_windows_share_of_this_iterations_batches(one_file):

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fastst
 from fastst._core import read_counters
 from helpers import wait_until
-from pages import cached_pages, dropped_from_page_cache, resident_bytes
+from pages import cached_pages, dropped_from_page_cache, read_bytes, resident_bytes
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -559,6 +559,108 @@ def test_prefetch_refuses_a_replaced_file(tmp_path):
         fastst.save_file({"a": np.ones(100, np.uint8)}, path)
         with pytest.raises(fastst.SafetensorError, match="file was replaced"):
             f.prefetch(["a"])
+
+
+THP = os.path.isdir("/sys/kernel/mm/transparent_hugepage")
+
+
+def table_of_kib_rows(path, rows=8192):
+    """A file of one tensor of `rows` rows of 1 KiB (8 MiB by default), each row's
+    first float its number; the offset of its first row."""
+    fastst.save_file({"x": np.repeat(np.arange(rows, dtype=np.float32)[:, None], 256, 1)},
+                     path)
+    with fastst.safe_open(path) as f:
+        return f.data_start + f.info("x").data_offsets[0]
+
+
+@LINUX_ONLY
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_cache_rows_reads_the_whole_2_mib_pieces_that_hold_the_rows(tmp_path, backend):
+    """cache_rows reads the rows into the page cache before it returns: the 2 MiB-aligned
+    pieces of the file that hold them, whole, and (where the kernel has huge pages,
+    whose advice is what reads a piece whole) nothing after them."""
+    path = tmp_path / "x.safetensors"
+    start = table_of_kib_rows(path)
+    if not dropped_from_page_cache(path):
+        pytest.skip("this file system keeps the file in the page cache")
+    with fastst.safe_open(path, backend=backend) as f:
+        for (first, stop), pieces in (((3000, 3100), [(2, 4)]),      # inside [2 MiB, 4 MiB)
+                                      ((4000, 4200), [(2, 4), (4, 6)])):   # across 4 MiB
+            assert start + first * KIB >= pieces[0][0] * MIB
+            before, returned = read_bytes(), []
+            done = counted(lambda: returned.append(f.cache_rows("x", first, stop)))  # noqa: B023
+            assert returned == [(stop - first) * KIB] and done["rows_cached"] == 1
+            for low, high in pieces:
+                assert cached_pages(path, low * MIB, high * MIB) == 512
+            assert cached_pages(path, 64 * KIB, 2 * MIB) == 0
+            if THP:
+                assert cached_pages(path, pieces[-1][1] * MIB) == 0
+                assert read_bytes() - before <= 2 * MIB * len(pieces)
+        assert f.cache_rows("x", 8000, 10 ** 9) == 192 * KIB      # clipped to the rows
+        assert cached_pages(path, 6 * MIB) * mmap.PAGESIZE >= os.path.getsize(path) - 6 * MIB
+        assert f.cache_rows("x", 5, 5) == 0 and f.cache_rows("x", -10, 0) == 0
+
+
+@LINUX_ONLY
+def test_cache_rows_reads_nothing_the_page_cache_holds(tmp_path):
+    path = tmp_path / "x.safetensors"
+    table_of_kib_rows(path)
+    if not dropped_from_page_cache(path):
+        pytest.skip("this file system keeps the file in the page cache")
+    with fastst.safe_open(path) as f:
+        before = read_bytes()
+        f.cache_rows("x", 0, 8192)
+        assert read_bytes() - before >= 8 * MIB - 64 * KIB     # the header's pages are in
+        before = read_bytes()
+        assert f.cache_rows("x", 0, 8192) == 8 * MIB and f.cache_rows("x", 10, 20) == 10 * KIB
+        assert read_bytes() == before
+        assert resident_bytes(path) <= 2 * MIB      # none of its own mapping is left mapped
+        rows = f.gather("x", np.array([8191, 0, 4097]))
+    assert rows[:, 0].tolist() == [8191, 0, 4097]
+
+
+def test_cache_rows_of_a_buffer_or_a_file_object_reads_nothing():
+    data = fastst.save({"x": np.zeros((100, 4), np.uint8)})
+    with fastst.safe_open(io.BytesIO(data)) as f:
+        assert f.backend == "ranges" and f.cache_rows("x", 0, 100) == 0
+    with fastst.NumpyHandle() as f:
+        f.open_buffer(data)
+        assert counted(lambda: f.cache_rows("x", 0, 100))["rows_cached"] == 0
+
+
+def test_cache_rows_refuses_what_has_no_rows(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"x": np.zeros((100, 4), np.uint8), "s": np.zeros((), np.uint8)}, path)
+    with fastst.safe_open(path) as f:
+        with pytest.raises(fastst.TensorNotFoundError):
+            f.cache_rows("nope", 0, 1)
+        with pytest.raises(IndexError, match="no axis"):
+            f.cache_rows("s", 0, 1)
+    with pytest.raises(fastst.SafetensorError, match="closed"):
+        f.cache_rows("x", 0, 1)
+
+
+@LINUX_ONLY
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_cache_rows_refuses_a_file_cut_short_or_replaced_under_it(tmp_path, backend):
+    """Rows to read are read from the file opened, no shorter: a file cut short, or
+    another file at its path, is an error. (Of a mapped file, rows the page cache holds
+    already are the bytes the map reads, and are left as they are.)"""
+    path = tmp_path / "x.safetensors"
+    table_of_kib_rows(path)
+    with fastst.safe_open(path, backend=backend) as f, open(path, "rb") as old:
+        os.truncate(path, 4 * MIB)
+        dropped_from_page_cache(path)
+        with pytest.raises(fastst.SafetensorError, match="truncated"):
+            f.cache_rows("x", 6000, 7000)
+    table_of_kib_rows(path)
+    with fastst.safe_open(path, backend=backend) as f, open(path, "rb") as old:
+        table_of_kib_rows(tmp_path / "new.safetensors")
+        os.replace(tmp_path / "new.safetensors", path)
+        os.fsync(old.fileno())                                  # the old file's pages
+        os.posix_fadvise(old.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        with pytest.raises(fastst.SafetensorError, match="file was replaced"):
+            f.cache_rows("x", 6000, 7000)
 
 
 def handler_of(array):

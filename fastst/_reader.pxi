@@ -508,7 +508,8 @@ cdef class Reader:
         cdef int error, held = 0
         cdef char* mapped = NULL
         if self.kind == BACKEND_MMAP:    # held already? asked of the map: no open, no mmap
-            mapped = <char*>(<_Mapping>self.owner).addr
+            owner = self.owner           # kept: a close meanwhile leaves the map in place
+            mapped = <char*>(<_Mapping>owner).addr
             with nogil:
                 held = fastst_pieces_cached(mapped, begin, end, size)
             if held:

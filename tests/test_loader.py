@@ -264,7 +264,7 @@ def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_ahead():
     assert Reader.asked == [0, 2, 3, 4, 1, 5]
     for position in range(len(batches)):
         hints.wait(position)
-    assert Reader.waits == [2, 1, 4, 4, 5, 5, 6, 6]    # places of blocks 2, 0, 4, 4, 1...
+    assert Reader.waits == [2, 1, 4, 4, 5, 5, 6, 6]    # 1 + its blocks' latest place
 
 
 def test_the_window_ahead_is_a_windows_share_of_this_iterations_batches(one_file):
@@ -695,6 +695,20 @@ def test_a_block_shuffle_over_a_url_ends_its_fetches_on_break_and_on_errors(big_
             with pytest.raises(SafetensorError, match="changed since it was opened"):
                 taken(loader)
     assert not loader_threads()
+
+
+def test_a_block_shuffle_over_a_local_file_ends_its_readers_on_break_and_on_errors(big_file):
+    with Loader(big_file, "x", 100, shuffle="blocks", seed=1, block_rows=250,
+                window_blocks=4) as loader:
+        for k, _ in enumerate(loader):
+            if k == 3:
+                assert any(thread.name == "fastst-loader-blocks" for thread in loader_threads())
+                break
+        assert not loader_threads()
+        with pytest.raises(ZeroDivisionError):
+            for _ in loader:
+                1 / 0
+        assert not loader_threads()
 
 
 def test_batches_over_fsspec_memory(one_file):

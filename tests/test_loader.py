@@ -543,6 +543,7 @@ def open_fds():
 
 
 def test_threads_end_on_break_on_an_exception_and_when_collected(one_file):
+    gc.collect()        # descriptors of earlier tests' garbage, closed by the collections below
     fds = open_fds()
     with Loader(one_file, ["x", "y"], 4, threads=3) as loader:
         for batch in loader:

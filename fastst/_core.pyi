@@ -1010,6 +1010,9 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
 
 
 def read_counters() -> dict[str, int]: ...
+def read_ahead_limit() -> int:
+    """Half the machine's memory: the most read into the page cache ahead of use
+    and counted on to stay there (1 where the memory is not known)."""
 def hint_sequential(fd: int, offset: int, length: int, /) -> bool: ...
 def usable_cpus() -> int: ...
 def foreign_format(head: Buffer, /) -> str | None:

@@ -16,7 +16,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTup
 
 import numpy as np
 
-from ._core import SafetensorError, TensorNotFoundError
+from ._core import SafetensorError, TensorNotFoundError, read_ahead_limit
 from ._api import safe_open
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
@@ -564,16 +564,12 @@ class _Dataset:
 
     def fits_page_cache(self) -> bool:
         """Whether the rows of every tensor read fill at most half of the machine's
-        memory. A block read in whole 2 MiB pieces brings parts of its neighbours,
-        which are read again unless the page cache still holds them when their turn
-        comes; a larger dataset is only asked for, block by block."""
+        memory (``read_ahead_limit``). A block read in whole 2 MiB pieces brings parts
+        of its neighbours, which are read again unless the page cache still holds them
+        when their turn comes; a larger dataset is only asked for, block by block."""
         row_bytes = sum(dtype.itemsize * int(np.prod(shape))
                         for dtype, shape in self.layouts.values())
-        try:
-            memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError):
-            return False
-        return self.rows * row_bytes <= memory // 2
+        return self.rows * row_bytes <= read_ahead_limit()
 
     def fingerprint(self) -> Dict[str, Any]:
         files = [[identity.location, list(identity.version)]

@@ -20,7 +20,7 @@ cdef class _Mapping:
         not hold, in order, reading them (see fastst_map_reader in _fastst.h), once a
         map, and while the map readers running hold no more than half the machine's
         memory: True when it started."""
-        if fastst_map_reader_start(&self.ahead, begin, end, _map_reading_limit()) != 0:
+        if fastst_map_reader_start(&self.ahead, begin, end, read_ahead_limit()) != 0:
             return False
         _COUNTERS["maps_read_ahead"] += 1
         return True
@@ -55,19 +55,22 @@ cdef _Mapping _map_file(int fd, size_t size):
     return mapping
 
 
-cdef uint64_t _MAP_READING_LIMIT = 0
+cdef uint64_t _READ_AHEAD_LIMIT = 0
 fastst_map_readers_init()
 
 
-cdef uint64_t _map_reading_limit():
-    """Half the machine's memory: the most that map readers read ahead at once."""
-    global _MAP_READING_LIMIT
-    if _MAP_READING_LIMIT == 0:
+cpdef uint64_t read_ahead_limit():
+    """Half the machine's memory: the most read into the page cache ahead of use and
+    counted on to stay there: the map readers' bytes at once, and a dataset whose
+    block shuffle reads whole 2 MiB pieces (the thread Loader). 1 where the memory
+    is not known: nothing is read ahead so."""
+    global _READ_AHEAD_LIMIT
+    if _READ_AHEAD_LIMIT == 0:
         try:
-            _MAP_READING_LIMIT = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+            _READ_AHEAD_LIMIT = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
         except (ValueError, OSError):
-            _MAP_READING_LIMIT = 1    # unknown: read nothing ahead
-    return _MAP_READING_LIMIT
+            _READ_AHEAD_LIMIT = 1
+    return _READ_AHEAD_LIMIT
 
 
 cdef _BufferOwner _hold_buffer(object data):

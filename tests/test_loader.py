@@ -542,12 +542,15 @@ def open_fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_threads_end_on_break_on_an_exception_and_when_collected(one_file):
+@pytest.mark.parametrize("shuffle, thread", [(False, "fastst-loader-0"),
+                                             ("blocks", "fastst-loader-blocks")])
+def test_threads_end_on_break_on_an_exception_and_when_collected(one_file, shuffle, thread):
+    """The gathering threads, and a block shuffle's reading threads."""
     gc.collect()        # descriptors of earlier tests' garbage, closed by the collections below
     fds = open_fds()
-    with Loader(one_file, ["x", "y"], 4, threads=3) as loader:
+    with Loader(one_file, ["x", "y"], 4, shuffle=shuffle, seed=0, threads=3) as loader:
         for batch in loader:
-            assert loader_threads()
+            assert thread in {running.name for running in loader_threads()}
             break
         assert not loader_threads()
         with pytest.raises(ZeroDivisionError):
@@ -696,20 +699,6 @@ def test_a_block_shuffle_over_a_url_ends_its_fetches_on_break_and_on_errors(big_
             with pytest.raises(SafetensorError, match="changed since it was opened"):
                 taken(loader)
     assert not loader_threads()
-
-
-def test_a_block_shuffle_over_a_local_file_ends_its_readers_on_break_and_on_errors(big_file):
-    with Loader(big_file, "x", 100, shuffle="blocks", seed=1, block_rows=250,
-                window_blocks=4) as loader:
-        for k, _ in enumerate(loader):
-            if k == 3:
-                assert any(thread.name == "fastst-loader-blocks" for thread in loader_threads())
-                break
-        assert not loader_threads()
-        with pytest.raises(ZeroDivisionError):
-            for _ in loader:
-                1 / 0
-        assert not loader_threads()
 
 
 def test_batches_over_fsspec_memory(one_file):

@@ -8,6 +8,8 @@ import ctypes
 import mmap
 import os
 
+import pytest
+
 
 def resident_bytes(path) -> int:
     """Bytes of `path`'s mappings in this process that are in memory (pages mapped)."""
@@ -45,6 +47,13 @@ def cached_pages(path, begin: int = 0, end: int = -1) -> int:
     end = size if end < 0 else min(end, size)
     pages = vector.raw[begin // mmap.PAGESIZE:-(-end // mmap.PAGESIZE)]
     return sum(byte & 1 for byte in pages)
+
+
+def drop_or_skip(path) -> None:
+    """Drop the file's pages from the page cache, or skip the test where the file
+    system keeps them."""
+    if not dropped_from_page_cache(path):
+        pytest.skip("this file system keeps the file in the page cache")
 
 
 def read_bytes() -> int:

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fastst
 from fastst._core import read_counters
 from helpers import wait_until
-from pages import cached_pages, dropped_from_page_cache, read_bytes, resident_bytes
+from pages import (cached_pages, drop_or_skip, dropped_from_page_cache, read_bytes,
+                   resident_bytes)
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -253,8 +254,7 @@ def test_every_tensor_of_a_mapped_file_asked_for_is_read_ahead(tmp_path):
     becomes resident in the map."""
     path = tmp_path / "x.safetensors"
     tensors = small_tensors(path)
-    if not dropped_from_page_cache(path):
-        pytest.skip("this file system keeps the file in the page cache")
+    drop_or_skip(path)
     fastst.read_options(request_bytes=64 * KIB)
     loaded = {}
     done = counted(lambda: loaded.update(fastst.load_file(path)))
@@ -281,8 +281,7 @@ def test_a_mapped_file_in_the_page_cache_is_not_read_ahead(tmp_path):
 def test_a_map_is_read_ahead_once_and_only_for_every_tensor_with_hints(tmp_path):
     path = tmp_path / "x.safetensors"
     small_tensors(path)
-    if not dropped_from_page_cache(path):
-        pytest.skip("this file system keeps the file in the page cache")
+    drop_or_skip(path)
     fastst.read_options(request_bytes=64 * KIB)
     with fastst.safe_open(path) as f:
         assert counted(lambda: f.get_tensor("t000"))["maps_read_ahead"] == 0
@@ -581,8 +580,7 @@ def test_cache_rows_reads_the_whole_2_mib_pieces_that_hold_the_rows(tmp_path, ba
     whose advice is what reads a piece whole) nothing after them."""
     path = tmp_path / "x.safetensors"
     start = table_of_kib_rows(path)
-    if not dropped_from_page_cache(path):
-        pytest.skip("this file system keeps the file in the page cache")
+    drop_or_skip(path)
     with fastst.safe_open(path, backend=backend) as f:
         for (first, stop), pieces in (((3000, 3100), [(2, 4)]),      # inside [2 MiB, 4 MiB)
                                       ((4000, 4200), [(2, 4), (4, 6)])):   # across 4 MiB
@@ -605,8 +603,7 @@ def test_cache_rows_reads_the_whole_2_mib_pieces_that_hold_the_rows(tmp_path, ba
 def test_cache_rows_reads_nothing_the_page_cache_holds(tmp_path):
     path = tmp_path / "x.safetensors"
     table_of_kib_rows(path)
-    if not dropped_from_page_cache(path):
-        pytest.skip("this file system keeps the file in the page cache")
+    drop_or_skip(path)
     with fastst.safe_open(path) as f:
         before = read_bytes()
         f.cache_rows("x", 0, 8192)

@@ -1,7 +1,8 @@
-"""What the tests read of memory and the page cache: the bytes of a file's mappings that
-this process has in memory, the pages of a file the page cache holds, a file's pages
-dropped from it, and the bytes the process has read from storage (Linux's
-/proc/self/smaps, mincore, posix_fadvise and /proc/self/io)."""
+"""What the tests read of memory, the page cache and descriptors: the bytes of a file's
+mappings that this process has in memory, the pages of a file the page cache holds, a
+file's pages dropped from it, the bytes the process has read from storage, and the
+descriptors it holds open (Linux's /proc/self/smaps, mincore, posix_fadvise,
+/proc/self/io and /proc/self/fd)."""
 from __future__ import annotations
 
 import ctypes
@@ -73,3 +74,29 @@ def dropped_from_page_cache(path) -> bool:
     finally:
         os.close(fd)
     return cached_pages(path) == 0
+
+
+def open_descriptors() -> dict:
+    """This process's open descriptors, each with what it points to.
+
+    Compare these rather than counts: other tests' threads (an HTTP client's pool, a
+    cluster's) may close descriptors of their own at any time."""
+    described = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            described[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:     # closed since it was listed (the listing's own, for one)
+            pass
+    return described
+
+
+def opened_since(before: dict) -> dict:
+    """The descriptors open now that were not open at `before` (an `open_descriptors()`)."""
+    return {fd: target for fd, target in open_descriptors().items()
+            if before.get(fd) != target}
+
+
+def descriptors_on(*paths) -> int:
+    """The process's descriptors open on any of `paths`."""
+    names = {str(path) for path in paths}
+    return sum(target in names for target in open_descriptors().values())

@@ -19,6 +19,7 @@ import fastst
 from fastst.checkpoint import (ShardEntry, parse_size, read_index, save_checkpoint,
                                split_into_shards)
 from conftest import mapping_ranges
+from pages import descriptors_on
 
 INDEX = "model.safetensors.index.json"
 
@@ -96,14 +97,14 @@ def test_shards_open_on_first_use_and_close_with_the_handle(checkpoint):
 
 def test_mapped_shards_hold_no_descriptor(checkpoint):
     directory, _ = checkpoint
-    before = len(os.listdir("/proc/self/fd"))
+    shards = [directory / name for name in shard_names(3)]
     with fastst.safe_open(directory) as f:
         f.get_tensors()
-        assert len(os.listdir("/proc/self/fd")) == before
+        assert descriptors_on(*shards) == 0
     with fastst.safe_open(directory, backend="pread") as f:
         f.get_tensors()
-        assert len(os.listdir("/proc/self/fd")) == before + 3
-    assert len(os.listdir("/proc/self/fd")) == before
+        assert descriptors_on(*shards) == 3
+    assert descriptors_on(*shards) == 0
 
 
 def test_a_missing_shard_is_named_with_the_tensor_on_use(checkpoint):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fastst
+from pages import descriptors_on
 
 resource = pytest.importorskip("resource")
 
@@ -146,17 +147,13 @@ def test_copies_from_a_mapped_handle_read_the_file(tmp_path):
 
 def test_a_mapped_handle_keeps_no_descriptor_and_pread_keeps_one(tmp_path):
     path = make(tmp_path)
-    fd_dir = "/proc/self/fd"
-    if not os.path.isdir(fd_dir):
-        pytest.skip("needs /proc/self/fd")
-    before = len(os.listdir(fd_dir))
     mapped = fastst.safe_open(path, "np")
-    assert len(os.listdir(fd_dir)) == before
+    assert descriptors_on(path) == 0
     reading = fastst.safe_open(path, "np", backend="pread")
-    assert len(os.listdir(fd_dir)) == before + 1
+    assert descriptors_on(path) == 1
     reading.close()
     mapped.close()
-    assert len(os.listdir(fd_dir)) == before
+    assert descriptors_on(path) == 0
 
 
 def test_a_relative_path_is_reopened_from_where_it_was_opened(tmp_path, monkeypatch):

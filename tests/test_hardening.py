@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
 from conftest import WRITABLE_DTYPES, cpu_beside, random_array, same_bytes
+from pages import descriptors_on, open_descriptors, opened_since
 
 # ---------------------------------------------------------------------------
 # Paths that are not regular files
@@ -70,21 +71,6 @@ def test_unreadable_file_is_permission_error(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def fds_on(path) -> int:
-    """The process's descriptors open on `path`."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
-        except OSError:     # closed since it was listed
-            pass
-    return count
-
-
 def mappings() -> int:
     with open("/proc/self/maps") as maps:
         return sum(1 for _ in maps)
@@ -95,17 +81,15 @@ def test_opening_10000_files_leaks_no_descriptor_or_mapping(tmp_path, backend):
     path = tmp_path / "leak.safetensors"
     fastst.save_file({"a": np.arange(10.0), "b": np.ones((3, 3), np.int8)}, path)
     gc.collect()    # what earlier tests dropped closes now, not during the count
-    fds, maps = open_fds(), mappings()
+    fds, maps = open_descriptors(), mappings()
     for i in range(10_000):
         if i % 2:
             with fastst.safe_open(path, backend=backend) as f:
                 f.get_tensor("a")
         else:
             fastst.safe_open(path, backend=backend).get_tensor("b")   # dropped unclosed
-    # none left on the file, and none more in all: other tests' threads (an HTTP
-    # client's pool, a cluster's) may close theirs meanwhile, so the count may fall
-    assert fds_on(path) == 0
-    assert open_fds() <= fds
+    assert descriptors_on(path) == 0
+    assert opened_since(fds) == {}
     assert mappings() <= maps + 2
 
 

@@ -19,7 +19,7 @@ from fastst import SafetensorError, TensorNotFoundError
 from fastst.data import Loader
 
 from conftest import modules_loaded_by
-from pages import cached_pages, drop_or_skip, read_bytes
+from pages import cached_pages, drop_or_skip, open_descriptors, opened_since, read_bytes
 from servers import RangeServer
 
 
@@ -537,16 +537,12 @@ def loader_threads():
     return [thread for thread in threading.enumerate() if thread.name.startswith("fastst-loader")]
 
 
-def open_fds():
-    return len(os.listdir("/proc/self/fd"))
-
-
 @pytest.mark.parametrize("shuffle, thread", [(False, "fastst-loader-0"),
                                              ("blocks", "fastst-loader-blocks")])
 def test_threads_end_on_break_on_an_exception_and_when_collected(one_file, shuffle, thread):
     """The gathering threads, and a block shuffle's reading threads."""
-    gc.collect()        # descriptors of earlier tests' garbage, closed by the collections below
-    fds = open_fds()
+    gc.collect()
+    fds = open_descriptors()
     with Loader(one_file, ["x", "y"], 4, shuffle=shuffle, seed=0, threads=3) as loader:
         for batch in loader:
             assert thread in {running.name for running in loader_threads()}
@@ -562,7 +558,7 @@ def test_threads_end_on_break_on_an_exception_and_when_collected(one_file, shuff
         gc.collect()
         assert not loader_threads()
         assert len(taken(loader)) == len(loader) - 3      # a loop left early is continued
-    assert open_fds() == fds
+    assert opened_since(fds) == {}
 
 
 def test_threads_end_at_interpreter_exit(one_file):

@@ -75,11 +75,14 @@ class Loader:
         ``"blocks"``: rows in blocks of `block_rows` adjacent rows, the blocks
         in a random order, the rows shuffled within each window of
         `window_blocks` blocks: reads stay local (a cold disk, an object store).
-        The blocks are read a window ahead on a thread of their own: from a
-        local file into the page cache, in whole 2 MiB pieces that a map of the
-        file maps by 2 MiB (later epochs gather faster from them); over a URL
-        or a file object into memory, and batches gathered from there, two
-        windows held at most.
+        The blocks are read ahead on threads of their own: from local files
+        into the page cache, in whole 2 MiB pieces that a map of the file maps
+        by 2 MiB (later epochs gather faster from them), at the disk's pace
+        where the page cache holds the dataset; over a URL or a file object
+        into memory, a window ahead, and batches gathered from there, two
+        windows held at most. A full shuffle over local files that the page
+        cache holds reads them so too, whole, in order, before its first batch
+        (which takes rows from nearly everywhere).
     seed : int, optional
         The seed of the shuffled orders; None draws one (saved in
         ``state_dict()``). Needed when there are several ranks.
@@ -107,7 +110,8 @@ class Loader:
         With ``framework="pt"``: the ring's buffers in pinned memory (needs
         CUDA), for fast copies to the GPU.
     block_rows, window_blocks : int, default 4096 and 16
-        The blocks of ``shuffle="blocks"``.
+        The blocks of ``shuffle="blocks"``; a full shuffle reads a window's
+        rows at a time.
     backend : "mmap" or "pread", default "mmap"
         How local files are read (see ``fastst.safe_open``); URLs are read by
         byte ranges, each batch's rows of a file in as few requests as their
@@ -257,9 +261,9 @@ class Loader:
                 self._epoch, self._batch = epoch + 1, 0
             return
         slots = self._take_ring(min(2 * self.prefetch, len(todo)))
-        blocks = (_BlockShuffle(self.block_rows, self.window_blocks,
-                                self._window_batches(workers))
-                  if self.shuffle == "blocks" else None)
+        blocks = (_Blocks(self.block_rows, self.window_blocks, self._window_batches(workers),
+                          scattered=self.shuffle is True)
+                  if self.shuffle else None)
         pipeline = _Pipeline(self._dataset, rows, self.batch_size, todo, slots,
                              self.prefetch, self.threads, blocks)
         delivered: Dict[int, Dict[str, Any]] = {}
@@ -449,12 +453,14 @@ class Loader:
                 f"{self.batch_size}, epoch {self._epoch} batch {self._batch})>")
 
 
-class _BlockShuffle(NamedTuple):
-    """A block shuffle's blocks: their rows, a window's blocks, and the batches of an
-    iteration that a window fills."""
+class _Blocks(NamedTuple):
+    """The blocks a shuffled iteration reads ahead: their rows, a window's blocks, the
+    batches of the iteration that a window fills, and whether its batches take rows
+    from all over the dataset (a full shuffle)."""
     block_rows: int
     window_blocks: int
     window_batches: int
+    scattered: bool
 
 
 class _Part(NamedTuple):
@@ -613,14 +619,14 @@ class _Dataset:
 
 
 class _BlocksAhead:
-    """The blocks of a block shuffle that its pipeline asks for: once a thread starts
-    a batch whose next `window` batches are not all asked for, the blocks of the
-    `window` batches after those asked (or of the next `window` after it, if more),
-    each block once, in the order of the file within each claim (a window's blocks
-    are all needed by its first batches); a window at a time, so that the cost of
-    working them out is shared by a window's batches. With a `reader`, the blocks
-    are handed to it as they are claimed, in that order, and ``wait(position)``
-    waits until it has read every block of batch `position`."""
+    """The blocks of `block_rows` rows that a block shuffle's batches take rows from,
+    asked for a window of `window` batches at a time (a claim): each claim's blocks not
+    asked for before, in the order of the file (a window's blocks are all needed by its
+    first batches). A thread that starts gathering a batch claims the windows up to
+    `window` batches after it. With a `reader`, the blocks are handed to it as they are
+    claimed, in that order, and it may claim the next window itself whenever it has
+    nothing left to read (``claim_next``); ``wait(position)`` waits until it has read
+    every block of batch `position`."""
 
     def __init__(self, rows_of: Callable[[int], npt.NDArray[np.int64]], batches: int,
                  rows: int, block_rows: int, window: int,
@@ -637,26 +643,37 @@ class _BlocksAhead:
 
     def claim(self, position: int) -> List[int]:
         """The blocks not asked for yet of the batches up to `window` after batch
-        `position` (and of those after them up to a window's), now counted as asked:
-        the caller asks for them (the reader, if there is one, has them already)."""
+        `position`, now counted as asked: the caller asks for them (the reader, if
+        there is one, has them already)."""
+        wanted = min(self.batches, position + 1 + self.window)
+        blocks: List[int] = []
         with self.lock:
-            wanted = min(self.batches, position + 1 + self.window)
-            if wanted <= self.asked_to:
-                return []
-            stop = min(self.batches, max(wanted, self.asked_to + self.window))
-            batches = [self.rows_of(later) for later in range(self.asked_to, stop)]
-            of_rows = np.concatenate(batches) // self.block_rows
-            fresh = np.unique(of_rows[self.places[of_rows] < 0])
-            self.places[fresh] = np.arange(self.asked, self.asked + len(fresh))
-            self.asked += len(fresh)
-            starts = np.cumsum([0] + [len(rows) for rows in batches[:-1]])
-            self.needs[self.asked_to:stop] = np.maximum.reduceat(
-                self.places[of_rows], starts) + 1
-            blocks = fresh.tolist()
-            self.asked_to = stop
-            if self.reader is not None:
-                self.reader.want(blocks)     # under the lock: in the order of `places`
-            return blocks
+            while self.asked_to < wanted:
+                blocks += self._claim_window()
+        return blocks
+
+    def claim_next(self) -> bool:
+        """Claim the next window, if any batch is left to claim (for the reader)."""
+        with self.lock:
+            if self.asked_to == self.batches:
+                return False
+            self._claim_window()
+            return True
+
+    def _claim_window(self) -> List[int]:
+        start, stop = self.asked_to, min(self.batches, self.asked_to + self.window)
+        self.asked_to = stop
+        batches = [self.rows_of(later) for later in range(start, stop)]
+        of_rows = np.concatenate(batches) // self.block_rows
+        fresh = np.unique(of_rows[self.places[of_rows] < 0])
+        self.places[fresh] = np.arange(self.asked, self.asked + len(fresh))
+        self.asked += len(fresh)
+        firsts = np.cumsum([0] + [len(rows) for rows in batches[:-1]])
+        self.needs[start:stop] = np.maximum.reduceat(self.places[of_rows], firsts) + 1
+        blocks = fresh.tolist()
+        if self.reader is not None:
+            self.reader.want(blocks)     # under the lock: in the order of `places`
+        return blocks
 
     def wait(self, position: int) -> None:
         """Wait until the reader has read every block of batch `position` (claimed)."""
@@ -671,30 +688,30 @@ class _Pipeline:
 
     The consumer hands out the batches to start, in order, through a queue (any
     free thread takes the next); a slot's lock, held while it is being filled,
-    is released when its batch is in. With `blocks` (a block shuffle), a thread
-    that takes a batch first asks for the blocks of the batches up to a window after
-    it, those not asked yet (a window at a time), which are read ahead while the
-    batches before them are gathered: of local files, `CachedBlocks` reads them into
-    the page cache in whole 2 MiB pieces, and a batch is gathered once its blocks are
-    in (over a dataset larger than half the memory, the kernel is only asked for them,
-    and batches gathered at once); of files read by ranges, `RowBlocks` fetches them
-    whole into memory and gathers the batches from there. The consumer's thread never
-    waits for either."""
+    is released when its batch is in. With `blocks` (a shuffle), a thread that
+    takes a batch first asks for the blocks of the batches up to a window after it,
+    those not asked yet (a window at a time), which are read ahead while the batches
+    before them are gathered: of local files, `CachedBlocks` reads them into the page
+    cache in whole 2 MiB pieces, asking for the next window's itself as soon as it has
+    read those asked (at the disk's pace), and a batch is gathered once its blocks are
+    in; over a dataset larger than half the memory, a block shuffle only asks the
+    kernel for them, and gathers its batches at once. Of files read by ranges, a block
+    shuffle's `RowBlocks` fetches them whole into memory and gathers the batches from
+    there. A full shuffle's batches take rows from nearly every block: over local files
+    that the page cache holds, `CachedBlocks` reads them whole, a window's rows at a
+    time, in file order, and each batch waits for all; otherwise its rows are read where
+    they lie. The consumer's thread never waits for any of these."""
 
     def __init__(self, dataset: _Dataset, rows: npt.NDArray[np.int64], batch_size: int,
                  todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int,
-                 blocks: Optional[_BlockShuffle] = None) -> None:
+                 blocks: Optional[_Blocks] = None) -> None:
         self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
         self.row_blocks: Optional[RowBlocks] = None
         self.cached_blocks: Optional[CachedBlocks] = None
-        if blocks is not None and dataset.by_ranges:
-            self.row_blocks = self._row_blocks(blocks)
-        elif blocks is not None and dataset.fits_page_cache():
-            self.cached_blocks = CachedBlocks(dataset.cache_rows, blocks.block_rows,
-                                              dataset.rows)
-        self.blocks = None if blocks is None else _BlocksAhead(
-            self._rows_of, len(todo), dataset.rows, blocks.block_rows, blocks.window_batches,
-            self.cached_blocks)
+        self.blocks: Optional[_BlocksAhead] = None
+        self.whole = 0       # with a full shuffle read whole: the pieces each batch waits for
+        if blocks is not None:
+            self._read_ahead(blocks)
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
         self.filled = [threading.Lock() for _ in slots]
@@ -709,6 +726,26 @@ class _Pipeline:
         for worker in self.workers:
             worker.start()
 
+    def _read_ahead(self, blocks: _Blocks) -> None:
+        """Set up the reading ahead of a shuffle's blocks (see the class)."""
+        dataset, batches = self.dataset, len(self.todo)
+        if blocks.scattered:
+            if not dataset.by_ranges and dataset.fits_page_cache():
+                piece_rows = blocks.block_rows * blocks.window_blocks
+                self.cached_blocks = CachedBlocks(dataset.cache_rows, piece_rows, dataset.rows)
+                self.whole = -(-dataset.rows // piece_rows)
+                self.cached_blocks.want(range(self.whole))
+            return
+        if dataset.by_ranges:
+            self.row_blocks = self._row_blocks(blocks)
+        elif dataset.fits_page_cache():
+            self.cached_blocks = CachedBlocks(dataset.cache_rows, blocks.block_rows,
+                                              dataset.rows)
+        self.blocks = _BlocksAhead(self._rows_of, batches, dataset.rows, blocks.block_rows,
+                                   blocks.window_batches, self.cached_blocks)
+        if self.cached_blocks is not None:
+            self.cached_blocks.ask_more(self.blocks.claim_next)
+
     def size(self, index: int) -> int:
         return min(self.batch_size, len(self.rows) - index * self.batch_size)
 
@@ -720,7 +757,7 @@ class _Pipeline:
         index = self.todo[position]
         return self.rows[index * self.batch_size:(index + 1) * self.batch_size]
 
-    def _row_blocks(self, blocks: _BlockShuffle) -> RowBlocks:
+    def _row_blocks(self, blocks: _Blocks) -> RowBlocks:
         """Blocks in memory for the batches to do: at most two windows' held."""
         taken = np.concatenate([self._rows_of(position) for position in range(len(self.todo))])
         counts = np.bincount(taken // blocks.block_rows,
@@ -744,6 +781,8 @@ class _Pipeline:
     def _fill(self, position: int, buffers: Dict[str, Any]) -> None:
         rows = self._rows_of(position)
         if self.blocks is None:
+            if self.cached_blocks is not None:
+                self.cached_blocks.wait(self.whole)
             self.dataset.fill(buffers, rows)
             return
         blocks = self.blocks.claim(position)

@@ -10,8 +10,10 @@ ahead of the batches that need them, and gathers each batch from memory. A block
 dropped as soon as every row the iteration takes from it has been taken, and no more
 than `most` blocks are held for later batches, so memory stays within about two windows
 of blocks. ``CachedBlocks`` reads a local file's blocks into the page cache in the order
-they are asked for, and a batch is gathered from the file once the blocks it needs are
-in: none of its rows is faulted in by itself, 4 KiB at a time.
+they are asked for, and asks for more as soon as it has read them (a dataset the page
+cache holds whole is read at the disk's pace, not the gathers'); a batch is gathered
+from the file once the blocks it needs are in: none of its rows is faulted in by
+itself, 4 KiB at a time.
 """
 from __future__ import annotations
 
@@ -192,7 +194,9 @@ class CachedBlocks:
     """Blocks of `block_rows` rows of a dataset of `total` rows, read into the page
     cache by ``cache(first, stop)`` (rows [first, stop) of every tensor) on `threads`
     threads of their own, a block at a time each, in the order they are asked for;
-    ``wait(count)`` returns once the first `count` blocks asked for are in."""
+    ``wait(count)`` returns once the first `count` blocks asked for are in. Given
+    ``ask_more(more)``, a thread with nothing left to read calls ``more()``, which
+    asks for more blocks (``want``) or returns False when there are none."""
 
     def __init__(self, cache: Callable[[int, int], Any], block_rows: int, total: int,
                  threads: int = 2) -> None:
@@ -204,10 +208,17 @@ class CachedBlocks:
         self.read: Set[int] = set()      # the places of those read after a gap
         self.error: Optional[BaseException] = None
         self.stopping = False
+        self.more: Optional[Callable[[], bool]] = None
         self.threads = [threading.Thread(target=self._read_blocks, daemon=True,
                                          name="fastst-loader-blocks") for _ in range(threads)]
         for thread in self.threads:
             thread.start()
+
+    def ask_more(self, more: Callable[[], bool]) -> None:
+        """Call ``more()`` for more blocks whenever all asked for are being read."""
+        with self.condition:
+            self.more = more
+            self.condition.notify_all()
 
     def want(self, blocks: Iterable[int]) -> None:
         """Read `blocks` after those asked for before, in this order."""
@@ -241,13 +252,18 @@ class CachedBlocks:
     def _read_blocks(self) -> None:
         while True:
             with self.condition:
-                while not self.asked and not self.stopping:
+                while not (self.asked or self.more or self.stopping or self.error is not None):
                     self.condition.wait()
                 if self.stopping or self.error is not None:
                     return
-                block, place = self.asked.popleft(), self.taken
-                self.taken += 1
+                more = None if self.asked else self.more
+                if more is None:
+                    block, place = self.asked.popleft(), self.taken
+                    self.taken += 1
             try:
+                if more is not None:
+                    self._ask_more(more)
+                    continue
                 first = block * self.block_rows
                 self.cache(first, min(first + self.block_rows, self.total))
             except BaseException as error:
@@ -261,3 +277,9 @@ class CachedBlocks:
                     self.read.remove(self.done)
                     self.done += 1
                 self.condition.notify_all()
+
+    def _ask_more(self, more: Callable[[], bool]) -> None:
+        """Outside the condition: `more` asks under a lock of its own, then ``want``."""
+        if not more():
+            with self.condition:
+                self.more = None

@@ -19,6 +19,7 @@ from fastst import SafetensorError, TensorNotFoundError
 from fastst.data import Loader
 
 from conftest import modules_loaded_by
+from helpers import wait_until
 from pages import cached_pages, drop_or_skip, open_descriptors, opened_since, read_bytes
 from servers import RangeServer
 
@@ -161,13 +162,14 @@ def test_a_block_shuffle_over_more_than_the_memory_asks_the_kernel_for_each_bloc
         assert sum(len(batch["y"]) for batch in loader) == 1000 and not asked
 
 
+@pytest.mark.parametrize("shuffle, unit", [("blocks", 120), (True, 360)])
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
-def test_a_block_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
-        tmp_path, monkeypatch, backend):
-    """A block shuffle over local files reads each block of each tensor into the page
-    cache once an epoch, on a thread of its own (not the consumer's, not a gathering
-    one), and no batch is gathered before every block it takes rows from is in; a
-    full shuffle reads no block."""
+def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
+        tmp_path, monkeypatch, backend, shuffle, unit):
+    """A shuffle over local files reads each block of each tensor (a full shuffle: a
+    window's rows at a time) into the page cache once an epoch, on a thread of its own
+    (not the consumer's, not a gathering one), and no batch is gathered before every
+    block it takes rows from is in; an unshuffled iteration reads no block."""
     files = [tmp_path / f"part-{k}.safetensors" for k in range(2)]
     for k, path in enumerate(files):     # 1000 rows in two files: a block across the two
         fastst.save_file(table(500, 500 * k), path)
@@ -189,10 +191,10 @@ def test_a_block_shuffle_reads_each_block_into_the_page_cache_before_its_batches
     monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
     monkeypatch.setattr(fastst._loader._Dataset, "fill", checked_fill)
     pieces = sorted((name, first, stop) for name in ("x", "y") for block in range(9)
-                    for first, stop in ((120 * block, min(120 * block + 120, 500)),
-                                        (max(120 * block, 500), min(120 * block + 120, 1000)))
-                    if first < stop)        # blocks of 120 rows, the one across 500 in two
-    with Loader(files, ["x", "y"], 64, shuffle="blocks", block_rows=120, window_blocks=3,
+                    for first, stop in ((unit * block, min(unit * block + unit, 500)),
+                                        (max(unit * block, 500), min(unit * block + unit, 1000)))
+                    if first < stop)        # blocks of `unit` rows, one across 500 in two
+    with Loader(files, ["x", "y"], 64, shuffle=shuffle, block_rows=120, window_blocks=3,
                 seed=0, backend=backend) as loader:
         for epoch in range(2):
             rows = np.concatenate([batch["y"].copy() for batch in loader])
@@ -200,23 +202,24 @@ def test_a_block_shuffle_reads_each_block_into_the_page_cache_before_its_batches
             assert sorted(cached) == pieces                # each once
             assert readers == {"fastst-loader-blocks"} and not early
             cached.clear()
-    with Loader(files, ["x", "y"], 64, shuffle=True, backend=backend) as loader:
+    with Loader(files, ["x", "y"], 64, block_rows=120, backend=backend) as loader:
         assert sum(len(batch["y"]) for batch in loader) == 1000 and not cached
     assert not loader_threads()
 
 
 @LINUX_ONLY
-def test_a_block_shuffle_over_a_cold_file_reads_it_once_and_leaves_it_cached(tmp_path):
-    """An epoch of a block shuffle over a file not in the page cache reads the file
-    once (blocks read in whole 2 MiB pieces bring parts of their neighbours, which are
-    not read again when their turn comes), and leaves it all in the page cache: the
-    next epoch reads nothing."""
+@pytest.mark.parametrize("shuffle", ["blocks", True])
+def test_a_shuffle_over_a_cold_file_reads_it_once_and_leaves_it_cached(tmp_path, shuffle):
+    """An epoch of a shuffle over a file not in the page cache reads the file once
+    (blocks read in whole 2 MiB pieces bring parts of their neighbours, which are not
+    read again when their turn comes), and leaves it all in the page cache: the next
+    epoch reads nothing."""
     path = tmp_path / "rows.safetensors"
     fastst.save_file({"x": np.arange(16384 * 256, dtype=np.float32).reshape(16384, 256)},
                      path)                                    # 16 MiB of 1 KiB rows
     drop_or_skip(path)
     size = os.path.getsize(path)
-    with Loader(path, "x", 256, shuffle="blocks", block_rows=1500, window_blocks=2,
+    with Loader(path, "x", 256, shuffle=shuffle, block_rows=1500, window_blocks=2,
                 seed=0) as loader:
         before = read_bytes()
         assert sum(len(batch["x"]) for batch in loader) == 16384
@@ -238,12 +241,16 @@ def test_a_file_cut_short_under_a_block_shuffle_is_an_error_not_a_fault(tmp_path
     assert not loader_threads()
 
 
-def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_ahead():
-    """A thread that starts gathering a batch whose next window of batches is not all
-    asked for asks for the blocks of the next window's batches (or more, to the window
-    after its batch) that are not asked for yet, in file order: the next window is
-    read while this one is gathered. Each batch waits for the blocks asked for up to
-    its last one."""
+BATCHES_OF_BLOCKS = [np.array(rows) for rows in        # 12 rows, blocks of 2
+                     ([5, 1], [1, 0], [7, 9], [8, 6], [3, 2], [2, 4], [11, 10], [10, 11])]
+
+
+def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_at_a_time():
+    """A thread that starts gathering a batch asks for the windows of batches up to a
+    window after it, each window's blocks not asked for yet in file order, after the
+    blocks of the windows before (the first batch waits for its window's blocks, not
+    for the next window's). Each batch waits for the blocks asked for up to its last
+    one."""
     from fastst._loader import _BlocksAhead
 
     class Reader:
@@ -251,19 +258,38 @@ def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_ahead():
         want = asked.extend
         wait = waits.append
 
-    batches = [np.array(rows) for rows in
-               ([5, 1], [1, 0], [7, 9], [8, 6], [3, 2], [2, 4], [11, 10], [10, 11])]
-    hints = _BlocksAhead(batches.__getitem__, len(batches), rows=12, block_rows=2, window=3,
-                         reader=Reader())
-    assert hints.claim(0) == [0, 2, 3, 4]           # batches 0-3
-    assert hints.claim(1) == [1, 5]                 # batches 4-6 (2 was asked)
-    assert hints.claim(1) == [] and hints.claim(0) == [] and hints.claim(3) == []
-    assert hints.claim(4) == []                     # batch 7: 5 was asked
-    assert hints.claim(6) == []                     # the last batch is asked for
+    hints = _BlocksAhead(BATCHES_OF_BLOCKS.__getitem__, len(BATCHES_OF_BLOCKS), rows=12,
+                         block_rows=2, window=3, reader=Reader())
+    assert hints.claim(0) == [0, 2, 3, 4, 1]        # batches 0-2, then 3-5
+    assert hints.claim(1) == [] and hints.claim(0) == [] and hints.claim(2) == []
+    assert hints.claim(4) == [5]                    # batches 6-7
+    assert hints.claim(6) == [] and not hints.claim_next()
     assert Reader.asked == [0, 2, 3, 4, 1, 5]
-    for position in range(len(batches)):
+    for position in range(len(BATCHES_OF_BLOCKS)):
         hints.wait(position)
     assert Reader.waits == [2, 1, 4, 4, 5, 5, 6, 6]    # 1 + its blocks' latest place
+
+
+def test_the_reader_of_blocks_asks_for_the_next_windows_itself():
+    """Once it has read the blocks asked for, the page cache's reader claims the next
+    window itself: a dataset the page cache holds whole is read at the disk's pace,
+    whatever the pace of the batches."""
+    from fastst._loader import _BlocksAhead
+    from fastst._rowblocks import CachedBlocks
+
+    read = []
+    reader = CachedBlocks(lambda first, stop: read.append(first), block_rows=2, total=12)
+    try:
+        hints = _BlocksAhead(BATCHES_OF_BLOCKS.__getitem__, len(BATCHES_OF_BLOCKS),
+                             rows=12, block_rows=2, window=1, reader=reader)
+        reader.ask_more(hints.claim_next)
+        assert wait_until(lambda: reader.done == 6)     # no batch claimed any
+        assert sorted(read) == [0, 2, 4, 6, 8, 10]
+        assert hints.asked_to == len(BATCHES_OF_BLOCKS)
+        assert hints.places.tolist() == [0, 4, 1, 2, 3, 5]     # window by window
+        assert wait_until(lambda: reader.more is None)   # nothing left to claim
+    finally:
+        reader.stop()
 
 
 def test_the_window_ahead_is_a_windows_share_of_this_iterations_batches(one_file):
@@ -538,9 +564,10 @@ def loader_threads():
 
 
 @pytest.mark.parametrize("shuffle, thread", [(False, "fastst-loader-0"),
-                                             ("blocks", "fastst-loader-blocks")])
+                                             ("blocks", "fastst-loader-blocks"),
+                                             (True, "fastst-loader-blocks")])
 def test_threads_end_on_break_on_an_exception_and_when_collected(one_file, shuffle, thread):
-    """The gathering threads, and a block shuffle's reading threads."""
+    """The gathering threads, and a shuffle's reading threads."""
     gc.collect()
     fds = open_descriptors()
     with Loader(one_file, ["x", "y"], 4, shuffle=shuffle, seed=0, threads=3) as loader:

@@ -449,7 +449,7 @@ class Reader:
     def cache_rows(self, name: str, first: int, stop: int, /) -> int:
         """Read rows ``[first, stop)`` of tensor `name`'s first axis (clipped to
         it) into the page cache now, without the GIL, and return once they are
-        there (the thread ``Loader`` reads the blocks of a block shuffle so).
+        there (the thread ``Loader`` reads a shuffle's blocks so).
 
         The file is read in the whole 2 MiB-aligned pieces that hold the rows
         (up to 2 MiB more on each side), each in one request, and the page

@@ -572,7 +572,9 @@ class _Dataset:
         """Whether the rows of every tensor read fill at most half of the machine's
         memory (``read_ahead_limit``). A block read in whole 2 MiB pieces brings parts
         of its neighbours, which are read again unless the page cache still holds them
-        when their turn comes; a larger dataset is only asked for, block by block."""
+        when their turn comes, and a full shuffle's rows are read before its first
+        batch: a larger dataset's blocks are only asked for, block by block (a full
+        shuffle's rows are read where they lie)."""
         row_bytes = sum(dtype.itemsize * int(np.prod(shape))
                         for dtype, shape in self.layouts.values())
         return self.rows * row_bytes <= read_ahead_limit()

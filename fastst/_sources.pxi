@@ -62,7 +62,7 @@ fastst_map_readers_init()
 cpdef uint64_t read_ahead_limit():
     """Half the machine's memory: the most read into the page cache ahead of use and
     counted on to stay there: the map readers' bytes at once, and a dataset whose
-    block shuffle reads whole 2 MiB pieces (the thread Loader). 1 where the memory
+    shuffle reads whole 2 MiB pieces (the thread Loader). 1 where the memory
     is not known: nothing is read ahead so."""
     global _READ_AHEAD_LIMIT
     if _READ_AHEAD_LIMIT == 0:

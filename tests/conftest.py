@@ -4,6 +4,7 @@ import importlib.util
 import inspect
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -179,8 +180,10 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
+    free = shutil.disk_usage(tempfile.gettempdir()).free
     return (f"fastst {fastst.__version__} from {pathlib.Path(fastst.__file__).parent}, "
-            f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}")
+            f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}; "
+            f"{free / 2**30:.1f} GiB free in {tempfile.gettempdir()}")
 
 
 def pytest_sessionstart(session):

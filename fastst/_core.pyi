@@ -743,6 +743,44 @@ class Reader:
         """Let go of the file: the handle reads nothing more, and arrays it gave
         stay valid (a view keeps the map alive). Closing again does nothing."""
 
+READER_FAILED: Final[int]
+STOPPED: Final[int]
+
+class BatchRing:
+    """Threads that gather batches of rows of several tensors, from the maps of one
+    or more files (numbered across them), into a ring of batch buffers, and the
+    consumer's side: each thread's loop (``work``) and each batch's wait (``take``)
+    run without the GIL, so that no batch costs Python anything but its ``take``
+    (the thread Loader's gathers over mapped files).
+
+    Batch k of an iteration (its place) holds rows ``order[(first + k * step) *
+    batch_rows:]`` (at most `batch_rows` of them) and goes into slot k % len(slots)
+    once batch k - ahead is taken. With `needs` (one per place), place k waits until
+    ``advance`` has said that ``needs[k]`` reads are done and that k's need is set;
+    with `need`, every place waits for `need` reads; with neither, none waits. The
+    maps stay while the ring does; each file is held open, and checked to be no
+    shorter than mapped before each batch that takes rows from it, until ``close``.
+    """
+    def __init__(self, handles: list[Reader], starts: list[int], names: tuple[str, ...],
+                 order: npt.NDArray[np.int64], batch_rows: int, first: int, step: int,
+                 count: int, slots: list[dict[str, npt.NDArray[Any]]], ahead: int,
+                 needs: npt.NDArray[np.int64] | None = None, need: int = 0) -> None: ...
+    def work(self) -> None:
+        """A gathering thread's loop: returns once no batch is left, or at ``stop``."""
+    def take(self, place: int) -> int:
+        """Wait for batch `place` (taken in order) and return its slot; READER_FAILED
+        where the reading it waited for failed, STOPPED where the ring stopped first.
+        A file cut short raises the SafetensorError that says so."""
+    def advance(self, ready: int, claimed: int = 0) -> None:
+        """`ready` reads are done, and the needs of the first `claimed` places are set."""
+    def reading_failed(self) -> None:
+        """The reading the batches wait for failed: each waiting batch ends READER_FAILED."""
+    def stop(self) -> None:
+        """End the threads' loops (after the batches they are copying) and every wait."""
+    def close(self) -> None:
+        """Once the threads have returned from ``work``: close the files and let go of
+        the maps and the buffers."""
+
 class SupportsWrite(Protocol):
     def write(self, data: npt.NDArray[np.uint8], /) -> int | None: ...
 

@@ -17,6 +17,7 @@ from cpython.buffer cimport (
     PyBUF_ANY_CONTIGUOUS, PyBUF_WRITE, PyBuffer_FillInfo, PyBuffer_Release,
     PyObject_GetBuffer,
 )
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
@@ -31,7 +32,7 @@ from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, mu
 from posix.stdlib cimport posix_memalign
 from posix.types cimport off_t
 from posix.uio cimport iovec, preadv
-from posix.unistd cimport pread, pwrite, write
+from posix.unistd cimport close, pread, pwrite, write
 
 cnp.import_array()
 
@@ -84,6 +85,7 @@ include "_dtypes.pxi"     # THE dtype table and the lists derived from it
 include "_header.pxi"     # prefix, fast scanner, strict parser, coverage rules
 include "_sources.pxi"    # mmap and buffer owners; read plans (pread, threads, no GIL)
 include "_reader.pxi"     # Reader: views, copies, rows, gathers
+include "_batches.pxi"    # BatchRing: the thread Loader's gathers, without the GIL
 include "_align.pxi"      # aligned files: the header's padding, the tensors' order
 include "_runs.pxi"       # runs of bytes inside a tensor: the part a shard owns
 include "_writer.pxi"     # WriteSpec, WritePlan, the one output loop

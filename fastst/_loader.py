@@ -5,6 +5,7 @@ buffers, shuffled, split between ranks, resumable, with no worker processes.
 from __future__ import annotations
 
 import atexit
+import functools
 import glob
 import os
 import queue
@@ -16,7 +17,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTup
 
 import numpy as np
 
-from ._core import SafetensorError, TensorNotFoundError, read_ahead_limit
+from ._core import (READER_FAILED, BatchRing, Reader, SafetensorError, TensorNotFoundError,
+                    read_ahead_limit)
 from ._api import safe_open
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
@@ -537,6 +539,13 @@ class _Dataset:
                 else:
                     buffers[name][places] = part.handle.gather(name, local)
 
+    def mapped_handles(self) -> Optional[List[Reader]]:
+        """The handles of the files, where each is a single mapped file; else None."""
+        handles = [part.handle for part in self.parts]
+        if all(isinstance(handle, Reader) and handle.backend == "mmap" for handle in handles):
+            return handles
+        return None
+
     def read_rows(self, rows: npt.NDArray[np.int64]) -> Dict[str, Any]:
         """Rows `rows` of each tensor, in fresh arrays, read in one gather a file."""
         buffers = self.buffers(len(rows), np.empty)
@@ -628,7 +637,8 @@ class _BlocksAhead:
     `window` batches after it. With a `reader`, the blocks are handed to it as they are
     claimed, in that order, and it may claim the next window itself whenever it has
     nothing left to read (``claim_next``); ``wait(position)`` waits until it has read
-    every block of batch `position`."""
+    every block of batch `position`, and ``follow(on_claim)`` has each claim told (the
+    batches whose `needs` are set)."""
 
     def __init__(self, rows_of: Callable[[int], npt.NDArray[np.int64]], batches: int,
                  rows: int, block_rows: int, window: int,
@@ -641,6 +651,7 @@ class _BlocksAhead:
         self.asked_to = 0           # the batches (places in `todo`) asked for: [0, asked_to)
         # for each batch asked for, the blocks asked for up to its last one
         self.needs = np.zeros(batches, np.int64)
+        self.on_claim: Optional[Callable[[int], Any]] = None
         self.lock = threading.Lock()
 
     def claim(self, position: int) -> List[int]:
@@ -653,6 +664,13 @@ class _BlocksAhead:
             while self.asked_to < wanted:
                 blocks += self._claim_window()
         return blocks
+
+    def follow(self, on_claim: Callable[[int], Any]) -> None:
+        """Call ``on_claim(claimed)`` now and after each claim: the first `claimed`
+        batches have their `needs` set."""
+        with self.lock:
+            self.on_claim = on_claim
+            on_claim(self.asked_to)
 
     def claim_next(self) -> bool:
         """Claim the next window, if any batch is left to claim (for the reader)."""
@@ -675,6 +693,8 @@ class _BlocksAhead:
         blocks = fresh.tolist()
         if self.reader is not None:
             self.reader.want(blocks)     # under the lock: in the order of `places`
+        if self.on_claim is not None:
+            self.on_claim(stop)
         return blocks
 
     def wait(self, position: int) -> None:
@@ -688,9 +708,13 @@ class _Pipeline:
     beyond the one taken: batch k (its place in `todo`) goes into slot
     k % len(slots), and is started once batch k - ahead is taken.
 
-    The consumer hands out the batches to start, in order, through a queue (any
-    free thread takes the next); a slot's lock, held while it is being filled,
-    is released when its batch is in. With `blocks` (a shuffle), a thread that
+    Where every file is mapped, a `BatchRing` does it (`_batch_ring`): its threads
+    take the batches in order and copy their rows, and the consumer waits for each,
+    without the GIL, so that a batch costs Python no more than the consumer's take; a
+    batch that waits for reads waits for the count that `CachedBlocks` and the claims
+    below report. Otherwise the consumer hands out the batches to start, in order,
+    through a queue (any free thread takes the next); a slot's lock, held while it is
+    being filled, is released when its batch is in. With `blocks` (a shuffle), a thread that
     takes a batch first asks for the blocks of the batches up to a window after it,
     those not asked yet (a window at a time), which are read ahead while the batches
     before them are gathered: of local files, `CachedBlocks` reads them into the page
@@ -719,14 +743,27 @@ class _Pipeline:
         self.filled = [threading.Lock() for _ in slots]
         self.errors: List[Optional[BaseException]] = [None] * len(slots)
         self.stopping = False
-        for position in range(min(self.ahead, len(todo))):
-            self._start(position)
-        self.workers = [threading.Thread(target=self._work, daemon=True,
+        self.failure: Optional[BaseException] = None     # of a thread of the ring
+        self.pid = os.getpid()
+        try:
+            self.ring = self._batch_ring()
+        except BaseException:
+            self._stop_readers()
+            raise
+        if self.ring is None:
+            for position in range(min(self.ahead, len(todo))):
+                self._start(position)
+        self.workers = [threading.Thread(target=self._work if self.ring is None
+                                         else self._gather, daemon=True,
                                          name=f"fastst-loader-{k}")
                         for k in range(min(threads, len(todo)))]
         _PIPELINES.add(self)
         for worker in self.workers:
             worker.start()
+        if self.ring is not None and self.cached_blocks is not None:
+            self.cached_blocks.follow(self.ring.advance, self.ring.reading_failed)
+            if self.blocks is not None:
+                self.blocks.follow(functools.partial(self.ring.advance, 0))   # (0, claimed)
 
     def _read_ahead(self, blocks: _Blocks) -> None:
         """Set up the reading ahead of a shuffle's blocks (see the class)."""
@@ -747,6 +784,32 @@ class _Pipeline:
                                    blocks.window_batches, self.cached_blocks)
         if self.cached_blocks is not None:
             self.cached_blocks.ask_more(self.blocks.claim_next)
+
+    def _batch_ring(self) -> Optional[BatchRing]:
+        """Where every file is mapped and no batch needs hints of its own (a block
+        shuffle whose blocks are only asked for), the ring's gathers and waits run
+        without the GIL (`BatchRing`); each batch waits for the reads it needs, as
+        `_fill` does."""
+        handles = self.dataset.mapped_handles()
+        if handles is None or (self.blocks is not None and self.cached_blocks is None):
+            return None
+        starts = [part.start for part in self.dataset.parts] + [self.dataset.rows]
+        needs, need = None, 0
+        if self.blocks is not None:
+            needs = self.blocks.needs
+        elif self.cached_blocks is not None:
+            need = self.whole
+        return BatchRing(handles, starts, self.dataset.names, self.rows, self.batch_size,
+                         self.todo.start, self.todo.step, len(self.todo), self.slots,
+                         self.ahead, needs, need)
+
+    def _gather(self) -> None:
+        assert self.ring is not None
+        try:
+            self.ring.work()
+        except BaseException as error:     # raised in the consumer, at the next batch
+            self.failure = error
+            self.ring.reading_failed()
 
     def size(self, index: int) -> int:
         return min(self.batch_size, len(self.rows) - index * self.batch_size)
@@ -800,6 +863,8 @@ class _Pipeline:
     def take(self, position: int) -> int:
         """The slot of batch `position`, once gathered; the batch `ahead` after it is
         started."""
+        if self.ring is not None:
+            return self._ring_slot(self.ring.take(position))
         slot = position % len(self.slots)
         following = position + self.ahead
         if following < len(self.todo):
@@ -812,16 +877,36 @@ class _Pipeline:
             raise error
         return slot
 
-    def stop(self) -> None:
-        self.stopping = True
-        for _ in self.workers:
-            self.to_start.put(None)
+    def _stop_readers(self) -> None:
         for reader in (self.row_blocks, self.cached_blocks):
             if reader is not None:
                 reader.stop()          # a batch waiting for a block ends at once
+
+    def _ring_slot(self, slot: int) -> int:
+        if slot >= 0:
+            return slot
+        if slot == READER_FAILED:
+            error = self.failure
+            if error is None and self.cached_blocks is not None:
+                error = self.cached_blocks.error
+            if error is not None:
+                raise error
+        raise RuntimeError("the loader stopped while a batch waited for rows")
+
+    def stop(self) -> None:
+        if os.getpid() != self.pid:      # a fork's child: the threads and their locks
+            return                       # are the parent's
+        self.stopping = True
+        if self.ring is not None:
+            self.ring.stop()
+        for _ in self.workers:
+            self.to_start.put(None)
+        self._stop_readers()
         for worker in self.workers:
             if worker is not threading.current_thread():
                 worker.join()
+        if self.ring is not None:
+            self.ring.close()
         _PIPELINES.discard(self)
 
 

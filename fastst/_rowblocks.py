@@ -194,9 +194,10 @@ class CachedBlocks:
     """Blocks of `block_rows` rows of a dataset of `total` rows, read into the page
     cache by ``cache(first, stop)`` (rows [first, stop) of every tensor) on `threads`
     threads of their own, a block at a time each, in the order they are asked for;
-    ``wait(count)`` returns once the first `count` blocks asked for are in. Given
-    ``ask_more(more)``, a thread with nothing left to read calls ``more()``, which
-    asks for more blocks (``want``) or returns False when there are none."""
+    ``wait(count)`` returns once the first `count` blocks asked for are in; a waiter
+    of its own (``follow``) is told of each change instead. Given ``ask_more(more)``,
+    a thread with nothing left to read calls ``more()``, which asks for more blocks
+    (``want``) or returns False when there are none."""
 
     def __init__(self, cache: Callable[[int, int], Any], block_rows: int, total: int,
                  threads: int = 2) -> None:
@@ -209,6 +210,8 @@ class CachedBlocks:
         self.error: Optional[BaseException] = None
         self.stopping = False
         self.more: Optional[Callable[[], bool]] = None
+        self.on_read: Optional[Callable[[int], Any]] = None
+        self.on_failure: Optional[Callable[[], Any]] = None
         self.threads = [threading.Thread(target=self._read_blocks, daemon=True,
                                          name="fastst-loader-blocks") for _ in range(threads)]
         for thread in self.threads:
@@ -219,6 +222,16 @@ class CachedBlocks:
         with self.condition:
             self.more = more
             self.condition.notify_all()
+
+    def follow(self, on_read: Callable[[int], Any], on_failure: Callable[[], Any]) -> None:
+        """Call ``on_read(done)`` now and whenever more of the blocks asked for are
+        in (`done`: the first of them all read), and ``on_failure()`` if the reading
+        fails: under the condition, so that each change is told, in order."""
+        with self.condition:
+            self.on_read, self.on_failure = on_read, on_failure
+            on_read(self.done)
+            if self.error is not None:
+                on_failure()
 
     def want(self, blocks: Iterable[int]) -> None:
         """Read `blocks` after those asked for before, in this order."""
@@ -269,6 +282,8 @@ class CachedBlocks:
             except BaseException as error:
                 with self.condition:
                     self.error = error
+                    if self.on_failure is not None:
+                        self.on_failure()
                     self.condition.notify_all()
                 return
             with self.condition:
@@ -276,6 +291,8 @@ class CachedBlocks:
                 while self.done in self.read:
                     self.read.remove(self.done)
                     self.done += 1
+                if self.on_read is not None:
+                    self.on_read(self.done)
                 self.condition.notify_all()
 
     def _ask_more(self, more: Callable[[], bool]) -> None:

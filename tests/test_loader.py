@@ -1,6 +1,7 @@
 """fastst.data.Loader: batches gathered by threads into reused buffers, over one file
 or many, shuffled, split between ranks, resumable."""
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -162,6 +163,13 @@ def test_a_block_shuffle_over_more_than_the_memory_asks_the_kernel_for_each_bloc
         assert sum(len(batch["y"]) for batch in loader) == 1000 and not asked
 
 
+def data_offset(path, name):
+    """Where tensor `name`'s bytes start in the file `path`."""
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        return 8 + length + json.loads(file.read(length))[name]["data_offsets"][0]
+
+
 @pytest.mark.parametrize("shuffle, unit", [("blocks", 120), (True, 360)])
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
@@ -169,27 +177,27 @@ def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
     """A shuffle over local files reads each block of each tensor (a full shuffle: a
     window's rows at a time) into the page cache once an epoch, on a thread of its own
     (not the consumer's, not a gathering one), and no batch is gathered before every
-    block it takes rows from is in; an unshuffled iteration reads no block."""
+    block it takes rows from is in; an unshuffled iteration reads no block. The files
+    hold -1 in every row until the reading of its block writes the row's true values
+    in: a batch gathered before its blocks were read holds a -1."""
     files = [tmp_path / f"part-{k}.safetensors" for k in range(2)]
     for k, path in enumerate(files):     # 1000 rows in two files: a block across the two
-        fastst.save_file(table(500, 500 * k), path)
-    cached, readers, early = [], set(), []
+        fastst.save_file({name: np.full_like(array, -1) for name, array in
+                          table(500, 500 * k).items()}, path)
+    cached, readers = [], set()
     cache_rows = fastst._handle.NumpyHandle.cache_rows
-    fill = fastst._loader._Dataset.fill
 
     def noted_cache(handle, name, first, stop):
-        start = 500 * [str(path) for path in files].index(handle.source)
-        cached.append((name, start + max(first, 0), start + min(stop, 500)))
+        k = [str(path) for path in files].index(handle.source)
+        cached.append((name, 500 * k + max(first, 0), 500 * k + min(stop, 500)))
         readers.add(threading.current_thread().name)
+        rows = table(500, 500 * k)[name][max(first, 0):min(stop, 500)]
+        with open(files[k], "r+b") as file:      # the block's rows, as they are read
+            file.seek(data_offset(files[k], name) + max(first, 0) * rows[0].nbytes)
+            file.write(rows.tobytes())
         return cache_rows(handle, name, first, stop)
 
-    def checked_fill(dataset, buffers, rows):
-        early.extend(row for row in rows.tolist()
-                     if not any(first <= row < stop for _, first, stop in cached))
-        return fill(dataset, buffers, rows)
-
     monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
-    monkeypatch.setattr(fastst._loader._Dataset, "fill", checked_fill)
     pieces = sorted((name, first, stop) for name in ("x", "y") for block in range(9)
                     for first, stop in ((unit * block, min(unit * block + unit, 500)),
                                         (max(unit * block, 500), min(unit * block + unit, 1000)))
@@ -197,10 +205,12 @@ def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
     with Loader(files, ["x", "y"], 64, shuffle=shuffle, block_rows=120, window_blocks=3,
                 seed=0, backend=backend) as loader:
         for epoch in range(2):
-            rows = np.concatenate([batch["y"].copy() for batch in loader])
-            assert sorted(rows.tolist()) == list(range(1000))
+            batches = taken(loader)
+            rows = rows_of(batches)
+            assert sorted(rows.tolist()) == list(range(1000))      # none of them -1
+            assert all((batch["x"] == table(1000)["x"][batch["y"]]).all() for batch in batches)
             assert sorted(cached) == pieces                # each once
-            assert readers == {"fastst-loader-blocks"} and not early
+            assert readers == {"fastst-loader-blocks"}
             cached.clear()
     with Loader(files, ["x", "y"], 64, block_rows=120, backend=backend) as loader:
         assert sum(len(batch["y"]) for batch in loader) == 1000 and not cached
@@ -537,7 +547,7 @@ def test_patterns_and_folders_with_no_file_are_refused(tmp_path):
 
 
 def test_an_error_in_a_thread_is_raised_where_its_batch_is_taken(one_file):
-    loader = Loader(one_file, "y", 10, threads=2)
+    loader = Loader(one_file, "y", 10, threads=2, backend="pread")    # gathers in Python
     fill = loader._dataset.fill
 
     def failing(buffers, rows):
@@ -553,6 +563,38 @@ def test_an_error_in_a_thread_is_raised_where_its_batch_is_taken(one_file):
     assert rows_of([{"y": y} for y in got]).tolist() == list(range(50))
     assert not loader_threads()
     loader.close()
+
+
+@pytest.mark.parametrize("shuffle", ["blocks", True])
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_failed_read_ahead_is_raised_where_a_batch_waits_for_it(one_file, monkeypatch,
+                                                                  shuffle, backend):
+    cache_rows = fastst._handle.NumpyHandle.cache_rows
+
+    def failing(handle, name, first, stop):
+        if first >= 60:
+            raise OSError("the disk is gone")
+        return cache_rows(handle, name, first, stop)
+
+    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", failing)
+    with Loader(one_file, "y", 10, shuffle=shuffle, block_rows=20, window_blocks=1, seed=0,
+                backend=backend) as loader:
+        with pytest.raises(OSError, match="the disk is gone"):
+            taken(loader)
+    assert not loader_threads()
+
+
+@LINUX_ONLY
+@pytest.mark.parametrize("shuffle", [False, True, "blocks"])
+def test_a_closed_loader_leaves_no_map_of_its_files(one_file, shuffle):
+    """Its files' maps go with the handles as it closes (no collection needed), after
+    an iteration that ended and one left at a break."""
+    with Loader(one_file, ["x", "y"], 10, shuffle=shuffle, seed=0) as loader:
+        taken(loader)
+        for _ in loader:
+            break
+    with open("/proc/self/maps") as maps:
+        assert str(one_file) not in maps.read()
 
 
 # ---------------------------------------------------------------------------

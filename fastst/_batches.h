@@ -1,0 +1,225 @@
+/* The thread Loader's gathers: threads that copy the rows of each batch from the
+   files' maps into a ring of batch buffers, and the consumer that takes the batches in
+   order, with no Python between them (see BatchRing in _batches.pxi).
+
+   Batch k (its place in the iteration) goes into slot k % slots once batch
+   k - ahead is taken; a thread takes the next batch that may start, waits until the
+   rows it needs are read (the gate, which the page cache's reader moves), copies the
+   rows, and marks the slot filled with k. */
+#ifndef FASTST_BATCHES_H
+#define FASTST_BATCHES_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "_fastst.h"           /* fastst_prefetch */
+
+#define FASTST_BATCH_PREFETCH 8   /* rows whose sources are asked for ahead of their copy */
+
+enum {
+    FASTST_BATCH_OK = 0,
+    FASTST_BATCH_SHORT_FILE = 1,      /* a file is shorter than when it was mapped */
+    FASTST_BATCH_READER_FAILED = 2,   /* the reading the gate waits for failed */
+    FASTST_BATCH_BAD_ROW = 3,         /* a row outside the dataset (never, by design) */
+    FASTST_BATCH_STOPPED = 4,         /* stopped before the batch was filled */
+};
+
+typedef struct {
+    /* fixed before the threads start */
+    int tensors, parts, slots;
+    const int64_t *starts;       /* parts + 1: each part's first row, then the rows in all */
+    char *const *bases;          /* parts x tensors: row 0 of a tensor in a part's map */
+    const uint64_t *row_bytes;   /* tensors */
+    const int *fds;              /* parts: a descriptor on each mapped file */
+    const uint64_t *sizes;       /* parts: the size each file had when mapped */
+    const int64_t *order;        /* the iteration's rows, batch after batch */
+    int64_t order_rows, batch_rows;
+    int64_t first_batch, batch_step, count;   /* place k: batch first_batch + k * batch_step */
+    char *const *outs;           /* slots x tensors: each slot's buffer of each tensor */
+    int64_t ahead;
+    const int64_t *needs;        /* per place: the reads it waits for; NULL: all wait for `need` */
+    int64_t need;
+    /* changed under `lock` */
+    pthread_mutex_t lock;
+    pthread_cond_t startable, gate_moved, filled_one;
+    int64_t next, limit;         /* the next place to start; places below `limit` may start */
+    int64_t claimed, ready;      /* places whose `needs` are set; reads done */
+    int64_t *filled;             /* slots: the place last filled in each */
+    int *errors;                 /* slots: how that fill ended */
+    int *error_parts;            /* slots: the part of a short file */
+    int stopping, reader_failed;
+} fastst_batches;
+
+static int fastst_batches_init(fastst_batches *ring) {
+    int k;
+    ring->next = ring->claimed = ring->ready = 0;
+    ring->limit = ring->ahead < ring->count ? ring->ahead : ring->count;
+    ring->stopping = ring->reader_failed = 0;
+    for (k = 0; k < ring->slots; k++) {
+        ring->filled[k] = -1;
+        ring->errors[k] = FASTST_BATCH_OK;
+        ring->error_parts[k] = -1;
+    }
+    if (pthread_mutex_init(&ring->lock, NULL) != 0) return -1;
+    if (pthread_cond_init(&ring->startable, NULL) != 0) goto no_startable;
+    if (pthread_cond_init(&ring->gate_moved, NULL) != 0) goto no_gate_moved;
+    if (pthread_cond_init(&ring->filled_one, NULL) != 0) goto no_filled_one;
+    return 0;
+no_filled_one:
+    pthread_cond_destroy(&ring->gate_moved);
+no_gate_moved:
+    pthread_cond_destroy(&ring->startable);
+no_startable:
+    pthread_mutex_destroy(&ring->lock);
+    return -1;
+}
+
+static void fastst_batches_destroy(fastst_batches *ring) {
+    pthread_cond_destroy(&ring->filled_one);
+    pthread_cond_destroy(&ring->gate_moved);
+    pthread_cond_destroy(&ring->startable);
+    pthread_mutex_destroy(&ring->lock);
+}
+
+/* The part that holds row `row` (0 <= row < starts[parts]). */
+static int fastst_batches_part(const fastst_batches *ring, int64_t row) {
+    int low = 0, high = ring->parts - 1;
+    while (low < high) {
+        int middle = (low + high + 1) / 2;
+        if (ring->starts[middle] <= row) low = middle;
+        else high = middle - 1;
+    }
+    return low;
+}
+
+/* Copy row `row` of every tensor into row `k` of the slot's buffers `outs`, or only
+   ask for its sources (`ahead`): a gather of rows scattered over a big table otherwise
+   waits, row after row, for a TLB walk and a cache miss. */
+static inline void fastst_batches_copy_row(const fastst_batches *ring, int64_t row,
+                                           char *const *outs, uint64_t k, int ahead) {
+    int part = ring->parts == 1 ? 0 : fastst_batches_part(ring, row), t;
+    char *const *bases = ring->bases + (size_t)part * ring->tensors;
+    uint64_t local = (uint64_t)(row - ring->starts[part]);
+    for (t = 0; t < ring->tensors; t++) {
+        uint64_t bytes = ring->row_bytes[t];
+        if (ahead) fastst_prefetch(bases[t] + local * bytes, bytes);
+        else memcpy(outs[t] + k * bytes, bases[t] + local * bytes, bytes);
+    }
+}
+
+/* Whether the reads that place `place` needs are done (under the lock). */
+static int fastst_batches_gate_open(const fastst_batches *ring, int64_t place) {
+    if (ring->needs == NULL) return ring->ready >= ring->need;
+    return place < ring->claimed && ring->ready >= ring->needs[place];
+}
+
+/* Copy the rows of place `place` into its slot. Every file the batch takes rows from
+   is first checked to be no shorter than it was mapped (fstat of a descriptor held on
+   it), so that a file cut short is an error rather than a fault (SIGBUS). */
+static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_t *checked,
+                               int *error_part) {
+    int64_t index = ring->first_batch + place * ring->batch_step;
+    int64_t first = index * ring->batch_rows, size = ring->order_rows - first, k;
+    const int64_t *rows = ring->order + first;
+    int slot = (int)(place % ring->slots), tensors = ring->tensors, t;
+    char *const *outs = ring->outs + (size_t)slot * tensors;
+    if (size > ring->batch_rows) size = ring->batch_rows;
+    for (k = 0; k < size; k++) {
+        int64_t row = rows[k];
+        int part;
+        struct stat info;
+        if (row < 0 || row >= ring->starts[ring->parts]) return FASTST_BATCH_BAD_ROW;
+        part = ring->parts == 1 ? 0 : fastst_batches_part(ring, row);
+        if (checked[part] == place) continue;
+        checked[part] = place;
+        if (fstat(ring->fds[part], &info) != 0 || (uint64_t)info.st_size < ring->sizes[part]) {
+            *error_part = part;
+            return FASTST_BATCH_SHORT_FILE;
+        }
+    }
+    for (k = 0; k < size + FASTST_BATCH_PREFETCH; k++) {
+        if (k < size) fastst_batches_copy_row(ring, rows[k], outs, (uint64_t)k, 0);
+        if (k + FASTST_BATCH_PREFETCH < size)
+            fastst_batches_copy_row(ring, rows[k + FASTST_BATCH_PREFETCH], outs, 0, 1);
+    }
+    return FASTST_BATCH_OK;
+}
+
+/* A gathering thread: fills places until none is left or the ring stops. 0, or ENOMEM. */
+static int fastst_batches_work(fastst_batches *ring) {
+    int64_t *checked = (int64_t *)malloc(sizeof(int64_t) * (size_t)ring->parts), place;
+    int k, error, error_part;
+    if (checked == NULL) return ENOMEM;
+    for (k = 0; k < ring->parts; k++) checked[k] = -1;
+    pthread_mutex_lock(&ring->lock);
+    for (;;) {
+        while (!ring->stopping && ring->next < ring->count && ring->next >= ring->limit)
+            pthread_cond_wait(&ring->startable, &ring->lock);
+        if (ring->stopping || ring->next >= ring->count) break;
+        place = ring->next++;
+        while (!ring->stopping && !ring->reader_failed && !fastst_batches_gate_open(ring, place))
+            pthread_cond_wait(&ring->gate_moved, &ring->lock);
+        if (ring->stopping) break;
+        error = ring->reader_failed ? FASTST_BATCH_READER_FAILED : FASTST_BATCH_OK;
+        error_part = -1;
+        pthread_mutex_unlock(&ring->lock);
+        if (error == FASTST_BATCH_OK)
+            error = fastst_batches_fill(ring, place, checked, &error_part);
+        pthread_mutex_lock(&ring->lock);
+        k = (int)(place % ring->slots);
+        ring->filled[k] = place;
+        ring->errors[k] = error;
+        ring->error_parts[k] = error_part;
+        pthread_cond_broadcast(&ring->filled_one);
+    }
+    pthread_mutex_unlock(&ring->lock);
+    free(checked);
+    return 0;
+}
+
+/* Take place `place` (in order): the place `ahead` after it may start; waits until it
+   is filled. How its fill ended, and the part of a short file. */
+static int fastst_batches_take(fastst_batches *ring, int64_t place, int *error_part) {
+    int slot = (int)(place % ring->slots), error;
+    int64_t limit = place + 1 + ring->ahead;
+    pthread_mutex_lock(&ring->lock);
+    if (limit > ring->count) limit = ring->count;
+    if (limit == ring->limit + 1)        /* one more place: one thread to wake */
+        pthread_cond_signal(&ring->startable);
+    else if (limit > ring->limit)
+        pthread_cond_broadcast(&ring->startable);
+    if (limit > ring->limit) ring->limit = limit;
+    while (ring->filled[slot] != place && !ring->stopping)
+        pthread_cond_wait(&ring->filled_one, &ring->lock);
+    error = ring->filled[slot] == place ? ring->errors[slot] : FASTST_BATCH_STOPPED;
+    *error_part = ring->error_parts[slot];
+    pthread_mutex_unlock(&ring->lock);
+    return error;
+}
+
+/* The gate moves: `ready` reads are done, `claimed` places have their needs set (each
+   only grows; a smaller value leaves it). */
+static void fastst_batches_advance(fastst_batches *ring, int64_t ready, int64_t claimed) {
+    pthread_mutex_lock(&ring->lock);
+    if (ready > ring->ready) ring->ready = ready;
+    if (claimed > ring->claimed) ring->claimed = claimed;
+    pthread_cond_broadcast(&ring->gate_moved);
+    pthread_mutex_unlock(&ring->lock);
+}
+
+/* The reading failed (reader_failed) or the iteration ends (stopping): every waiting
+   thread wakes. */
+static void fastst_batches_end(fastst_batches *ring, int stopping) {
+    pthread_mutex_lock(&ring->lock);
+    if (stopping) ring->stopping = 1;
+    else ring->reader_failed = 1;
+    pthread_cond_broadcast(&ring->startable);
+    pthread_cond_broadcast(&ring->gate_moved);
+    pthread_cond_broadcast(&ring->filled_one);
+    pthread_mutex_unlock(&ring->lock);
+}
+
+#endif

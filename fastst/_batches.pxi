@@ -1,0 +1,240 @@
+# The thread Loader's gathers over mapped files, without the GIL (included by _core.pyx).
+
+cdef extern from "_batches.h":
+    ctypedef struct fastst_batches:
+        int tensors, parts, slots
+        const int64_t* starts
+        char** bases
+        const uint64_t* row_bytes
+        const int* fds
+        const uint64_t* sizes
+        const int64_t* order
+        int64_t order_rows, batch_rows, first_batch, batch_step, count, ahead
+        char** outs
+        const int64_t* needs
+        int64_t need
+        int64_t* filled
+        int* errors
+        int* error_parts
+    int FASTST_BATCH_OK, FASTST_BATCH_SHORT_FILE, FASTST_BATCH_READER_FAILED
+    int FASTST_BATCH_BAD_ROW, FASTST_BATCH_STOPPED
+    int fastst_batches_init(fastst_batches* ring) noexcept nogil
+    void fastst_batches_destroy(fastst_batches* ring) noexcept nogil
+    int fastst_batches_work(fastst_batches* ring) noexcept nogil
+    int fastst_batches_take(fastst_batches* ring, int64_t place, int* error_part) noexcept nogil
+    void fastst_batches_advance(fastst_batches* ring, int64_t ready,
+                                int64_t claimed) noexcept nogil
+    void fastst_batches_end(fastst_batches* ring, int stopping) noexcept nogil
+
+READER_FAILED = -1      # what BatchRing.take returns for a batch whose reading failed
+STOPPED = -2            # and for one the ring stopped before it was filled
+
+
+cdef class BatchRing:
+    """Threads that gather batches of rows of several tensors, from the maps of one or
+    more files (numbered across them), into a ring of batch buffers, and the consumer's
+    side: the loop of each thread (``work``) and each batch's wait (``take``) run
+    without the GIL, so that no batch costs Python anything but its ``take``.
+
+    Batch k of an iteration (its place) holds rows ``order[(first + k * step) *
+    batch_rows:]`` (at most `batch_rows` of them) and goes into slot k % len(slots)
+    once batch k - ahead is taken. With `needs` (one per place), place k waits until
+    ``advance`` has said that ``needs[k]`` reads are done and that k's need is set;
+    with `need`, every place waits for `need` reads; with neither, none waits.
+
+    The maps stay while the ring does, whatever becomes of the handles; each file is
+    held open (and checked to be no shorter than mapped before each batch that takes
+    rows from it) until ``close``, which lets go of the maps and the buffers too."""
+    cdef fastst_batches ring
+    cdef bint ready_to_run         # set up, and not closed
+    cdef bint initialised          # its lock and conditions made
+    cdef list handles, owners, arrays
+    cdef int64_t* starts
+    cdef char** bases
+    cdef uint64_t* row_bytes
+    cdef int* fds
+    cdef uint64_t* sizes
+    cdef char** outs
+    cdef int64_t* filled
+    cdef int* errors
+    cdef int* error_parts
+    cdef int open_fds
+
+    def __cinit__(self):
+        self.handles, self.owners, self.arrays = [], [], []
+
+    def __init__(self, list handles, list starts, tuple names, cnp.ndarray order,
+                 int64_t batch_rows, int64_t first, int64_t step, int64_t count,
+                 list slots, int64_t ahead, cnp.ndarray needs=None, int64_t need=0):
+        cdef int parts = len(handles), tensors = len(names), slot_count = len(slots)
+        if parts < 1 or tensors < 1 or slot_count < 1 or batch_rows < 1 or step < 1:
+            raise ValueError("a ring needs a file, a tensor, a slot, rows and a step")
+        self._allocate(parts, tensors, slot_count)
+        order = self._kept(order, np.int64, "order")
+        self.ring.order = <const int64_t*>cnp.PyArray_DATA(order)
+        self.ring.order_rows = order.shape[0]
+        if needs is not None:
+            needs = self._kept(needs, np.int64, "needs")
+            if needs.shape[0] < count:
+                raise ValueError("needs: one per batch")
+            self.ring.needs = <const int64_t*>cnp.PyArray_DATA(needs)
+        self.ring.need = need
+        self.ring.tensors, self.ring.parts, self.ring.slots = tensors, parts, slot_count
+        self.ring.batch_rows, self.ring.first_batch, self.ring.batch_step = batch_rows, first, step
+        self.ring.count, self.ring.ahead = count, ahead
+        for p in range(parts + 1):
+            self.starts[p] = starts[p]
+        for p in range(parts):
+            self._map_part(p, handles[p], names, starts[p + 1] - starts[p])
+        for s in range(slot_count):
+            for t in range(tensors):
+                self._set_out(s, t, slots[s][names[t]], batch_rows)
+        if fastst_batches_init(&self.ring) != 0:
+            raise MemoryError("a ring's lock")
+        self.initialised = self.ready_to_run = True
+
+    cdef _allocate(self, int parts, int tensors, int slots):
+        self.starts = <int64_t*>PyMem_Calloc(parts + 1, sizeof(int64_t))
+        self.bases = <char**>PyMem_Calloc(parts * tensors, sizeof(char*))
+        self.row_bytes = <uint64_t*>PyMem_Calloc(tensors, sizeof(uint64_t))
+        self.fds = <int*>PyMem_Calloc(parts, sizeof(int))
+        self.sizes = <uint64_t*>PyMem_Calloc(parts, sizeof(uint64_t))
+        self.outs = <char**>PyMem_Calloc(slots * tensors, sizeof(char*))
+        self.filled = <int64_t*>PyMem_Calloc(slots, sizeof(int64_t))
+        self.errors = <int*>PyMem_Calloc(slots, sizeof(int))
+        self.error_parts = <int*>PyMem_Calloc(slots, sizeof(int))
+        if (self.starts == NULL or self.bases == NULL or self.row_bytes == NULL
+                or self.fds == NULL or self.sizes == NULL or self.outs == NULL
+                or self.filled == NULL or self.errors == NULL or self.error_parts == NULL):
+            raise MemoryError("a ring's tables")
+        self.ring.starts, self.ring.bases, self.ring.row_bytes = self.starts, self.bases, self.row_bytes
+        self.ring.fds, self.ring.sizes, self.ring.outs = self.fds, self.sizes, self.outs
+        self.ring.filled, self.ring.errors, self.ring.error_parts = (
+            self.filled, self.errors, self.error_parts)
+
+    cdef cnp.ndarray _kept(self, cnp.ndarray array, dtype, str what):
+        if array.dtype != dtype or not cnp.PyArray_IS_C_CONTIGUOUS(array):
+            raise ValueError(f"{what}: a C-contiguous array of {np.dtype(dtype)}")
+        self.arrays.append(array)
+        return array
+
+    cdef _map_part(self, int p, handle, tuple names, int64_t rows):
+        """Part p's file: its map's rows of each tensor, and a descriptor on it."""
+        if not isinstance(handle, Reader) or (<Reader>handle).kind != BACKEND_MMAP:
+            raise ValueError("a ring gathers from mapped files only")
+        cdef Reader reader = <Reader>handle
+        cdef Py_ssize_t i
+        cdef Entry* entry
+        cdef cnp.npy_intp count
+        cdef uint64_t row_bytes
+        for t, name in enumerate(names):
+            i = reader._position(name)
+            entry = &reader.header.entries[i]
+            if entry.np_ndim < 1:
+                raise ValueError(f"tensor {_shown(name)} has no rows")
+            count = reader.header.numpy_dims(entry)[0]
+            row_bytes = _row_bytes(entry, count)
+            if count != rows or (p > 0 and row_bytes != self.row_bytes[t]):
+                raise ValueError(f"{reader.source}: tensor {_shown(name)} does not have the "
+                                 f"rows of the part")
+            self.row_bytes[t] = row_bytes
+            self.bases[p * len(names) + t] = reader.data + entry.begin
+        self.fds[p] = reader._reopen()   # the mapped file, no shorter: checked here
+        self.open_fds = p + 1
+        self.sizes[p] = reader.file_size
+        self.handles.append(reader)
+        self.owners.append(reader.owner)     # the map, kept whatever the handle does
+
+    cdef _set_out(self, int s, int t, buffer, int64_t batch_rows):
+        cdef cnp.ndarray array = buffer
+        if (not cnp.PyArray_IS_C_CONTIGUOUS(array) or not cnp.PyArray_ISWRITEABLE(array)
+                or array.ndim < 1 or array.shape[0] < batch_rows
+                or <uint64_t>array.nbytes != <uint64_t>array.shape[0] * self.row_bytes[t]):
+            raise ValueError("a slot's buffer: writable, C-contiguous, batch_rows rows of "
+                             "the tensor's row")
+        self.arrays.append(array)
+        self.outs[s * self.ring.tensors + t] = <char*>cnp.PyArray_DATA(array)
+
+    def work(self):
+        """A gathering thread's loop: returns once no batch is left, or at ``stop``."""
+        cdef int error
+        self._check_ready()
+        with nogil:
+            error = fastst_batches_work(&self.ring)
+        if error != 0:
+            raise MemoryError("a gathering thread's table")
+
+    def take(self, int64_t place):
+        """Wait for batch `place` (taken in order) and return its slot; READER_FAILED
+        where the reading it waited for failed, STOPPED where the ring stopped first. A
+        file cut short raises the SafetensorError that says so."""
+        cdef int error, part = -1
+        self._check_ready()
+        with nogil:
+            error = fastst_batches_take(&self.ring, place, &part)
+        if error == FASTST_BATCH_OK:
+            return place % self.ring.slots
+        if error == FASTST_BATCH_READER_FAILED:
+            return READER_FAILED
+        if error == FASTST_BATCH_STOPPED:
+            return STOPPED
+        if error == FASTST_BATCH_SHORT_FILE:
+            reader = <Reader>self.handles[part]
+            os.close(reader._reopen())      # raises what changed, where it can tell
+            _fail(reader.source, f"file was truncated under the reader (it had "
+                                 f"{reader.file_size} bytes when opened)")
+        raise AssertionError(f"batch {place} holds a row outside the dataset")
+
+    def advance(self, int64_t ready, int64_t claimed=0):
+        """`ready` reads are done, and the needs of the first `claimed` places are set
+        (after ``close``: nothing to do)."""
+        if not self.initialised:
+            raise ValueError("the ring was not set up")
+        with nogil:
+            fastst_batches_advance(&self.ring, ready, claimed)
+
+    def reading_failed(self):
+        """The reading the batches wait for failed: each waiting batch ends READER_FAILED."""
+        if not self.initialised:
+            raise ValueError("the ring was not set up")
+        with nogil:
+            fastst_batches_end(&self.ring, 0)
+
+    def stop(self):
+        """End the threads' loops (after the batches they are copying) and every wait."""
+        if self.initialised:
+            with nogil:
+                fastst_batches_end(&self.ring, 1)
+
+    def close(self):
+        """Once the threads have returned from ``work``: close the files and let go of
+        the maps and the buffers (a map goes once nothing else holds it)."""
+        self.stop()
+        self.ready_to_run = False
+        self._close_fds()
+        self.handles, self.owners, self.arrays = [], [], []
+
+    cdef _check_ready(self):
+        if not self.ready_to_run:
+            raise ValueError("the ring is closed or was not set up")
+
+    cdef _close_fds(self):
+        cdef int p
+        for p in range(self.open_fds):
+            os.close(self.fds[p])
+        self.open_fds = 0
+
+    def __dealloc__(self):
+        for p in range(self.open_fds):
+            close(self.fds[p])
+        if self.initialised:
+            fastst_batches_destroy(&self.ring)
+        PyMem_Free(self.starts)
+        PyMem_Free(self.bases)
+        PyMem_Free(self.row_bytes)
+        PyMem_Free(self.fds)
+        PyMem_Free(self.sizes)
+        PyMem_Free(self.outs)
+        PyMem_Free(self.filled)
+        PyMem_Free(self.errors)
+        PyMem_Free(self.error_parts)

@@ -1,0 +1,152 @@
+"""BatchRing, the thread Loader's gathers over mapped files: threads that copy each
+batch's rows into a ring of buffers without the GIL, gated on the reads each needs."""
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import fastst
+from fastst import SafetensorError
+from fastst._core import READER_FAILED, STOPPED, BatchRing
+
+
+def table(rows, start=0):
+    numbers = np.arange(start, start + rows)
+    return {"x": (numbers[:, None] * 3 + np.arange(3)).astype(np.float32),
+            "y": numbers.astype(np.int64)}
+
+
+@pytest.fixture
+def two_files(tmp_path):
+    """Rows 0-36 in one file, 37-99 in another."""
+    paths = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    fastst.save_file(table(37), paths[0])
+    fastst.save_file(table(63, 37), paths[1])
+    handles = [fastst.safe_open(path) for path in paths]
+    yield paths, handles
+    for handle in handles:
+        handle.close()
+
+
+def ring_of(handles, order, batch_rows, slots=4, ahead=2, first=0, step=1, **gate):
+    count = len(range(first, -(-len(order) // batch_rows), step))
+    buffers = [{"x": np.empty((batch_rows, 3), np.float32),
+                "y": np.empty(batch_rows, np.int64)} for _ in range(slots)]
+    starts = [0, 37, 100][:len(handles) + 1]
+    ring = BatchRing(handles, starts, ("x", "y"), order, batch_rows, first, step, count,
+                     buffers, ahead, **gate)
+    return ring, buffers, count
+
+
+def run(ring, threads=2):
+    workers = [threading.Thread(target=ring.work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    return workers
+
+
+def end(ring, workers):
+    ring.stop()
+    for worker in workers:
+        worker.join()
+    ring.close()
+
+
+@pytest.mark.parametrize("batch_rows, first, step", [(8, 0, 1), (7, 1, 3), (100, 0, 1),
+                                                     (128, 0, 1)])
+def test_each_batch_holds_its_rows_of_every_tensor_across_files(two_files, batch_rows,
+                                                                first, step):
+    _, handles = two_files
+    order = np.random.default_rng(0).permutation(100).astype(np.int64)
+    ring, buffers, count = ring_of(handles, order, batch_rows, first=first, step=step)
+    workers = run(ring)
+    want = table(100)
+    for place in range(count):
+        slot = ring.take(place)
+        index = first + place * step
+        rows = order[index * batch_rows:(index + 1) * batch_rows]
+        np.testing.assert_array_equal(buffers[slot]["y"][:len(rows)], rows)
+        np.testing.assert_array_equal(buffers[slot]["x"][:len(rows)], want["x"][rows])
+    end(ring, workers)
+    assert not any(worker.is_alive() for worker in workers)
+
+
+def test_a_batch_waits_until_the_reads_it_needs_are_done(two_files):
+    _, handles = two_files
+    ring, buffers, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=2)
+    workers = run(ring)
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(ring.take(0)))
+    taker.start()
+    ring.advance(1)
+    taker.join(0.2)
+    assert taker.is_alive() and not taken        # one read of two: not yet
+    ring.advance(2)
+    taker.join()
+    assert taken == [0] and buffers[0]["y"].tolist() == list(range(10))
+    end(ring, workers)
+
+
+def test_each_batch_waits_for_its_own_needs_once_they_are_set(two_files):
+    _, handles = two_files
+    needs = np.array([1, 3, 2, 5, 5, 5, 5, 5, 5, 5], np.int64)
+    ring, buffers, count = ring_of(handles, np.arange(100, dtype=np.int64), 10, slots=10,
+                                   ahead=10, needs=needs)
+    workers = run(ring)
+    ring.advance(3, claimed=0)           # the reads are done, but no need is set yet
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(ring.take(0)))
+    taker.start()
+    taker.join(0.2)
+    assert not taken
+    ring.advance(3, claimed=3)           # batches 0-2 need at most 3
+    taker.join()
+    assert taken == [0] and ring.take(1) == 1 and ring.take(2) == 2
+    ring.advance(5, claimed=count)
+    assert [ring.take(place) for place in range(3, count)] == list(range(3, count))
+    end(ring, workers)
+
+
+def test_a_failed_reading_and_a_stop_end_the_waits(two_files):
+    _, handles = two_files
+    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1)
+    workers = run(ring)
+    ring.reading_failed()
+    assert ring.take(0) == READER_FAILED
+    end(ring, workers)
+    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1)
+    workers = run(ring)
+    stopper = threading.Timer(0.05, ring.stop)
+    stopper.start()
+    assert ring.take(0) == STOPPED
+    end(ring, workers)
+    with pytest.raises(ValueError, match="closed"):
+        ring.take(1)
+
+
+def test_a_file_cut_short_is_an_error_at_its_batch_not_a_fault(two_files):
+    paths, handles = two_files
+    ring, _, count = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1)
+    workers = run(ring)
+    os.truncate(paths[1], 64)
+    ring.advance(1)
+    with pytest.raises(SafetensorError, match="b.safetensors: file was truncated"):
+        for place in range(count):
+            ring.take(place)
+    end(ring, workers)
+
+
+def test_only_maps_and_fitting_buffers_are_taken(two_files):
+    paths, handles = two_files
+    order = np.arange(100, dtype=np.int64)
+    with fastst.safe_open(paths[0], backend="pread") as read:
+        with pytest.raises(ValueError, match="mapped files only"):
+            ring_of([read, handles[1]], order, 10)
+    with pytest.raises(ValueError, match="C-contiguous array of int64"):
+        ring_of(handles, order.astype(np.int32), 10)
+    short = [{"x": np.empty((5, 3), np.float32), "y": np.empty(10, np.int64)}]
+    with pytest.raises(ValueError, match="slot's buffer"):
+        BatchRing(handles, [0, 37, 100], ("x", "y"), order, 10, 0, 1, 10, short, 1)
+    with pytest.raises(ValueError, match="rows of the part"):
+        BatchRing(handles, [0, 40, 100], ("x", "y"), order, 10, 0, 1, 10, short, 1)

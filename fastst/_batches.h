@@ -42,6 +42,7 @@ typedef struct {
     int64_t ahead;
     const int64_t *needs;        /* per place: the reads it waits for; NULL: all wait for `need` */
     int64_t need;
+    int stream;                  /* copy rows of whole lines with stores that bypass the cache */
     /* changed under `lock` */
     pthread_mutex_t lock;
     pthread_cond_t startable, gate_moved, filled_one;
@@ -95,18 +96,68 @@ static int fastst_batches_part(const fastst_batches *ring, int64_t row) {
     return low;
 }
 
-/* Copy row `row` of every tensor into row `k` of the slot's buffers `outs`, or only
-   ask for its sources (`ahead`): a gather of rows scattered over a big table otherwise
-   waits, row after row, for a TLB walk and a cache miss. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FASTST_CAN_STREAM 1
+/* Copy `bytes` (a multiple of 128) to `destination` (32-byte aligned) with stores that
+   bypass the cache (AVX2: see fastst_batches_can_stream). */
+__attribute__((target("avx2")))
+static void fastst_stream_copy(char *destination, const char *source, uint64_t bytes) {
+    uint64_t at;
+    for (at = 0; at < bytes; at += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(source + at));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(source + at + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(source + at + 64));
+        __m256i d = _mm256_loadu_si256((const __m256i *)(source + at + 96));
+        _mm256_stream_si256((__m256i *)(destination + at), a);
+        _mm256_stream_si256((__m256i *)(destination + at + 32), b);
+        _mm256_stream_si256((__m256i *)(destination + at + 64), c);
+        _mm256_stream_si256((__m256i *)(destination + at + 96), d);
+    }
+}
+#endif
+
+/* Whether this CPU can copy with fastst_stream_copy. */
+static int fastst_batches_can_stream(void) {
+#ifdef FASTST_CAN_STREAM
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* Where row `row` of tensor `t` is in its part's map. */
+static inline const char *fastst_batches_source(const fastst_batches *ring, int64_t row,
+                                                int t) {
+    int part = ring->parts == 1 ? 0 : fastst_batches_part(ring, row);
+    return ring->bases[(size_t)part * ring->tensors + t]
+           + (uint64_t)(row - ring->starts[part]) * ring->row_bytes[t];
+}
+
+/* Ask for row `row` of every tensor ahead of its copy: a gather of rows scattered over
+   a big table otherwise waits, row after row, for a TLB walk and a cache miss. */
+static inline void fastst_batches_ask_row(const fastst_batches *ring, int64_t row) {
+    int t;
+    for (t = 0; t < ring->tensors; t++)
+        fastst_prefetch(fastst_batches_source(ring, row, t), ring->row_bytes[t]);
+}
+
+/* Copy row `row` of every tensor into row `k` of the slot's buffers `outs`. */
 static inline void fastst_batches_copy_row(const fastst_batches *ring, int64_t row,
-                                           char *const *outs, uint64_t k, int ahead) {
-    int part = ring->parts == 1 ? 0 : fastst_batches_part(ring, row), t;
-    char *const *bases = ring->bases + (size_t)part * ring->tensors;
-    uint64_t local = (uint64_t)(row - ring->starts[part]);
+                                           char *const *outs, uint64_t k) {
+    int t;
     for (t = 0; t < ring->tensors; t++) {
         uint64_t bytes = ring->row_bytes[t];
-        if (ahead) fastst_prefetch(bases[t] + local * bytes, bytes);
-        else memcpy(outs[t] + k * bytes, bases[t] + local * bytes, bytes);
+        char *destination = outs[t] + k * bytes;
+        const char *source = fastst_batches_source(ring, row, t);
+#ifdef FASTST_CAN_STREAM
+        if (ring->stream && bytes % 128 == 0 && ((uintptr_t)destination & 31) == 0) {
+            fastst_stream_copy(destination, source, bytes);
+            continue;
+        }
+#endif
+        memcpy(destination, source, bytes);
     }
 }
 
@@ -124,8 +175,8 @@ static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_
     int64_t index = ring->first_batch + place * ring->batch_step;
     int64_t first = index * ring->batch_rows, size = ring->order_rows - first, k;
     const int64_t *rows = ring->order + first;
-    int slot = (int)(place % ring->slots), tensors = ring->tensors, t;
-    char *const *outs = ring->outs + (size_t)slot * tensors;
+    int slot = (int)(place % ring->slots);
+    char *const *outs = ring->outs + (size_t)slot * ring->tensors;
     if (size > ring->batch_rows) size = ring->batch_rows;
     for (k = 0; k < size; k++) {
         int64_t row = rows[k];
@@ -140,11 +191,16 @@ static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_
             return FASTST_BATCH_SHORT_FILE;
         }
     }
-    for (k = 0; k < size + FASTST_BATCH_PREFETCH; k++) {
-        if (k < size) fastst_batches_copy_row(ring, rows[k], outs, (uint64_t)k, 0);
+    for (k = 0; k < size && k < FASTST_BATCH_PREFETCH; k++)
+        fastst_batches_ask_row(ring, rows[k]);
+    for (k = 0; k < size; k++) {
         if (k + FASTST_BATCH_PREFETCH < size)
-            fastst_batches_copy_row(ring, rows[k + FASTST_BATCH_PREFETCH], outs, 0, 1);
+            fastst_batches_ask_row(ring, rows[k + FASTST_BATCH_PREFETCH]);
+        fastst_batches_copy_row(ring, rows[k], outs, (uint64_t)k);
     }
+#ifdef FASTST_CAN_STREAM
+    if (ring->stream) _mm_sfence();     /* the streamed stores land before the batch is marked */
+#endif
     return FASTST_BATCH_OK;
 }
 

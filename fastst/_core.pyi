@@ -765,6 +765,13 @@ class BatchRing:
                  order: npt.NDArray[np.int64], batch_rows: int, first: int, step: int,
                  count: int, slots: list[dict[str, npt.NDArray[Any]]], ahead: int,
                  needs: npt.NDArray[np.int64] | None = None, need: int = 0) -> None: ...
+    @property
+    def streams(self) -> bool:
+        """Whether its copies of rows of whole 128-byte lines bypass the cache (a ring
+        larger than twice the last level of cache, where the CPU can)."""
+    @staticmethod
+    def can_stream() -> bool:
+        """Whether this CPU has the stores that bypass the cache (AVX2)."""
     def work(self) -> None:
         """A gathering thread's loop: returns once no batch is left, or at ``stop``."""
     def take(self, place: int) -> int:

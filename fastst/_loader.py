@@ -316,12 +316,17 @@ class Loader:
                 for name, array in arrays.items()}
 
     def _allocate(self, shape: Tuple[int, ...], dtype: np.dtype) -> npt.NDArray[Any]:
-        if not self.pin_memory:
-            return np.empty(shape, dtype)
-        import torch
+        """A ring buffer, on a 64-byte boundary (a cache line): rows of whole lines
+        are then copied into it with stores that bypass the cache where the ring is
+        large (see ``BatchRing``); malloc puts large blocks 16 bytes past a page."""
         nbytes = int(np.prod(shape)) * dtype.itemsize
-        pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
-        return pinned.numpy()[:nbytes].view(dtype).reshape(shape)
+        if self.pin_memory:
+            import torch
+            memory = torch.empty(nbytes + 64, dtype=torch.uint8, pin_memory=True).numpy()
+        else:
+            memory = np.empty(nbytes + 64, np.uint8)
+        start = -memory.ctypes.data % 64
+        return memory[start:start + nbytes].view(dtype).reshape(shape)
 
     # -- the position ---------------------------------------------------------
 

@@ -150,3 +150,34 @@ def test_only_maps_and_fitting_buffers_are_taken(two_files):
         BatchRing(handles, [0, 37, 100], ("x", "y"), order, 10, 0, 1, 10, short, 1)
     with pytest.raises(ValueError, match="rows of the part"):
         BatchRing(handles, [0, 40, 100], ("x", "y"), order, 10, 0, 1, 10, short, 1)
+
+
+def on_a_line(shape):
+    """Float32 zeros starting on a 64-byte boundary (a large np.empty starts 16 bytes
+    past one)."""
+    memory = np.zeros(int(np.prod(shape)) * 4 + 64, np.uint8)
+    start = -memory.ctypes.data % 64
+    return memory[start:start + int(np.prod(shape)) * 4].view(np.float32).reshape(shape)
+
+
+@pytest.mark.parametrize("columns", [1024, 1026])      # rows of 4096 bytes, and of 4104
+def test_a_ring_larger_than_the_cache_streams_its_copies_and_they_are_exact(tmp_path,
+                                                                           columns):
+    """A ring of 8 batches of 4096 rows of 4 KiB (128 MiB) is copied into with stores
+    that bypass the cache where the CPU has them; rows that are not whole 128-byte
+    lines are copied as any other. Either way each batch holds its rows."""
+    path = tmp_path / "wide.safetensors"
+    fastst.save_file({"x": np.arange(1000 * columns, dtype=np.float32).reshape(1000, columns)},
+                     path)
+    order = np.random.default_rng(1).permutation(1000).astype(np.int64)
+    buffers = [{"x": on_a_line((4096, columns))} for _ in range(8)]
+    with fastst.safe_open(path) as handle:
+        ring = BatchRing([handle], [0, 1000], ("x",), order, 4096, 0, 1, 1, buffers, 4)
+        small = BatchRing([handle], [0, 1000], ("x",), order, 100, 0, 1, 10,
+                          [{"x": buffer["x"][:100]} for buffer in buffers], 4)
+        want = handle.get_tensor("x")[order]
+    assert ring.streams == fastst._core.BatchRing.can_stream() and not small.streams
+    workers = run(ring)
+    np.testing.assert_array_equal(buffers[ring.take(0)]["x"][:1000], want)
+    end(ring, workers)
+    small.close()

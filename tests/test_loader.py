@@ -502,6 +502,12 @@ def test_batches_reuse_the_ring_and_hold_until_prefetch_more_are_taken(one_file)
     assert not np.array_equal(batches[0]["y"], copies[0]["y"])         # now a later batch
 
 
+def test_the_ring_buffers_start_on_a_cache_line(one_file):
+    """So that rows of whole lines can be copied in with stores that bypass the cache."""
+    with Loader(one_file, ["x", "y"], 10) as loader:
+        assert all(array.ctypes.data % 64 == 0 for batch in loader for array in batch.values())
+
+
 def test_copy_gives_each_batch_its_own_arrays(one_file):
     with Loader(one_file, ["x", "y"], 5, prefetch=1, copy=True) as loader:
         batches = list(loader)

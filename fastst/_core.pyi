@@ -743,6 +743,10 @@ class Reader:
         """Let go of the file: the handle reads nothing more, and arrays it gave
         stay valid (a view keeps the map alive). Closing again does nothing."""
 
+def last_level_cache() -> int:
+    """The bytes of the first CPU's last level of cache, as Linux describes it (glibc's
+    sysconf adds up a whole package's); 32 MiB where it cannot be told."""
+
 READER_FAILED: Final[int]
 STOPPED: Final[int]
 

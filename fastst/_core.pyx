@@ -5,7 +5,6 @@ zero-copy array views, and writes straight from array buffers.
 Everything here validates before it trusts: no view exists until the whole header has
 been checked against the file's size.
 """
-import glob
 import os
 import stat
 from collections import namedtuple

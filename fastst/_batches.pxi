@@ -106,8 +106,15 @@ cdef class BatchRing:
                  int64_t batch_rows, int64_t first, int64_t step, int64_t count,
                  list slots, int64_t ahead, cnp.ndarray needs=None, int64_t need=0):
         cdef int parts = len(handles), tensors = len(names), slot_count = len(slots)
+        if self.starts != NULL:
+            raise ValueError("a ring is set up once")
         if parts < 1 or tensors < 1 or slot_count < 1 or batch_rows < 1 or step < 1:
             raise ValueError("a ring needs a file, a tensor, a slot, rows and a step")
+        if count > 0 and (first < 0 or (first + (count - 1) * step) * batch_rows >= order.shape[0]):
+            raise ValueError("a batch of the ring starts past the order's rows")
+        if ahead < 0 or (ahead >= slot_count and count > slot_count):
+            raise ValueError("the batches ahead must leave the one taken its slot: fewer "
+                             "than the slots")
         self._allocate(parts, tensors, slot_count)
         order = self._kept(order, np.int64, "order")
         self.ring.order = <const int64_t*>cnp.PyArray_DATA(order)

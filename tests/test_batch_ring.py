@@ -147,9 +147,19 @@ def test_only_maps_and_fitting_buffers_are_taken(two_files):
         ring_of(handles, order.astype(np.int32), 10)
     short = [{"x": np.empty((5, 3), np.float32), "y": np.empty(10, np.int64)}]
     with pytest.raises(ValueError, match="slot's buffer"):
-        BatchRing(handles, [0, 37, 100], ("x", "y"), order, 10, 0, 1, 10, short, 1)
+        BatchRing(handles, [0, 37, 100], ("x", "y"), order, 10, 0, 1, 10, short, 0)
     with pytest.raises(ValueError, match="rows of the part"):
-        BatchRing(handles, [0, 40, 100], ("x", "y"), order, 10, 0, 1, 10, short, 1)
+        BatchRing(handles, [0, 40, 100], ("x", "y"), order, 10, 0, 1, 10, short, 0)
+    slots = [{"x": np.empty((10, 3), np.float32), "y": np.empty(10, np.int64)}] * 4
+    with pytest.raises(ValueError, match="past the order's rows"):     # 10 from the second
+        BatchRing(handles, [0, 37, 100], ("x", "y"), order, 10, 1, 1, 10, slots, 2)
+    with pytest.raises(ValueError, match="fewer than the slots"):
+        ring_of(handles, order, 10, slots=4, ahead=4)
+    ring, _, _ = ring_of(handles, order, 10)
+    with pytest.raises(ValueError, match="set up once"):
+        ring.__init__(handles, [0, 37, 100], ("y",), order, 10, 0, 1, 10,
+                      [{"y": np.empty(10, np.int64)}], 0)
+    ring.close()
 
 
 def on_a_line(shape):

@@ -1,28 +1,23 @@
 """The thread loader behind ``fastst.data.Loader``: batches of rows of one file or
 many, gathered by a few threads (the gathers release the GIL) into a ring of reused
-buffers, shuffled, split between ranks, resumable, with no worker processes.
-``fastst.data`` is its public face."""
+buffers, shuffled, split between ranks, resumable, with no worker processes: the
+order of each epoch, the dataset's files and the position are here, the threads of
+an iteration in ``fastst._pipeline``. ``fastst.data`` is its public face."""
 from __future__ import annotations
 
-import atexit
-import functools
 import glob
 import os
-import queue
 import sys
-import threading
-import weakref
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
+from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optional,
                     Sequence, Tuple, Union)
 
 import numpy as np
 
-from ._core import (READER_FAILED, BatchRing, Reader, SafetensorError, TensorNotFoundError,
-                    read_ahead_limit)
+from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
 from ._api import safe_open
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
-from ._rowblocks import CachedBlocks, RowBlocks
+from ._pipeline import Blocks, Pipeline
 from ._source import Identity, LocalFile, as_source, identity_of
 
 if TYPE_CHECKING:
@@ -263,10 +258,10 @@ class Loader:
                 self._epoch, self._batch = epoch + 1, 0
             return
         slots = self._take_ring(min(2 * self.prefetch, len(todo)))
-        blocks = (_Blocks(self.block_rows, self.window_blocks, self._window_batches(workers),
+        blocks = (Blocks(self.block_rows, self.window_blocks, self._window_batches(workers),
                           scattered=self.shuffle is True)
                   if self.shuffle else None)
-        pipeline = _Pipeline(self._dataset, rows, self.batch_size, todo, slots,
+        pipeline = Pipeline(self._dataset, rows, self.batch_size, todo, slots,
                              self.prefetch, self.threads, blocks)
         delivered: Dict[int, Dict[str, Any]] = {}
         try:
@@ -460,16 +455,6 @@ class Loader:
                 f"{self.batch_size}, epoch {self._epoch} batch {self._batch})>")
 
 
-class _Blocks(NamedTuple):
-    """The blocks a shuffled iteration reads ahead: their rows, a window's blocks, the
-    batches of the iteration that a window fills, and whether its batches take rows
-    from all over the dataset (a full shuffle)."""
-    block_rows: int
-    window_blocks: int
-    window_batches: int
-    scattered: bool
-
-
 class _Part(NamedTuple):
     """A file (or checkpoint) of a dataset: its handle, its first row's number."""
     handle: Any
@@ -632,298 +617,6 @@ class _Dataset:
     def close(self) -> None:
         for part in self.parts:
             part.handle.close()
-
-
-class _BlocksAhead:
-    """The blocks of `block_rows` rows that a block shuffle's batches take rows from,
-    asked for a window of `window` batches at a time (a claim): each claim's blocks not
-    asked for before, in the order of the file (a window's blocks are all needed by its
-    first batches). A thread that starts gathering a batch claims the windows up to
-    `window` batches after it. With a `reader`, the blocks are handed to it as they are
-    claimed, in that order, and it may claim the next window itself whenever it has
-    nothing left to read (``claim_next``); ``wait(position)`` waits until it has read
-    every block of batch `position`, and ``follow(on_claim)`` has each claim told (the
-    batches whose `needs` are set)."""
-
-    def __init__(self, rows_of: Callable[[int], npt.NDArray[np.int64]], batches: int,
-                 rows: int, block_rows: int, window: int,
-                 reader: Optional[CachedBlocks] = None) -> None:
-        self.rows_of, self.batches = rows_of, batches
-        self.block_rows, self.window, self.reader = block_rows, window, reader
-        # each block's place in the asking (-1: not asked), of the dataset's `rows` rows
-        self.places = np.full(-(-rows // block_rows), -1, np.int64)
-        self.asked = 0              # blocks asked for
-        self.asked_to = 0           # the batches (places in `todo`) asked for: [0, asked_to)
-        # for each batch asked for, the blocks asked for up to its last one
-        self.needs = np.zeros(batches, np.int64)
-        self.on_claim: Optional[Callable[[int], Any]] = None
-        self.lock = threading.Lock()
-
-    def claim(self, position: int) -> List[int]:
-        """The blocks not asked for yet of the batches up to `window` after batch
-        `position`, now counted as asked: the caller asks for them (the reader, if
-        there is one, has them already)."""
-        wanted = min(self.batches, position + 1 + self.window)
-        blocks: List[int] = []
-        with self.lock:
-            while self.asked_to < wanted:
-                blocks += self._claim_window()
-        return blocks
-
-    def follow(self, on_claim: Callable[[int], Any]) -> None:
-        """Call ``on_claim(claimed)`` now and after each claim: the first `claimed`
-        batches have their `needs` set."""
-        with self.lock:
-            self.on_claim = on_claim
-            on_claim(self.asked_to)
-
-    def claim_next(self) -> bool:
-        """Claim the next window, if any batch is left to claim (for the reader)."""
-        with self.lock:
-            if self.asked_to == self.batches:
-                return False
-            self._claim_window()
-            return True
-
-    def _claim_window(self) -> List[int]:
-        start, stop = self.asked_to, min(self.batches, self.asked_to + self.window)
-        self.asked_to = stop
-        batches = [self.rows_of(later) for later in range(start, stop)]
-        of_rows = np.concatenate(batches) // self.block_rows
-        fresh = np.unique(of_rows[self.places[of_rows] < 0])
-        self.places[fresh] = np.arange(self.asked, self.asked + len(fresh))
-        self.asked += len(fresh)
-        firsts = np.cumsum([0] + [len(rows) for rows in batches[:-1]])
-        self.needs[start:stop] = np.maximum.reduceat(self.places[of_rows], firsts) + 1
-        blocks = fresh.tolist()
-        if self.reader is not None:
-            self.reader.want(blocks)     # under the lock: in the order of `places`
-        if self.on_claim is not None:
-            self.on_claim(stop)
-        return blocks
-
-    def wait(self, position: int) -> None:
-        """Wait until the reader has read every block of batch `position` (claimed)."""
-        if self.reader is not None:
-            self.reader.wait(int(self.needs[position]))
-
-
-class _Pipeline:
-    """Threads that gather the batches `todo` into the ring `slots`, at most `ahead`
-    beyond the one taken: batch k (its place in `todo`) goes into slot
-    k % len(slots), and is started once batch k - ahead is taken.
-
-    Where every file is mapped, a `BatchRing` does it (`_batch_ring`): its threads
-    take the batches in order and copy their rows, and the consumer waits for each,
-    without the GIL, so that a batch costs Python no more than the consumer's take; a
-    batch that waits for reads waits for the count that `CachedBlocks` and the claims
-    below report. Otherwise the consumer hands out the batches to start, in order,
-    through a queue (any free thread takes the next); a slot's lock, held while it is
-    being filled, is released when its batch is in. With `blocks` (a shuffle), a thread that
-    takes a batch first asks for the blocks of the batches up to a window after it,
-    those not asked yet (a window at a time), which are read ahead while the batches
-    before them are gathered: of local files, `CachedBlocks` reads them into the page
-    cache in whole 2 MiB pieces, asking for the next window's itself as soon as it has
-    read those asked (at the disk's pace), and a batch is gathered once its blocks are
-    in; over a dataset larger than half the memory, a block shuffle only asks the
-    kernel for them, and gathers its batches at once. Of files read by ranges, a block
-    shuffle's `RowBlocks` fetches them whole into memory and gathers the batches from
-    there. A full shuffle's batches take rows from nearly every block: over local files
-    that the page cache holds, `CachedBlocks` reads them whole, a window's rows at a
-    time, in file order, and each batch waits for all; otherwise its rows are read where
-    they lie. The consumer's thread never waits for any of these."""
-
-    def __init__(self, dataset: _Dataset, rows: npt.NDArray[np.int64], batch_size: int,
-                 todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int,
-                 blocks: Optional[_Blocks] = None) -> None:
-        self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
-        self.row_blocks: Optional[RowBlocks] = None
-        self.cached_blocks: Optional[CachedBlocks] = None
-        self.blocks: Optional[_BlocksAhead] = None
-        self.whole = 0       # with a full shuffle read whole: the pieces each batch waits for
-        if blocks is not None:
-            self._read_ahead(blocks)
-        self.slots, self.ahead = slots, min(ahead, len(slots))
-        self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
-        self.filled = [threading.Lock() for _ in slots]
-        self.errors: List[Optional[BaseException]] = [None] * len(slots)
-        self.stopping = False
-        self.failure: Optional[BaseException] = None     # of a thread of the ring
-        self.pid = os.getpid()
-        try:
-            self.ring = self._batch_ring()
-        except BaseException:
-            self._stop_readers()
-            raise
-        if self.ring is None:
-            for position in range(min(self.ahead, len(todo))):
-                self._start(position)
-        self.workers = [threading.Thread(target=self._work if self.ring is None
-                                         else self._gather, daemon=True,
-                                         name=f"fastst-loader-{k}")
-                        for k in range(min(threads, len(todo)))]
-        _PIPELINES.add(self)
-        for worker in self.workers:
-            worker.start()
-        if self.ring is not None and self.cached_blocks is not None:
-            self.cached_blocks.follow(self.ring.advance, self.ring.reading_failed)
-            if self.blocks is not None:
-                self.blocks.follow(functools.partial(self.ring.advance, 0))   # (0, claimed)
-
-    def _read_ahead(self, blocks: _Blocks) -> None:
-        """Set up the reading ahead of a shuffle's blocks (see the class)."""
-        dataset, batches = self.dataset, len(self.todo)
-        if blocks.scattered:
-            if not dataset.by_ranges and dataset.fits_page_cache():
-                piece_rows = blocks.block_rows * blocks.window_blocks
-                self.cached_blocks = CachedBlocks(dataset.cache_rows, piece_rows, dataset.rows)
-                self.whole = -(-dataset.rows // piece_rows)
-                self.cached_blocks.want(range(self.whole))
-            return
-        if dataset.by_ranges:
-            self.row_blocks = self._row_blocks(blocks)
-        elif dataset.fits_page_cache():
-            self.cached_blocks = CachedBlocks(dataset.cache_rows, blocks.block_rows,
-                                              dataset.rows)
-        self.blocks = _BlocksAhead(self._rows_of, batches, dataset.rows, blocks.block_rows,
-                                   blocks.window_batches, self.cached_blocks)
-        if self.cached_blocks is not None:
-            self.cached_blocks.ask_more(self.blocks.claim_next)
-
-    def _batch_ring(self) -> Optional[BatchRing]:
-        """Where every file is mapped and no batch needs hints of its own (a block
-        shuffle whose blocks are only asked for), the ring's gathers and waits run
-        without the GIL (`BatchRing`); each batch waits for the reads it needs, as
-        `_fill` does."""
-        handles = self.dataset.mapped_handles()
-        if handles is None or (self.blocks is not None and self.cached_blocks is None):
-            return None
-        starts = [part.start for part in self.dataset.parts] + [self.dataset.rows]
-        needs, need = None, 0
-        if self.blocks is not None:
-            needs = self.blocks.needs
-        elif self.cached_blocks is not None:
-            need = self.whole
-        return BatchRing(handles, starts, self.dataset.names, self.rows, self.batch_size,
-                         self.todo.start, self.todo.step, len(self.todo), self.slots,
-                         self.ahead, needs, need)
-
-    def _gather(self) -> None:
-        assert self.ring is not None
-        try:
-            self.ring.work()
-        except BaseException as error:     # raised in the consumer, at the next batch
-            self.failure = error
-            self.ring.reading_failed()
-
-    def size(self, index: int) -> int:
-        return min(self.batch_size, len(self.rows) - index * self.batch_size)
-
-    def _start(self, position: int) -> None:
-        self.filled[position % len(self.slots)].acquire()    # released by the filling
-        self.to_start.put(position)
-
-    def _rows_of(self, position: int) -> npt.NDArray[np.int64]:
-        index = self.todo[position]
-        return self.rows[index * self.batch_size:(index + 1) * self.batch_size]
-
-    def _row_blocks(self, blocks: _Blocks) -> RowBlocks:
-        """Blocks in memory for the batches to do: at most two windows' held."""
-        taken = np.concatenate([self._rows_of(position) for position in range(len(self.todo))])
-        counts = np.bincount(taken // blocks.block_rows,
-                             minlength=-(-self.dataset.rows // blocks.block_rows))
-        return RowBlocks(self.dataset.read_rows, blocks.block_rows, self.dataset.rows, counts,
-                         most=2 * blocks.window_blocks, per_read=blocks.window_blocks)
-
-    def _work(self) -> None:
-        while True:
-            position = self.to_start.get()
-            if position is None or self.stopping:
-                return
-            slot = position % len(self.slots)
-            try:
-                self._fill(position, self.slots[slot])
-            except BaseException as error:   # raised in the consumer, at this batch
-                self.errors[slot] = error
-            finally:
-                self.filled[slot].release()
-
-    def _fill(self, position: int, buffers: Dict[str, Any]) -> None:
-        rows = self._rows_of(position)
-        if self.blocks is None:
-            if self.cached_blocks is not None:
-                self.cached_blocks.wait(self.whole)
-            self.dataset.fill(buffers, rows)
-            return
-        blocks = self.blocks.claim(position)
-        if self.row_blocks is not None:
-            self.row_blocks.want(blocks)
-            self.row_blocks.fill(buffers, rows)
-            return
-        if self.cached_blocks is None:
-            self.dataset.prefetch_blocks(blocks, self.blocks.block_rows)
-        self.blocks.wait(position)
-        self.dataset.fill(buffers, rows)
-
-    def take(self, position: int) -> int:
-        """The slot of batch `position`, once gathered; the batch `ahead` after it is
-        started."""
-        if self.ring is not None:
-            return self._ring_slot(self.ring.take(position))
-        slot = position % len(self.slots)
-        following = position + self.ahead
-        if following < len(self.todo):
-            self._start(following)
-        self.filled[slot].acquire()
-        self.filled[slot].release()
-        error = self.errors[slot]
-        if error is not None:
-            self.errors[slot] = None
-            raise error
-        return slot
-
-    def _stop_readers(self) -> None:
-        for reader in (self.row_blocks, self.cached_blocks):
-            if reader is not None:
-                reader.stop()          # a batch waiting for a block ends at once
-
-    def _ring_slot(self, slot: int) -> int:
-        if slot >= 0:
-            return slot
-        if slot == READER_FAILED:
-            error = self.failure
-            if error is None and self.cached_blocks is not None:
-                error = self.cached_blocks.error
-            if error is not None:
-                raise error
-        raise RuntimeError("the loader stopped while a batch waited for rows")
-
-    def stop(self) -> None:
-        if os.getpid() != self.pid:      # a fork's child: the threads and their locks
-            return                       # are the parent's
-        self.stopping = True
-        if self.ring is not None:
-            self.ring.stop()
-        for _ in self.workers:
-            self.to_start.put(None)
-        self._stop_readers()
-        for worker in self.workers:
-            if worker is not threading.current_thread():
-                worker.join()
-        if self.ring is not None:
-            self.ring.close()
-        _PIPELINES.discard(self)
-
-
-_PIPELINES: weakref.WeakSet[_Pipeline] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_pipelines() -> None:
-    """Threads still gathering at interpreter exit (an iterator left unfinished in
-    a global) are stopped, not left in a gather while the interpreter ends."""
-    for pipeline in list(_PIPELINES):
-        pipeline.stop()
 
 
 def _check_pinned_memory() -> None:

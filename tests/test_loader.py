@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fastst
 import fastst._handle
 import fastst._loader
+import fastst._pipeline
 import fastst._rowblocks
 from fastst import SafetensorError, TensorNotFoundError
 from fastst.data import Loader
@@ -261,14 +262,14 @@ def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_at_a_time():
     blocks of the windows before (the first batch waits for its window's blocks, not
     for the next window's). Each batch waits for the blocks asked for up to its last
     one."""
-    from fastst._loader import _BlocksAhead
+    from fastst._pipeline import BlocksAhead
 
     class Reader:
         asked, waits = [], []
         want = asked.extend
         wait = waits.append
 
-    hints = _BlocksAhead(BATCHES_OF_BLOCKS.__getitem__, len(BATCHES_OF_BLOCKS), rows=12,
+    hints = BlocksAhead(BATCHES_OF_BLOCKS.__getitem__, len(BATCHES_OF_BLOCKS), rows=12,
                          block_rows=2, window=3, reader=Reader())
     assert hints.claim(0) == [0, 2, 3, 4, 1]        # batches 0-2, then 3-5
     assert hints.claim(1) == [] and hints.claim(0) == [] and hints.claim(2) == []
@@ -284,13 +285,13 @@ def test_the_reader_of_blocks_asks_for_the_next_windows_itself():
     """Once it has read the blocks asked for, the page cache's reader claims the next
     window itself: a dataset the page cache holds whole is read at the disk's pace,
     whatever the pace of the batches."""
-    from fastst._loader import _BlocksAhead
+    from fastst._pipeline import BlocksAhead
     from fastst._rowblocks import CachedBlocks
 
     read = []
     reader = CachedBlocks(lambda first, stop: read.append(first), block_rows=2, total=12)
     try:
-        hints = _BlocksAhead(BATCHES_OF_BLOCKS.__getitem__, len(BATCHES_OF_BLOCKS),
+        hints = BlocksAhead(BATCHES_OF_BLOCKS.__getitem__, len(BATCHES_OF_BLOCKS),
                              rows=12, block_rows=2, window=1, reader=reader)
         reader.ask_more(hints.claim_next)
         assert wait_until(lambda: reader.done == 6)     # no batch claimed any
@@ -726,7 +727,7 @@ class CountedRowBlocks(fastst._rowblocks.RowBlocks):
 @pytest.fixture
 def counted_row_blocks(monkeypatch):
     CountedRowBlocks.made = []
-    monkeypatch.setattr(fastst._loader, "RowBlocks", CountedRowBlocks)
+    monkeypatch.setattr(fastst._pipeline, "RowBlocks", CountedRowBlocks)
     return CountedRowBlocks.made
 
 

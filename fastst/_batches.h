@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include "_fastst.h"           /* fastst_prefetch */
 
 #define FASTST_BATCH_PREFETCH 8   /* rows whose sources are asked for ahead of their copy */
@@ -25,6 +26,7 @@ enum {
     FASTST_BATCH_READER_FAILED = 2,   /* the reading the gate waits for failed */
     FASTST_BATCH_BAD_ROW = 3,         /* a row outside the dataset (never, by design) */
     FASTST_BATCH_STOPPED = 4,         /* stopped before the batch was filled */
+    FASTST_BATCH_NOT_YET = 5,         /* not filled within the wait asked for */
 };
 
 typedef struct {
@@ -237,10 +239,21 @@ static int fastst_batches_work(fastst_batches *ring) {
 }
 
 /* Take place `place` (in order): the place `ahead` after it may start; waits until it
-   is filled. How its fill ended, and the part of a short file. */
-static int fastst_batches_take(fastst_batches *ring, int64_t place, int *error_part) {
+   is filled, or `wait_ms` milliseconds at most (then FASTST_BATCH_NOT_YET: the caller
+   looks at its signals and takes it again). How its fill ended, and the part of a
+   short file. */
+static int fastst_batches_take(fastst_batches *ring, int64_t place, int *error_part,
+                               long wait_ms) {
     int slot = (int)(place % ring->slots), error;
     int64_t limit = place + 1 + ring->ahead;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (wait_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec += 1;
+        until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&ring->lock);
     if (limit > ring->count) limit = ring->count;
     if (limit == ring->limit + 1)        /* one more place: one thread to wake */
@@ -249,8 +262,10 @@ static int fastst_batches_take(fastst_batches *ring, int64_t place, int *error_p
         pthread_cond_broadcast(&ring->startable);
     if (limit > ring->limit) ring->limit = limit;
     while (ring->filled[slot] != place && !ring->stopping)
-        pthread_cond_wait(&ring->filled_one, &ring->lock);
-    error = ring->filled[slot] == place ? ring->errors[slot] : FASTST_BATCH_STOPPED;
+        if (pthread_cond_timedwait(&ring->filled_one, &ring->lock, &until) == ETIMEDOUT)
+            break;
+    if (ring->filled[slot] == place) error = ring->errors[slot];
+    else error = ring->stopping ? FASTST_BATCH_STOPPED : FASTST_BATCH_NOT_YET;
     *error_part = ring->error_parts[slot];
     pthread_mutex_unlock(&ring->lock);
     return error;

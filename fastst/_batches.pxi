@@ -18,15 +18,18 @@ cdef extern from "_batches.h":
         int* errors
         int* error_parts
     int FASTST_BATCH_OK, FASTST_BATCH_SHORT_FILE, FASTST_BATCH_READER_FAILED
-    int FASTST_BATCH_BAD_ROW, FASTST_BATCH_STOPPED
+    int FASTST_BATCH_BAD_ROW, FASTST_BATCH_STOPPED, FASTST_BATCH_NOT_YET
     int fastst_batches_init(fastst_batches* ring) noexcept nogil
     void fastst_batches_destroy(fastst_batches* ring) noexcept nogil
     int fastst_batches_work(fastst_batches* ring) noexcept nogil
-    int fastst_batches_take(fastst_batches* ring, int64_t place, int* error_part) noexcept nogil
+    int fastst_batches_take(fastst_batches* ring, int64_t place, int* error_part,
+                            long wait_ms) noexcept nogil
     void fastst_batches_advance(fastst_batches* ring, int64_t ready,
                                 int64_t claimed) noexcept nogil
     void fastst_batches_end(fastst_batches* ring, int stopping) noexcept nogil
     int fastst_batches_can_stream() noexcept nogil
+
+cdef long TAKE_WAIT_MS = 100   # how often a take that waits looks at the signals
 
 READER_FAILED = -1      # what BatchRing.take returns for a batch whose reading failed
 STOPPED = -2            # and for one the ring stopped before it was filled
@@ -226,11 +229,14 @@ cdef class BatchRing:
     def take(self, int64_t place):
         """Wait for batch `place` (taken in order) and return its slot; READER_FAILED
         where the reading it waited for failed, STOPPED where the ring stopped first. A
-        file cut short raises the SafetensorError that says so."""
-        cdef int error, part = -1
+        file cut short raises the SafetensorError that says so; a signal's handler
+        (Ctrl-C's) runs while it waits, and what it raises comes out of the wait."""
+        cdef int error = FASTST_BATCH_NOT_YET, part = -1
         self._check_ready()
-        with nogil:
-            error = fastst_batches_take(&self.ring, place, &part)
+        while error == FASTST_BATCH_NOT_YET:
+            with nogil:
+                error = fastst_batches_take(&self.ring, place, &part, TAKE_WAIT_MS)
+            PyErr_CheckSignals()     # Ctrl-C while a batch waits (its reads, say) is raised
         if error == FASTST_BATCH_OK:
             return place % self.ring.slots
         if error == FASTST_BATCH_READER_FAILED:

@@ -781,7 +781,8 @@ class BatchRing:
     def take(self, place: int) -> int:
         """Wait for batch `place` (taken in order) and return its slot; READER_FAILED
         where the reading it waited for failed, STOPPED where the ring stopped first.
-        A file cut short raises the SafetensorError that says so."""
+        A file cut short raises the SafetensorError that says so; a signal's handler
+        (Ctrl-C's) runs while it waits, and what it raises comes out of the wait."""
     def advance(self, ready: int, claimed: int = 0) -> None:
         """`ready` reads are done, and the needs of the first `claimed` places are set."""
     def reading_failed(self) -> None:

@@ -17,6 +17,7 @@ from cpython.buffer cimport (
     PyBUF_ANY_CONTIGUOUS, PyBUF_WRITE, PyBuffer_FillInfo, PyBuffer_Release,
     PyObject_GetBuffer,
 )
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize

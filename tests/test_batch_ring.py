@@ -1,6 +1,7 @@
 """BatchRing, the thread Loader's gathers over mapped files: threads that copy each
 batch's rows into a ring of buffers without the GIL, gated on the reads each needs."""
 import os
+import signal
 import threading
 
 import numpy as np
@@ -123,6 +124,33 @@ def test_a_failed_reading_and_a_stop_end_the_waits(two_files):
     end(ring, workers)
     with pytest.raises(ValueError, match="closed"):
         ring.take(1)
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs pthread_kill")
+def test_a_signal_while_a_take_waits_is_raised_there(two_files):
+    """As Ctrl-C is, while the consumer waits for a batch whose reads never come."""
+    _, handles = two_files
+    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1)
+    workers = run(ring)
+
+    def interrupted(number, frame):
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupted)
+    sender = threading.Timer(0.3, signal.pthread_kill,
+                             (threading.main_thread().ident, signal.SIGUSR1))
+    try:
+        sender.start()
+        with pytest.raises(Interrupted):
+            ring.take(0)
+    finally:
+        sender.join()
+        signal.signal(signal.SIGUSR1, previous)
+        end(ring, workers)
 
 
 def test_a_file_cut_short_is_an_error_at_its_batch_not_a_fault(two_files):

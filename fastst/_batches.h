@@ -129,30 +129,32 @@ static int fastst_batches_can_stream(void) {
 #endif
 }
 
-/* Where row `row` of tensor `t` is in its part's map. */
+/* Where row `row` (of part `part`) of tensor `t` is in the part's map. */
 static inline const char *fastst_batches_source(const fastst_batches *ring, int64_t row,
-                                                int t) {
-    int part = ring->parts == 1 ? 0 : fastst_batches_part(ring, row);
+                                                int part, int t) {
     return ring->bases[(size_t)part * ring->tensors + t]
            + (uint64_t)(row - ring->starts[part]) * ring->row_bytes[t];
 }
 
-/* Ask for row `row` of every tensor ahead of its copy: a gather of rows scattered over
-   a big table otherwise waits, row after row, for a TLB walk and a cache miss. */
-static inline void fastst_batches_ask_row(const fastst_batches *ring, int64_t row) {
+/* Ask for row `row` (of part `part`) of every tensor ahead of its copy: a gather of
+   rows scattered over a big table otherwise waits, row after row, for a TLB walk and a
+   cache miss. */
+static inline void fastst_batches_ask_row(const fastst_batches *ring, int64_t row,
+                                          int part) {
     int t;
     for (t = 0; t < ring->tensors; t++)
-        fastst_prefetch(fastst_batches_source(ring, row, t), ring->row_bytes[t]);
+        fastst_prefetch(fastst_batches_source(ring, row, part, t), ring->row_bytes[t]);
 }
 
-/* Copy row `row` of every tensor into row `k` of the slot's buffers `outs`. */
+/* Copy row `row` (of part `part`) of every tensor into row `k` of the slot's buffers
+   `outs`. */
 static inline void fastst_batches_copy_row(const fastst_batches *ring, int64_t row,
-                                           char *const *outs, uint64_t k) {
+                                           int part, char *const *outs, uint64_t k) {
     int t;
     for (t = 0; t < ring->tensors; t++) {
         uint64_t bytes = ring->row_bytes[t];
         char *destination = outs[t] + k * bytes;
-        const char *source = fastst_batches_source(ring, row, t);
+        const char *source = fastst_batches_source(ring, row, part, t);
 #ifdef FASTST_CAN_STREAM
         if (ring->stream && bytes % 128 == 0 && ((uintptr_t)destination & 31) == 0) {
             fastst_stream_copy(destination, source, bytes);
@@ -171,9 +173,11 @@ static int fastst_batches_gate_open(const fastst_batches *ring, int64_t place) {
 
 /* Copy the rows of place `place` into its slot. Every file the batch takes rows from
    is first checked to be no shorter than it was mapped (fstat of a descriptor held on
-   it), so that a file cut short is an error rather than a fault (SIGBUS). */
+   it), so that a file cut short is an error rather than a fault (SIGBUS). `checked`
+   (one a part) and `row_parts` (one a row of a batch) are the thread's own: the place
+   each file was last checked for, and each row's part, looked up once. */
 static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_t *checked,
-                               int *error_part) {
+                               int *row_parts, int *error_part) {
     int64_t index = ring->first_batch + place * ring->batch_step;
     int64_t first = index * ring->batch_rows, size = ring->order_rows - first, k;
     const int64_t *rows = ring->order + first;
@@ -185,7 +189,7 @@ static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_
         int part;
         struct stat info;
         if (row < 0 || row >= ring->starts[ring->parts]) return FASTST_BATCH_BAD_ROW;
-        part = ring->parts == 1 ? 0 : fastst_batches_part(ring, row);
+        part = row_parts[k] = ring->parts == 1 ? 0 : fastst_batches_part(ring, row);
         if (checked[part] == place) continue;
         checked[part] = place;
         if (fstat(ring->fds[part], &info) != 0 || (uint64_t)info.st_size < ring->sizes[part]) {
@@ -194,11 +198,11 @@ static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_
         }
     }
     for (k = 0; k < size && k < FASTST_BATCH_PREFETCH; k++)
-        fastst_batches_ask_row(ring, rows[k]);
+        fastst_batches_ask_row(ring, rows[k], row_parts[k]);
     for (k = 0; k < size; k++) {
-        if (k + FASTST_BATCH_PREFETCH < size)
-            fastst_batches_ask_row(ring, rows[k + FASTST_BATCH_PREFETCH]);
-        fastst_batches_copy_row(ring, rows[k], outs, (uint64_t)k);
+        int64_t ahead = k + FASTST_BATCH_PREFETCH;
+        if (ahead < size) fastst_batches_ask_row(ring, rows[ahead], row_parts[ahead]);
+        fastst_batches_copy_row(ring, rows[k], row_parts[k], outs, (uint64_t)k);
     }
 #ifdef FASTST_CAN_STREAM
     if (ring->stream) _mm_sfence();     /* the streamed stores land before the batch is marked */
@@ -209,8 +213,13 @@ static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_
 /* A gathering thread: fills places until none is left or the ring stops. 0, or ENOMEM. */
 static int fastst_batches_work(fastst_batches *ring) {
     int64_t *checked = (int64_t *)malloc(sizeof(int64_t) * (size_t)ring->parts), place;
+    int *row_parts = (int *)malloc(sizeof(int) * (size_t)ring->batch_rows);
     int k, error, error_part;
-    if (checked == NULL) return ENOMEM;
+    if (checked == NULL || row_parts == NULL) {
+        free(checked);
+        free(row_parts);
+        return ENOMEM;
+    }
     for (k = 0; k < ring->parts; k++) checked[k] = -1;
     pthread_mutex_lock(&ring->lock);
     for (;;) {
@@ -225,7 +234,7 @@ static int fastst_batches_work(fastst_batches *ring) {
         error_part = -1;
         pthread_mutex_unlock(&ring->lock);
         if (error == FASTST_BATCH_OK)
-            error = fastst_batches_fill(ring, place, checked, &error_part);
+            error = fastst_batches_fill(ring, place, checked, row_parts, &error_part);
         pthread_mutex_lock(&ring->lock);
         k = (int)(place % ring->slots);
         ring->filled[k] = place;
@@ -235,6 +244,7 @@ static int fastst_batches_work(fastst_batches *ring) {
     }
     pthread_mutex_unlock(&ring->lock);
     free(checked);
+    free(row_parts);
     return 0;
 }
 

@@ -158,9 +158,6 @@ class Pipeline:
         if blocks is not None:
             self._read_ahead(blocks)
         self.slots, self.ahead = slots, min(ahead, len(slots))
-        self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
-        self.filled = [threading.Lock() for _ in slots]
-        self.errors: List[Optional[BaseException]] = [None] * len(slots)
         self.stopping = False
         self.failure: Optional[BaseException] = None     # of a thread of the ring
         self.pid = os.getpid()
@@ -169,6 +166,10 @@ class Pipeline:
         except BaseException:
             self._stop_readers()
             raise
+        # the Python threads' hand-out: the batches to start, each slot's lock and error
+        self.to_start: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
+        self.filled = [threading.Lock() for _ in slots] if self.ring is None else []
+        self.errors: List[Optional[BaseException]] = [None] * len(self.filled)
         if self.ring is None:
             for position in range(min(self.ahead, len(todo))):
                 self._start(position)
@@ -318,8 +319,9 @@ class Pipeline:
         self.stopping = True
         if self.ring is not None:
             self.ring.stop()
-        for _ in self.workers:
-            self.to_start.put(None)
+        else:
+            for _ in self.workers:
+                self.to_start.put(None)
         self._stop_readers()
         for worker in self.workers:
             if worker is not threading.current_thread():

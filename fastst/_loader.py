@@ -250,7 +250,6 @@ class Loader:
                  track: bool) -> Iterator[Dict[str, Any]]:
         """The batches of `epoch` from `start`, every `workers`-th from start + worker;
         `track`: move the loader's position as they are taken."""
-        rows = self._rank_rows(epoch)
         count = len(self)
         todo = range(start + worker, count, workers)
         if not todo:
@@ -261,8 +260,8 @@ class Loader:
         blocks = (Blocks(self.block_rows, self.window_blocks, self._window_batches(workers),
                           scattered=self.shuffle is True)
                   if self.shuffle else None)
-        pipeline = Pipeline(self._dataset, rows, self.batch_size, todo, slots,
-                             self.prefetch, self.threads, blocks)
+        pipeline = Pipeline(self._dataset, lambda: self._rank_rows(epoch),
+                            self.batch_size, todo, slots, self.prefetch, self.threads, blocks)
         delivered: Dict[int, Dict[str, Any]] = {}
         try:
             for position, index in enumerate(todo):

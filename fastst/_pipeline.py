@@ -127,6 +127,10 @@ class Pipeline:
     beyond the one taken: batch k (its place in `todo`) goes into slot
     k % len(slots), and is started once batch k - ahead is taken.
 
+    The batches' rows are those of ``order()`` in turn, asked for once a full
+    shuffle's reading (which needs no order) has begun: a permutation of millions of
+    rows takes tens of milliseconds.
+
     Where every file is mapped, a `BatchRing` does it (`_batch_ring`): its threads
     take the batches in order and copy their rows, and the consumer waits for each,
     without the GIL, so that a batch costs Python no more than the consumer's take; a
@@ -147,16 +151,23 @@ class Pipeline:
     time, in file order, and each batch waits for all; otherwise its rows are read where
     they lie. The consumer's thread never waits for any of these."""
 
-    def __init__(self, dataset: Rows, rows: npt.NDArray[np.int64], batch_size: int,
-                 todo: range, slots: List[Dict[str, Any]], ahead: int, threads: int,
-                 blocks: Optional[Blocks] = None) -> None:
-        self.dataset, self.rows, self.batch_size, self.todo = dataset, rows, batch_size, todo
+    def __init__(self, dataset: Rows, order: Callable[[], npt.NDArray[np.int64]],
+                 batch_size: int, todo: range, slots: List[Dict[str, Any]], ahead: int,
+                 threads: int, blocks: Optional[Blocks] = None) -> None:
+        self.dataset, self.batch_size, self.todo = dataset, batch_size, todo
         self.row_blocks: Optional[RowBlocks] = None
         self.cached_blocks: Optional[CachedBlocks] = None
         self.blocks: Optional[BlocksAhead] = None
         self.whole = 0       # with a full shuffle read whole: the pieces each batch waits for
-        if blocks is not None:
-            self._read_ahead(blocks)
+        if blocks is not None and blocks.scattered:
+            self._read_whole(blocks)
+        try:       # a full shuffle's reading needs no order: it reads while this is made
+            self.rows = order()
+        except BaseException:
+            self._stop_readers()
+            raise
+        if blocks is not None and not blocks.scattered:
+            self._read_blocks(blocks)
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.stopping = False
         self.failure: Optional[BaseException] = None     # of a thread of the ring
@@ -185,16 +196,18 @@ class Pipeline:
             if self.blocks is not None:
                 self.blocks.follow(functools.partial(self.ring.advance, 0))   # (0, claimed)
 
-    def _read_ahead(self, blocks: Blocks) -> None:
-        """Set up the reading ahead of a shuffle's blocks (see the class)."""
+    def _read_whole(self, blocks: Blocks) -> None:
+        """Set up the reading of a full shuffle's files whole (see the class)."""
+        dataset = self.dataset
+        if not dataset.by_ranges and dataset.fits_page_cache():
+            piece_rows = blocks.block_rows * blocks.window_blocks
+            self.cached_blocks = CachedBlocks(dataset.cache_rows, piece_rows, dataset.rows)
+            self.whole = -(-dataset.rows // piece_rows)
+            self.cached_blocks.want(range(self.whole))
+
+    def _read_blocks(self, blocks: Blocks) -> None:
+        """Set up the reading ahead of a block shuffle's blocks (see the class)."""
         dataset, batches = self.dataset, len(self.todo)
-        if blocks.scattered:
-            if not dataset.by_ranges and dataset.fits_page_cache():
-                piece_rows = blocks.block_rows * blocks.window_blocks
-                self.cached_blocks = CachedBlocks(dataset.cache_rows, piece_rows, dataset.rows)
-                self.whole = -(-dataset.rows // piece_rows)
-                self.cached_blocks.want(range(self.whole))
-            return
         if dataset.by_ranges:
             self.row_blocks = self._row_blocks(blocks)
         elif dataset.fits_page_cache():

@@ -218,6 +218,42 @@ def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
     assert not loader_threads()
 
 
+def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkeypatch):
+    """The reading of a full shuffle's files (whole, in file order) needs no order: it
+    is under way while the epoch's permutation is made, which waits here for the first
+    read (and would wait out its 10 s if it came only after); a block shuffle reads
+    only after its order, which says which blocks come first."""
+    first_read, events = threading.Event(), []
+    cache_rows = fastst._handle.NumpyHandle.cache_rows
+    epoch_order = fastst._loader._epoch_order
+
+    def noted_cache(handle, name, first, stop):
+        events.append("read")
+        first_read.set()
+        return cache_rows(handle, name, first, stop)
+
+    def order_after_a_read(*args):
+        if args[1] is True:
+            assert first_read.wait(10)
+        order = epoch_order(*args)
+        events.append("order")
+        return order
+
+    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    monkeypatch.setattr(fastst._loader, "_epoch_order", order_after_a_read)
+    for shuffle in (True, "blocks"):
+        events.clear()
+        with Loader(one_file, ["x", "y"], 16, shuffle=shuffle, seed=5) as loader:
+            order = np.random.default_rng([5, 0]).permutation(ROWS) if shuffle is True else None
+            rows = rows_of(taken(loader))
+        assert sorted(rows.tolist()) == list(range(ROWS))
+        if order is not None:
+            assert np.array_equal(rows, order)
+            assert events[0] == "read"
+        else:
+            assert events[0] == "order" and "read" in events
+
+
 @LINUX_ONLY
 @pytest.mark.parametrize("shuffle", ["blocks", True])
 def test_a_shuffle_over_a_cold_file_reads_it_once_and_leaves_it_cached(tmp_path, shuffle):

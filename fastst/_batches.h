@@ -17,6 +17,13 @@
 #include <sys/stat.h>
 #include <time.h>
 #include "_fastst.h"           /* fastst_prefetch */
+#ifdef __linux__
+#include <stdio.h>
+#include <sys/inotify.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+#define FASTST_CAN_WATCH 1
+#endif
 
 #define FASTST_BATCH_PREFETCH 8   /* rows whose sources are asked for ahead of their copy */
 
@@ -27,6 +34,12 @@ enum {
     FASTST_BATCH_BAD_ROW = 3,         /* a row outside the dataset (never, by design) */
     FASTST_BATCH_STOPPED = 4,         /* stopped before the batch was filled */
     FASTST_BATCH_NOT_YET = 5,         /* not filled within the wait asked for */
+};
+
+enum {                        /* what a batch knows of a file's length */
+    FASTST_FILE_UNWATCHED = 0,    /* nothing: each batch that takes rows from it checks */
+    FASTST_FILE_WATCHED = 1,      /* no shorter until the kernel says it changed */
+    FASTST_FILE_SHORT = 2,        /* found shorter than mapped */
 };
 
 typedef struct {
@@ -45,6 +58,11 @@ typedef struct {
     const int64_t *needs;        /* per place: the reads it waits for; NULL: all wait for `need` */
     int64_t need;
     int stream;                  /* copy rows of whole lines with stores that bypass the cache */
+    int watch_fd;                /* an inotify instance on the files, or -1 */
+    const int *watches;          /* parts: each file's watch (-1: none) */
+    int *file_states;            /* parts: FASTST_FILE_*, read and set atomically */
+    int64_t checks;              /* the fstat calls made of the files (atomic) */
+    pthread_mutex_t watch_lock;  /* held while the kernel's news is read and acted on */
     /* changed under `lock` */
     pthread_mutex_t lock;
     pthread_cond_t startable, gate_moved, filled_one;
@@ -70,7 +88,10 @@ static int fastst_batches_init(fastst_batches *ring) {
     if (pthread_cond_init(&ring->startable, NULL) != 0) goto no_startable;
     if (pthread_cond_init(&ring->gate_moved, NULL) != 0) goto no_gate_moved;
     if (pthread_cond_init(&ring->filled_one, NULL) != 0) goto no_filled_one;
+    if (pthread_mutex_init(&ring->watch_lock, NULL) != 0) goto no_watch_lock;
     return 0;
+no_watch_lock:
+    pthread_cond_destroy(&ring->filled_one);
 no_filled_one:
     pthread_cond_destroy(&ring->gate_moved);
 no_gate_moved:
@@ -81,6 +102,7 @@ no_startable:
 }
 
 static void fastst_batches_destroy(fastst_batches *ring) {
+    pthread_mutex_destroy(&ring->watch_lock);
     pthread_cond_destroy(&ring->filled_one);
     pthread_cond_destroy(&ring->gate_moved);
     pthread_cond_destroy(&ring->startable);
@@ -171,12 +193,126 @@ static int fastst_batches_gate_open(const fastst_batches *ring, int64_t place) {
     return place < ring->claimed && ring->ready >= ring->needs[place];
 }
 
+/* Whether part `part`'s file is no shorter than it was mapped (fstat of a descriptor
+   held on it). */
+static int fastst_batches_long_enough(fastst_batches *ring, int part) {
+    struct stat info;
+    __atomic_add_fetch(&ring->checks, 1, __ATOMIC_RELAXED);
+    return fstat(ring->fds[part], &info) == 0 && (uint64_t)info.st_size >= ring->sizes[part];
+}
+
+/* Local file systems, whose changes inotify reports whoever makes them (a network
+   file system's made elsewhere go unreported): ext2-4, XFS, Btrfs, tmpfs, F2FS,
+   overlayfs, ZFS, bcachefs, SquashFS, EROFS. */
+static int fastst_batches_local(int fd) {
+#ifdef FASTST_CAN_WATCH
+    static const unsigned long local[] = {
+        0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010, 0x794C7630,
+        0x2FC12FC1, 0xCA451A4E, 0x73717368, 0xE0F5E1E2};
+    struct statfs about;
+    size_t k;
+    if (fstatfs(fd, &about) != 0) return 0;
+    for (k = 0; k < sizeof local / sizeof local[0]; k++)
+        if ((unsigned long)about.f_type == local[k]) return 1;
+#else
+    (void)fd;
+#endif
+    return 0;
+}
+
+/* A descriptor to watch files with (inotify), or -1 where there is none. */
+static int fastst_batches_watcher(void) {
+#ifdef FASTST_CAN_WATCH
+    return inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+#else
+    return -1;
+#endif
+}
+
+/* Watch each file of a local file system for changes (inotify, the descriptor
+   `watch_fd`; `watches`, one a part, get the watches), so that a batch checks a file's
+   length only once the kernel says the file changed: an fstat of every file a batch
+   takes rows from costs more than the copies where the rows lie in many small files.
+   A file that cannot be watched is checked by each batch, as before. Each file is
+   checked once more after its watch is set, so that nothing done before goes unseen.
+   The files watched. */
+static int fastst_batches_watch(fastst_batches *ring, int watch_fd, int *watches) {
+    int part, watched = 0;
+    ring->watch_fd = watch_fd;
+    ring->watches = watches;
+    for (part = 0; part < ring->parts; part++) {
+        watches[part] = -1;
+        ring->file_states[part] = FASTST_FILE_UNWATCHED;
+#ifdef FASTST_CAN_WATCH
+        if (watch_fd >= 0 && fastst_batches_local(ring->fds[part])) {
+            char path[64];
+            snprintf(path, sizeof path, "/proc/self/fd/%d", ring->fds[part]);
+            watches[part] = inotify_add_watch(watch_fd, path, IN_MODIFY);
+        }
+#endif
+        if (watches[part] >= 0) {
+            ring->file_states[part] = fastst_batches_long_enough(ring, part)
+                                      ? FASTST_FILE_WATCHED : FASTST_FILE_SHORT;
+            watched++;
+        }
+    }
+    return watched;
+}
+
+/* Act on what the kernel said of the watched files since this was last done: each file
+   changed is checked again (all of them where its queue overflowed), and one found
+   short is marked so; a file whose watch ended is checked by each batch from then
+   on. Under `watch_lock`, so that a batch that looks after another has seen its news
+   waits until that one has acted on it. */
+static void fastst_batches_look_at_changes(fastst_batches *ring) {
+#ifdef FASTST_CAN_WATCH
+    union {
+        char bytes[4096];
+        struct inotify_event first;    /* the alignment of the events */
+    } news;
+    ssize_t got;
+    pthread_mutex_lock(&ring->watch_lock);
+    while ((got = read(ring->watch_fd, news.bytes, sizeof news.bytes)) > 0) {
+        const char *at = news.bytes;
+        while (at < news.bytes + got) {
+            const struct inotify_event *event = (const struct inotify_event *)at;
+            int part;
+            for (part = 0; part < ring->parts; part++) {
+                int state;
+                if (!(event->mask & IN_Q_OVERFLOW) && ring->watches[part] != event->wd)
+                    continue;
+                if (event->mask & IN_IGNORED) state = FASTST_FILE_UNWATCHED;
+                else if (!fastst_batches_long_enough(ring, part)) state = FASTST_FILE_SHORT;
+                else continue;
+                if (__atomic_load_n(&ring->file_states[part], __ATOMIC_RELAXED)
+                        != FASTST_FILE_SHORT)
+                    __atomic_store_n(&ring->file_states[part], state, __ATOMIC_RELAXED);
+            }
+            at += sizeof(struct inotify_event) + event->len;
+        }
+    }
+    pthread_mutex_unlock(&ring->watch_lock);
+#else
+    (void)ring;
+#endif
+}
+
+/* Whether part `part`'s file may be read: no shorter than it was mapped, as far as its
+   watch or an fstat tells. */
+static int fastst_batches_file_whole(fastst_batches *ring, int part) {
+    switch (__atomic_load_n(&ring->file_states[part], __ATOMIC_RELAXED)) {
+    case FASTST_FILE_WATCHED: return 1;
+    case FASTST_FILE_SHORT: return 0;
+    default: return fastst_batches_long_enough(ring, part);
+    }
+}
+
 /* Copy the rows of place `place` into its slot. Every file the batch takes rows from
-   is first checked to be no shorter than it was mapped (fstat of a descriptor held on
-   it), so that a file cut short is an error rather than a fault (SIGBUS). `checked`
+   is first checked to be no shorter than it was mapped (its watch, or else an fstat),
+   so that a file cut short is an error rather than a fault (SIGBUS). `checked`
    (one a part) and `row_parts` (one a row of a batch) are the thread's own: the place
    each file was last checked for, and each row's part, looked up once. */
-static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_t *checked,
+static int fastst_batches_fill(fastst_batches *ring, int64_t place, int64_t *checked,
                                int *row_parts, int *error_part) {
     int64_t index = ring->first_batch + place * ring->batch_step;
     int64_t first = index * ring->batch_rows, size = ring->order_rows - first, k;
@@ -184,15 +320,15 @@ static int fastst_batches_fill(const fastst_batches *ring, int64_t place, int64_
     int slot = (int)(place % ring->slots);
     char *const *outs = ring->outs + (size_t)slot * ring->tensors;
     if (size > ring->batch_rows) size = ring->batch_rows;
+    if (ring->watch_fd >= 0) fastst_batches_look_at_changes(ring);
     for (k = 0; k < size; k++) {
         int64_t row = rows[k];
         int part;
-        struct stat info;
         if (row < 0 || row >= ring->starts[ring->parts]) return FASTST_BATCH_BAD_ROW;
         part = row_parts[k] = ring->parts == 1 ? 0 : fastst_batches_part(ring, row);
         if (checked[part] == place) continue;
         checked[part] = place;
-        if (fstat(ring->fds[part], &info) != 0 || (uint64_t)info.st_size < ring->sizes[part]) {
+        if (!fastst_batches_file_whole(ring, part)) {
             *error_part = part;
             return FASTST_BATCH_SHORT_FILE;
         }

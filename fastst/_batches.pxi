@@ -14,6 +14,9 @@ cdef extern from "_batches.h":
         const int64_t* needs
         int64_t need
         int stream
+        int watch_fd
+        int* file_states
+        int64_t checks
         int64_t* filled
         int* errors
         int* error_parts
@@ -28,6 +31,8 @@ cdef extern from "_batches.h":
                                 int64_t claimed) noexcept nogil
     void fastst_batches_end(fastst_batches* ring, int stopping) noexcept nogil
     int fastst_batches_can_stream() noexcept nogil
+    int fastst_batches_watcher() noexcept nogil
+    int fastst_batches_watch(fastst_batches* ring, int watch_fd, int* watches) noexcept nogil
 
 cdef long TAKE_WAIT_MS = 100   # how often a take that waits looks at the signals
 
@@ -86,8 +91,13 @@ cdef class BatchRing:
     with `need`, every place waits for `need` reads; with neither, none waits.
 
     The maps stay while the ring does, whatever becomes of the handles; each file is
-    held open (and checked to be no shorter than mapped before each batch that takes
-    rows from it) until ``close``, which lets go of the maps and the buffers too."""
+    held open until ``close``, which lets go of the maps and the buffers too. A batch
+    takes rows from a file only while it is no shorter than mapped: a file on a local
+    file system is watched (inotify) and checked again (fstat) only when the kernel
+    says it changed, where fstat of every file a batch takes rows from would cost
+    more than the copies over many small files; any other file (or all of them, with
+    `watch` False, or where there is no inotify) is checked before each batch that
+    takes rows from it."""
     cdef fastst_batches ring
     cdef bint ready_to_run         # set up, and not closed
     cdef bint initialised          # its lock and conditions made
@@ -101,14 +111,20 @@ cdef class BatchRing:
     cdef int64_t* filled
     cdef int* errors
     cdef int* error_parts
+    cdef int* watches
+    cdef int* file_states
     cdef int open_fds
+    cdef int watch_fd
+    cdef int watched
 
     def __cinit__(self):
         self.handles, self.owners, self.arrays = [], [], []
+        self.watch_fd = -1
 
     def __init__(self, list handles, list starts, tuple names, cnp.ndarray order,
                  int64_t batch_rows, int64_t first, int64_t step, int64_t count,
-                 list slots, int64_t ahead, cnp.ndarray needs=None, int64_t need=0):
+                 list slots, int64_t ahead, cnp.ndarray needs=None, int64_t need=0,
+                 bint watch=True):
         cdef int parts = len(handles), tensors = len(names), slot_count = len(slots)
         if self.starts != NULL:
             raise ValueError("a ring is set up once")
@@ -136,6 +152,7 @@ cdef class BatchRing:
             self.starts[p] = starts[p]
         for p in range(parts):
             self._map_part(p, handles[p], names, starts[p + 1] - starts[p])
+        self._watch_files(watch)
         for s in range(slot_count):
             for t in range(tensors):
                 self._set_out(s, t, slots[s][names[t]], batch_rows)
@@ -155,14 +172,19 @@ cdef class BatchRing:
         self.filled = <int64_t*>PyMem_Calloc(slots, sizeof(int64_t))
         self.errors = <int*>PyMem_Calloc(slots, sizeof(int))
         self.error_parts = <int*>PyMem_Calloc(slots, sizeof(int))
+        self.watches = <int*>PyMem_Calloc(parts, sizeof(int))
+        self.file_states = <int*>PyMem_Calloc(parts, sizeof(int))
         if (self.starts == NULL or self.bases == NULL or self.row_bytes == NULL
                 or self.fds == NULL or self.sizes == NULL or self.outs == NULL
-                or self.filled == NULL or self.errors == NULL or self.error_parts == NULL):
+                or self.filled == NULL or self.errors == NULL or self.error_parts == NULL
+                or self.watches == NULL or self.file_states == NULL):
             raise MemoryError("a ring's tables")
         self.ring.starts, self.ring.bases, self.ring.row_bytes = self.starts, self.bases, self.row_bytes
         self.ring.fds, self.ring.sizes, self.ring.outs = self.fds, self.sizes, self.outs
         self.ring.filled, self.ring.errors, self.ring.error_parts = (
             self.filled, self.errors, self.error_parts)
+        self.ring.file_states = self.file_states
+        self.ring.watch_fd = -1
 
     cdef cnp.ndarray _kept(self, cnp.ndarray array, dtype, str what):
         if array.dtype != dtype or not cnp.PyArray_IS_C_CONTIGUOUS(array):
@@ -197,6 +219,15 @@ cdef class BatchRing:
         self.handles.append(reader)
         self.owners.append(reader.owner)     # the map, kept whatever the handle does
 
+    cdef _watch_files(self, bint watch):
+        """Watch the files that can be (see the class)."""
+        if watch:
+            self.watch_fd = fastst_batches_watcher()
+        self.watched = fastst_batches_watch(&self.ring, self.watch_fd, self.watches)
+        if self.watched == 0 and self.watch_fd >= 0:
+            os.close(self.watch_fd)
+            self.watch_fd = self.ring.watch_fd = -1
+
     cdef _set_out(self, int s, int t, buffer, int64_t batch_rows):
         cdef cnp.ndarray array = buffer
         if (not cnp.PyArray_IS_C_CONTIGUOUS(array) or not cnp.PyArray_ISWRITEABLE(array)
@@ -212,6 +243,16 @@ cdef class BatchRing:
         """Whether its copies of rows of whole 128-byte lines bypass the cache (a ring
         larger than twice the last level of cache, where the CPU can)."""
         return bool(self.ring.stream)
+
+    @property
+    def files_watched(self):
+        """The files whose changes the kernel reports (see the class)."""
+        return self.watched
+
+    @property
+    def files_checked(self):
+        """The checks of a file's length (fstat calls) made so far."""
+        return self.ring.checks
 
     @staticmethod
     def can_stream():
@@ -276,6 +317,8 @@ cdef class BatchRing:
         """Once the threads have returned from ``work``: close the files and let go of
         the maps and the buffers (a map goes once nothing else holds it)."""
         self.stop()
+        if self.ready_to_run:
+            _COUNTERS["files_checked"] += self.ring.checks
         self.ready_to_run = False
         self._close_fds()
         self.handles, self.owners, self.arrays = [], [], []
@@ -289,10 +332,15 @@ cdef class BatchRing:
         for p in range(self.open_fds):
             os.close(self.fds[p])
         self.open_fds = 0
+        if self.watch_fd >= 0:
+            os.close(self.watch_fd)
+            self.watch_fd = self.ring.watch_fd = -1
 
     def __dealloc__(self):
         for p in range(self.open_fds):
             close(self.fds[p])
+        if self.watch_fd >= 0:
+            close(self.watch_fd)
         if self.initialised:
             fastst_batches_destroy(&self.ring)
         PyMem_Free(self.starts)
@@ -304,3 +352,5 @@ cdef class BatchRing:
         PyMem_Free(self.filled)
         PyMem_Free(self.errors)
         PyMem_Free(self.error_parts)
+        PyMem_Free(self.watches)
+        PyMem_Free(self.file_states)

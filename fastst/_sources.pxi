@@ -121,7 +121,7 @@ ReadOptions.__doc__ = """How local files are read into fresh memory (see read_op
 cdef dict _COUNTERS = dict.fromkeys(
     ["requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
      "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes",
-     "maps_read_ahead", "rows_cached"], 0)
+     "maps_read_ahead", "rows_cached", "files_checked"], 0)
 
 
 def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
@@ -172,8 +172,9 @@ def read_counters():
     through an aligned buffer, files that refused O_DIRECT, plans given posix_fadvise
     hints, threads started, plans read ahead while their memory was made and the
     bytes read so (not counted in `bytes`: the plan reads them again, from the page
-    cache), maps read ahead in the background, and calls of cache_rows that read
-    rows into the page cache. For tests and benchmarks:
+    cache), maps read ahead in the background, calls of cache_rows that read
+    rows into the page cache, and the checks of a file's length (fstat) by the thread
+    Loader's gathers of rings closed. For tests and benchmarks:
     compare two snapshots."""
     return dict(_COUNTERS)
 

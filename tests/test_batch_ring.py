@@ -153,14 +153,92 @@ def test_a_signal_while_a_take_waits_is_raised_there(two_files):
         end(ring, workers)
 
 
-def test_a_file_cut_short_is_an_error_at_its_batch_not_a_fault(two_files):
+@pytest.mark.parametrize("watch", [True, False])
+def test_a_file_cut_short_is_an_error_at_its_batch_not_a_fault(two_files, watch):
     paths, handles = two_files
-    ring, _, count = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1)
+    ring, _, count = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1, watch=watch)
     workers = run(ring)
     os.truncate(paths[1], 64)
     ring.advance(1)
     with pytest.raises(SafetensorError, match="b.safetensors: file was truncated"):
         for place in range(count):
+            ring.take(place)
+    end(ring, workers)
+
+
+def watched_ring(handles, order, batch_rows, **gate):
+    ring, buffers, count = ring_of(handles, order, batch_rows, **gate)
+    if ring.files_watched == 0:
+        ring.close()
+        pytest.skip("the kernel reports no changes of these files (no inotify here)")
+    return ring, buffers, count
+
+
+def test_watched_files_are_checked_only_when_the_kernel_says_they_changed(two_files):
+    """A file's length is checked (fstat) once when its watch is set, then only after a
+    change: a write that leaves it as long (one check more) is no error, and the batch
+    after a cut fails; where files are not watched, each batch checks every file it
+    takes rows from."""
+    paths, handles = two_files
+    order = np.random.default_rng(0).permutation(100).astype(np.int64)
+    ring, _, count = ring_of(handles, order, 10, watch=False)
+    workers = run(ring)
+    for place in range(count):
+        ring.take(place)
+    end(ring, workers)
+    assert ring.files_checked == sum(len(set((order[k:k + 10] >= 37).tolist()))
+                                     for k in range(0, 100, 10))
+    ring, _, count = watched_ring(handles, order, 10, need=0, slots=2, ahead=1)
+    assert ring.files_watched == 2 and ring.files_checked == 2
+    workers = run(ring)
+    ring.take(0)
+    with open(paths[1], "r+b") as file:        # a byte rewritten: a change, no shorter
+        file.seek(200)
+        byte = file.read(1)
+        file.seek(200)
+        file.write(byte)
+    for place in range(1, 5):
+        ring.take(place)
+    assert ring.files_checked == 3
+    os.truncate(paths[0], 64)
+    with pytest.raises(SafetensorError, match="a.safetensors: file was truncated"):
+        for place in range(5, count):
+            ring.take(place)
+    end(ring, workers)
+
+
+def test_a_cut_lost_in_an_overflow_of_the_kernels_news_is_still_found(two_files, tmp_path):
+    """Where more changes came than the kernel keeps (its queue overflowed), every file
+    is checked again: a cut whose own news was dropped is an error all the same. The
+    news that fills the queue is of two other files, written in turn (the kernel
+    merges news of one file repeated)."""
+    paths, handles = two_files
+    with open("/proc/sys/fs/inotify/max_queued_events") as limit:
+        most = int(limit.read())
+    if most > 200_000:
+        pytest.skip(f"the kernel keeps {most} changes: too many to overflow here")
+    third = tmp_path / "c.safetensors"
+    fastst.save_file(table(50, 100), third)
+    with fastst.safe_open(third) as extra:
+        buffers = [{"x": np.empty((10, 3), np.float32), "y": np.empty(10, np.int64)}
+                   for _ in range(4)]
+        ring = BatchRing(handles + [extra], [0, 37, 100, 150], ("x", "y"),
+                         np.arange(150, dtype=np.int64), 10, 0, 1, 15, buffers, 2, need=1)
+    if ring.files_watched == 0:
+        ring.close()
+        pytest.skip("the kernel reports no changes of these files (no inotify here)")
+    workers = run(ring)
+    files = [open(path, "r+b") for path in (paths[0], third)]
+    try:                                 # more news than the queue holds, then the cut
+        for k in range(most + 100):
+            os.pwrite(files[k % 2].fileno(), b"\0", 0)
+    finally:
+        for file in files:
+            file.close()
+    os.truncate(paths[1], 64)
+    ring.advance(1)
+    with pytest.raises(SafetensorError, match="b.safetensors: file was truncated"):
+        for place in range(15):
             ring.take(place)
     end(ring, workers)
 

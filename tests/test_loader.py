@@ -288,6 +288,27 @@ def test_a_file_cut_short_under_a_block_shuffle_is_an_error_not_a_fault(tmp_path
     assert not loader_threads()
 
 
+def test_an_epoch_over_unchanged_files_checks_each_once_not_each_batch(three_files):
+    """A file's length is checked when the epoch's gathers start and then only if the
+    kernel says it changed (where it can: a local file system), not by every batch
+    that takes rows from it: fstat of every file of a batch costs more than its copies
+    where rows lie in many files."""
+    first = three_files / "train-00000.safetensors"
+    with fastst.safe_open(first) as handle:       # a ring of one batch: is it watched?
+        ring = fastst._core.BatchRing([handle], [0, 40], ("y",), np.arange(40), 40, 0, 1, 1,
+                                      [{"y": np.empty(40, np.int64)}], 0)
+        watched = ring.files_watched
+        ring.close()
+    if not watched:
+        pytest.skip("the kernel reports no changes of these files (no inotify here)")
+    with Loader(three_files, ["x", "y"], 4, shuffle=True, seed=1) as loader:
+        for epoch in range(2):
+            before = fastst._core.read_counters()["files_checked"]
+            assert sorted(rows_of(taken(loader)).tolist()) == list(range(ROWS))
+            # 26 batches, most of them over all three files
+            assert fastst._core.read_counters()["files_checked"] - before == 3
+
+
 BATCHES_OF_BLOCKS = [np.array(rows) for rows in        # 12 rows, blocks of 2
                      ([5, 1], [1, 0], [7, 9], [8, 6], [3, 2], [2, 4], [11, 10], [10, 11])]
 

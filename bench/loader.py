@@ -26,6 +26,11 @@ MosaicML streaming runs in a virtual environment of its own (it requires numpy<2
 `--url` times the Loader over HTTP instead, against the link:
 
     python bench/loader.py --url --size-mib 256
+
+`--shards` times the Loader over the 1 GiB [N, 128] table split into many files
+(hot), against the same table in one file, with the checks of files' lengths made:
+
+    python bench/loader.py --shards 16,256
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ import fastst
 from clock import timed_rows
 from page_cache import drop_pages
 from fastst.data import Loader, RowDataset
+from fastst._core import read_counters
 
 COLUMNS = 128
 NAME = "x"
@@ -586,6 +592,59 @@ def loader_over_url(args: argparse.Namespace) -> int:
     return 0
 
 
+def shard_files(path: str, count: int) -> List[str]:
+    """The rows of the table at `path` in `count` files of as many rows (the last
+    takes what is left), in a folder beside it; written once."""
+    folder = f"{os.path.splitext(path)[0]}-in-{count}"
+    paths = [os.path.join(folder, f"part-{k:05d}.safetensors") for k in range(count)]
+    if all(os.path.exists(shard) for shard in paths):
+        return paths
+    os.makedirs(folder, exist_ok=True)
+    with fastst.safe_open(path) as table:
+        rows = table.info(NAME).shape[0]
+        for k, shard in enumerate(paths):
+            first, stop = k * (rows // count), rows if k == count - 1 else (k + 1) * (rows // count)
+            fastst.save_file({NAME: table.get_slice(NAME)[first:stop]}, shard)
+    return paths
+
+
+def loader_over_shards(args: argparse.Namespace) -> int:
+    """The Loader (full shuffle, 2 threads, hot) over the [N, 128] F32 table in one
+    file and split into shards, alternated `--repeats` times (the median), with the
+    checks of the files' lengths (fstat) the gathers made a batch."""
+    table = table_files(args.data_dir, args.size_mib, COLUMNS)["safetensors"]
+    sources: Dict[str, List[str]] = {"1 file": [table]}
+    for count in (int(c) for c in args.shards.split(",")):
+        sources[f"{count} files"] = shard_files(table, count)
+    print(f"Produced by `python bench/loader.py --shards {args.shards}` on "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{os.getloadavg()[0]:.2f}: [{args.size_mib << 20 >> 9}, {COLUMNS}] F32, page cache "
+          f"hot (each source dropped and read in order first), full shuffle, 2 threads, "
+          f"median of {args.repeats}.\n")
+    print("| source | batch | rows/s | × 1 file | length checks (batches) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for paths in sources.values():
+        warm_cache(*paths)
+    for batch in (int(size) for size in args.batch_sizes.split(",")):
+        rates: Dict[str, List[float]] = {name: [] for name in sources}
+        checks: Dict[str, str] = {}
+        for repeat in range(args.repeats):
+            for name, paths in (list(sources.items())[::1 if repeat % 2 == 0 else -1]):
+                before = read_counters().get("files_checked")    # None: not counted
+                with Loader(paths, NAME, batch, shuffle=True, seed=repeat, threads=2,
+                            drop_last=True) as loader:
+                    rates[name].append(timed_rows(loader, batch, args.rows, warmup=8))
+                made = (f"{read_counters()['files_checked'] - before}"
+                        if before is not None else "not counted")
+                checks[name] = f"{made} ({-(-args.rows // batch) + 8})"
+        one = statistics.median(rates["1 file"])
+        for name in sources:
+            rate = statistics.median(rates[name])
+            print(f"| {name} | {batch} | {fmt_rate(rate)} | {rate / one:.2f}× "
+                  f"| {checks[name]} |", flush=True)
+    return 0
+
+
 def print_rate(name: str, shape: str, batch: int, cache: str, rate: float,
                rates: Dict[str, float]) -> None:
     npy = rates["npy memmap in DataLoader (2 workers)"] if cache == "hot" else None
@@ -626,12 +685,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--url", action="store_true",
                         help="the Loader over HTTP (--size-mib 256 is enough), shuffled "
                              "rows and blocks, against the link")
+    parser.add_argument("--shards", default="",
+                        help="the Loader over the [N, 128] table split into these numbers "
+                             "of files, against one file (e.g. 16,256)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.loaders:
         return compare_loaders(args)
     if args.url:
         return loader_over_url(args)
+    if args.shards:
+        return loader_over_shards(args)
     paths = write_inputs(args.data_dir, args.size_mib)
     length = args.size_mib * (1 << 20) // (COLUMNS * 4)
     found = datasets(paths, length)

@@ -30,6 +30,8 @@ cdef extern from "_batches.h":
     void fastst_batches_advance(fastst_batches* ring, int64_t ready,
                                 int64_t claimed) noexcept nogil
     void fastst_batches_end(fastst_batches* ring, int stopping) noexcept nogil
+    void fastst_batches_index_parts(fastst_batches* ring, int* chunk_parts) noexcept nogil
+    int FASTST_BATCH_CHUNKS
     int fastst_batches_can_stream() noexcept nogil
     int fastst_batches_watcher() noexcept nogil
     int fastst_batches_watch(fastst_batches* ring, int watch_fd, int* watches) noexcept nogil
@@ -113,6 +115,8 @@ cdef class BatchRing:
     cdef int* error_parts
     cdef int* watches
     cdef int* file_states
+    cdef int* chunk_parts
+    cdef list seen_rows          # each tensor: a part with rows has set its row's bytes
     cdef int open_fds
     cdef int watch_fd
     cdef int watched
@@ -120,6 +124,7 @@ cdef class BatchRing:
     def __cinit__(self):
         self.handles, self.owners, self.arrays = [], [], []
         self.watch_fd = -1
+        self.seen_rows = []
 
     def __init__(self, list handles, list starts, tuple names, cnp.ndarray order,
                  int64_t batch_rows, int64_t first, int64_t step, int64_t count,
@@ -136,6 +141,7 @@ cdef class BatchRing:
             raise ValueError("the batches ahead must leave the one taken its slot: fewer "
                              "than the slots")
         self._allocate(parts, tensors, slot_count)
+        self.seen_rows = [False] * tensors
         order = self._kept(order, np.int64, "order")
         self.ring.order = <const int64_t*>cnp.PyArray_DATA(order)
         self.ring.order_rows = order.shape[0]
@@ -150,6 +156,11 @@ cdef class BatchRing:
         self.ring.count, self.ring.ahead = count, ahead
         for p in range(parts + 1):
             self.starts[p] = starts[p]
+            if p > 0 and starts[p] < starts[p - 1]:
+                raise ValueError("the parts' starts must not decrease")
+        if self.starts[0] != 0:
+            raise ValueError("the parts' starts begin at row 0")
+        fastst_batches_index_parts(&self.ring, self.chunk_parts)
         for p in range(parts):
             self._map_part(p, handles[p], names, starts[p + 1] - starts[p])
         self._watch_files(watch)
@@ -174,7 +185,8 @@ cdef class BatchRing:
         self.error_parts = <int*>PyMem_Calloc(slots, sizeof(int))
         self.watches = <int*>PyMem_Calloc(parts, sizeof(int))
         self.file_states = <int*>PyMem_Calloc(parts, sizeof(int))
-        if (self.starts == NULL or self.bases == NULL or self.row_bytes == NULL
+        self.chunk_parts = <int*>PyMem_Calloc(FASTST_BATCH_CHUNKS, sizeof(int))
+        if (self.chunk_parts == NULL or self.starts == NULL or self.bases == NULL or self.row_bytes == NULL
                 or self.fds == NULL or self.sizes == NULL or self.outs == NULL
                 or self.filled == NULL or self.errors == NULL or self.error_parts == NULL
                 or self.watches == NULL or self.file_states == NULL):
@@ -208,10 +220,11 @@ cdef class BatchRing:
                 raise ValueError(f"tensor {_shown(name)} has no rows")
             count = reader.header.numpy_dims(entry)[0]
             row_bytes = _row_bytes(entry, count)
-            if count != rows or (p > 0 and row_bytes != self.row_bytes[t]):
+            if count != rows or (count and self.seen_rows[t] and row_bytes != self.row_bytes[t]):
                 raise ValueError(f"{reader.source}: tensor {_shown(name)} does not have the "
                                  f"rows of the part")
-            self.row_bytes[t] = row_bytes
+            if count:            # a part of no rows (an empty shard) says nothing of a row
+                self.row_bytes[t], self.seen_rows[t] = row_bytes, True
             self.bases[p * len(names) + t] = reader.data + entry.begin
         self.fds[p] = reader._reopen()   # the mapped file, no shorter: checked here
         self.open_fds = p + 1
@@ -354,3 +367,4 @@ cdef class BatchRing:
         PyMem_Free(self.error_parts)
         PyMem_Free(self.watches)
         PyMem_Free(self.file_states)
+        PyMem_Free(self.chunk_parts)

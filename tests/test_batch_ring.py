@@ -73,6 +73,41 @@ def test_each_batch_holds_its_rows_of_every_tensor_across_files(two_files, batch
     assert not any(worker.is_alive() for worker in workers)
 
 
+def test_rows_are_found_in_many_files_of_any_length_empty_ones_too(tmp_path):
+    """Each row is looked up in its file through a table of chunks of rows (the file
+    of each chunk's first row, then a step a file that starts within the chunk): over
+    40,014 rows, chunks of 4, with files of 0 to 30,000 rows, none of their starts
+    a multiple of 4, every batch holds its rows."""
+    sizes = [5000, 1, 2, 3, 0, 7, 30000, 3, 0, 4993, 5]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    handles = []
+    for k, size in enumerate(sizes):
+        path = tmp_path / f"part-{k:02d}.safetensors"
+        fastst.save_file({"y": np.arange(starts[k], starts[k] + size, dtype=np.int64)}, path)
+        handles.append(fastst.safe_open(path))
+    order = np.random.default_rng(1).permutation(starts[-1]).astype(np.int64)
+    buffers = [{"y": np.empty(1000, np.int64)} for _ in range(4)]
+    count = -(-len(order) // 1000)
+    ring = BatchRing(handles, starts, ("y",), order, 1000, 0, 1, count, buffers, 2)
+    workers = run(ring)
+    for place in range(count):
+        slot = ring.take(place)
+        rows = order[place * 1000:(place + 1) * 1000]
+        np.testing.assert_array_equal(buffers[slot]["y"][:len(rows)], rows)
+    end(ring, workers)
+    for handle in handles:
+        handle.close()
+
+
+def test_the_parts_start_at_row_0_and_do_not_go_back(two_files):
+    _, handles = two_files
+    order = np.arange(100, dtype=np.int64)
+    buffers = [{"x": np.empty((10, 3), np.float32), "y": np.empty(10, np.int64)}]
+    for starts in ([1, 37, 100], [0, 101, 100]):
+        with pytest.raises(ValueError, match="starts"):
+            BatchRing(handles, starts, ("x", "y"), order, 10, 0, 1, 1, buffers, 0)
+
+
 def test_a_batch_waits_until_the_reads_it_needs_are_done(two_files):
     _, handles = two_files
     ring, buffers, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=2)

@@ -288,6 +288,23 @@ def test_a_file_cut_short_under_a_block_shuffle_is_an_error_not_a_fault(tmp_path
     assert not loader_threads()
 
 
+@pytest.mark.parametrize("shuffle", [False, True, "blocks"])
+def test_empty_files_among_the_files_add_no_rows(tmp_path, shuffle):
+    """A file of no rows (an empty shard), first, between others or last, is part of
+    the dataset and adds nothing to it."""
+    files = []
+    for k, (start, rows) in enumerate([(0, 0), (0, 40), (40, 0), (40, 63), (103, 0)]):
+        files.append(tmp_path / f"part-{k}.safetensors")
+        fastst.save_file(table(rows, start), files[-1])
+    with Loader(files, ["x", "y"], 16, shuffle=shuffle, seed=4, block_rows=10,
+                window_blocks=2) as loader:
+        batches = taken(loader)
+    assert sorted(rows_of(batches).tolist()) == list(range(ROWS))
+    assert all((batch["x"] == table(ROWS)["x"][batch["y"]]).all() for batch in batches)
+    if not shuffle:
+        assert rows_of(batches).tolist() == list(range(ROWS))
+
+
 def test_an_epoch_over_unchanged_files_checks_each_once_not_each_batch(three_files):
     """A file's length is checked when the epoch's gathers start and then only if the
     kernel says it changed (where it can: a local file system), not by every batch

@@ -18,6 +18,7 @@ from ._api import safe_open
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
 from ._pipeline import Blocks, Pipeline
+from ._rowblocks import BlockEdges
 from ._source import Identity, LocalFile, as_source, identity_of
 
 if TYPE_CHECKING:
@@ -72,6 +73,9 @@ class Loader:
         ``"blocks"``: rows in blocks of `block_rows` adjacent rows, the blocks
         in a random order, the rows shuffled within each window of
         `window_blocks` blocks: reads stay local (a cold disk, an object store).
+        The row at the edge of two blocks goes with the one read later (a
+        window's blocks are read in the order of the file), so that no block
+        reads a piece of the file before that piece's block.
         The blocks are read ahead on threads of their own: from local files
         into the page cache, in whole 2 MiB pieces that a map of the file maps
         by 2 MiB (later epochs gather faster from them), at the disk's pace
@@ -258,7 +262,7 @@ class Loader:
             return
         slots = self._take_ring(min(2 * self.prefetch, len(todo)))
         blocks = (Blocks(self.block_rows, self.window_blocks, self._window_batches(workers),
-                          scattered=self.shuffle is True)
+                         scattered=self.shuffle is True, edges=self._edges(epoch))
                   if self.shuffle else None)
         pipeline = Pipeline(self._dataset, lambda: self._rank_rows(epoch),
                             self.batch_size, todo, slots, self.prefetch, self.threads, blocks)
@@ -273,6 +277,13 @@ class Loader:
         finally:
             pipeline.stop()
             self._ring = slots
+
+    def _edges(self, epoch: int) -> Optional[BlockEdges]:
+        """A block shuffle's blocks in epoch `epoch` (see BlockEdges)."""
+        if self.shuffle != "blocks":
+            return None
+        return _epoch_blocks(self.rows, self.seed, epoch, self.block_rows,
+                             self.window_blocks)[2]
 
     def _window_batches(self, workers: int) -> int:
         """The batches of an iteration that a window of a block shuffle fills: this
@@ -398,9 +409,13 @@ class Loader:
         self.seed, self._epoch, self._batch = int(state["seed"]), epoch, batch
 
     def _settings(self) -> Dict[str, Any]:
-        return {"batch_size": self.batch_size, "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
-                "block_rows": self.block_rows, "window_blocks": self.window_blocks}
+        settings = {"batch_size": self.batch_size, "shuffle": self.shuffle,
+                    "drop_last": self.drop_last, "rank": self.rank,
+                    "world_size": self.world_size, "block_rows": self.block_rows,
+                    "window_blocks": self.window_blocks}
+        if self.shuffle == "blocks":   # a state from before edge rows went to later blocks
+            settings["block_edges"] = "read later"             # is refused: its order differs
+        return settings
 
     # -- torch ----------------------------------------------------------------
 
@@ -541,13 +556,12 @@ class _Dataset:
         self.fill(buffers, rows)
         return buffers
 
-    def prefetch_blocks(self, blocks: List[int], block_rows: int) -> None:
-        """Ask the kernel to start reading blocks `blocks` of `block_rows` rows, in
-        that order, into the page cache (each in large requests). Local files only; a
+    def prefetch_blocks(self, blocks: List[int], edges: BlockEdges) -> None:
+        """Ask the kernel to start reading blocks `blocks` (of `edges`), in that
+        order, into the page cache (each in large requests). Local files only; a
         sharded checkpoint is not asked."""
         for block in blocks:
-            for handle, first, stop in self._local_parts(block * block_rows,
-                                                         (block + 1) * block_rows):
+            for handle, first, stop in self._local_parts(*edges.span(block)):
                 for name in self.names:
                     handle.prefetch_rows(name, first, stop)
 
@@ -682,19 +696,29 @@ def _directory_files(place: LocalFile) -> List[str]:
     return shards
 
 
+def _epoch_blocks(rows: int, seed: int, epoch: int, block_rows: int, window_blocks: int
+                  ) -> Tuple[np.random.Generator, npt.NDArray[np.int64], BlockEdges]:
+    """A block shuffle's draw for epoch `epoch`: the generator that drew the order of
+    the blocks (it shuffles each window's rows next), that order, and the edges."""
+    generator = np.random.default_rng([seed, epoch])
+    blocks = generator.permutation(-(-rows // block_rows)).astype(np.int64, copy=False)
+    return generator, blocks, BlockEdges.later_read(block_rows, rows, blocks, window_blocks)
+
+
 def _epoch_order(rows: int, shuffle: Any, seed: int, epoch: int, block_rows: int,
                  window_blocks: int) -> npt.NDArray[np.int64]:
     """The order of the rows in epoch `epoch`."""
     if not shuffle:
         return np.arange(rows, dtype=np.int64)
-    generator = np.random.default_rng([seed, epoch])
     if shuffle is True:
+        generator = np.random.default_rng([seed, epoch])
         return generator.permutation(rows).astype(np.int64, copy=False)
-    blocks = generator.permutation(-(-rows // block_rows))
-    order = (blocks[:, None] * block_rows + np.arange(block_rows)).ravel()
-    order = order[order < rows].astype(np.int64, copy=False)
-    # where each window of blocks ends in the order (the last block may be short)
-    sizes = np.minimum(block_rows, rows - blocks * block_rows)
+    generator, blocks, edges = _epoch_blocks(rows, seed, epoch, block_rows, window_blocks)
+    firsts, stops = edges.spans(blocks)
+    sizes = stops - firsts
+    # each block's rows in turn: a row's place, less its block's place, plus its first
+    order = np.repeat(firsts - (np.cumsum(sizes) - sizes), sizes) + np.arange(rows)
+    # where each window of blocks ends in the order
     ends = np.cumsum(sizes)[window_blocks - 1::window_blocks].tolist() + [rows]
     start = 0
     for end in ends:

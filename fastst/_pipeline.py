@@ -16,7 +16,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Option
 import numpy as np
 
 from ._core import READER_FAILED, BatchRing, Reader
-from ._rowblocks import CachedBlocks, RowBlocks
+from ._rowblocks import BlockEdges, CachedBlocks, RowBlocks
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -32,7 +32,7 @@ class Rows(Protocol):
 
     def fill(self, buffers: Dict[str, Any], rows: npt.NDArray[np.int64]) -> None: ...
     def read_rows(self, rows: npt.NDArray[np.int64]) -> Dict[str, Any]: ...
-    def prefetch_blocks(self, blocks: List[int], block_rows: int) -> None: ...
+    def prefetch_blocks(self, blocks: List[int], edges: BlockEdges) -> None: ...
     def cache_rows(self, first: int, stop: int) -> None: ...
     def fits_page_cache(self) -> bool: ...
     def mapped_handles(self) -> Optional[List[Reader]]: ...
@@ -40,18 +40,20 @@ class Rows(Protocol):
 
 class Blocks(NamedTuple):
     """The blocks a shuffled iteration reads ahead: their rows, a window's blocks, the
-    batches of the iteration that a window fills, and whether its batches take rows
-    from all over the dataset (a full shuffle)."""
+    batches of the iteration that a window fills, whether its batches take rows from
+    all over the dataset (a full shuffle), and a block shuffle's edges this epoch."""
     block_rows: int
     window_blocks: int
     window_batches: int
     scattered: bool
+    edges: Optional[BlockEdges] = None
 
 
 class BlocksAhead:
-    """The blocks of `block_rows` rows that a block shuffle's batches take rows from,
+    """The blocks (`edges`) that a block shuffle's batches take rows from,
     asked for a window of `window` batches at a time (a claim): each claim's blocks not
-    asked for before, in the order of the file (a window's blocks are all needed by its
+    asked for before, in their reading order (``BlockEdges.in_reading_order``: a
+    window's in the order of the file; a window's blocks are all needed by its
     first batches). A thread that starts gathering a batch claims the windows up to
     `window` batches after it. With a `reader`, the blocks are handed to it as they are
     claimed, in that order, and it may claim the next window itself whenever it has
@@ -60,12 +62,12 @@ class BlocksAhead:
     batches whose `needs` are set)."""
 
     def __init__(self, rows_of: Callable[[int], npt.NDArray[np.int64]], batches: int,
-                 rows: int, block_rows: int, window: int,
+                 edges: BlockEdges, window: int,
                  reader: Optional[CachedBlocks] = None) -> None:
         self.rows_of, self.batches = rows_of, batches
-        self.block_rows, self.window, self.reader = block_rows, window, reader
-        # each block's place in the asking (-1: not asked), of the dataset's `rows` rows
-        self.places = np.full(-(-rows // block_rows), -1, np.int64)
+        self.edges, self.window, self.reader = edges, window, reader
+        # each block's place in the asking (-1: not asked)
+        self.places = np.full(edges.count, -1, np.int64)
         self.asked = 0              # blocks asked for
         self.asked_to = 0           # the batches (places in `todo`) asked for: [0, asked_to)
         # for each batch asked for, the blocks asked for up to its last one
@@ -103,8 +105,8 @@ class BlocksAhead:
         start, stop = self.asked_to, min(self.batches, self.asked_to + self.window)
         self.asked_to = stop
         batches = [self.rows_of(later) for later in range(start, stop)]
-        of_rows = np.concatenate(batches) // self.block_rows
-        fresh = np.unique(of_rows[self.places[of_rows] < 0])
+        of_rows = self.edges.of(np.concatenate(batches))
+        fresh = self.edges.in_reading_order(np.unique(of_rows[self.places[of_rows] < 0]))
         self.places[fresh] = np.arange(self.asked, self.asked + len(fresh))
         self.asked += len(fresh)
         firsts = np.cumsum([0] + [len(rows) for rows in batches[:-1]])
@@ -201,20 +203,21 @@ class Pipeline:
         dataset = self.dataset
         if not dataset.by_ranges and dataset.fits_page_cache():
             piece_rows = blocks.block_rows * blocks.window_blocks
-            self.cached_blocks = CachedBlocks(dataset.cache_rows, piece_rows, dataset.rows)
+            self.cached_blocks = CachedBlocks(dataset.cache_rows,
+                                              BlockEdges(piece_rows, dataset.rows))
             self.whole = -(-dataset.rows // piece_rows)
             self.cached_blocks.want(range(self.whole))
 
     def _read_blocks(self, blocks: Blocks) -> None:
         """Set up the reading ahead of a block shuffle's blocks (see the class)."""
         dataset, batches = self.dataset, len(self.todo)
+        edges = blocks.edges or BlockEdges(blocks.block_rows, dataset.rows)
         if dataset.by_ranges:
-            self.row_blocks = self._row_blocks(blocks)
+            self.row_blocks = self._row_blocks(edges, blocks.window_blocks)
         elif dataset.fits_page_cache():
-            self.cached_blocks = CachedBlocks(dataset.cache_rows, blocks.block_rows,
-                                              dataset.rows)
-        self.blocks = BlocksAhead(self._rows_of, batches, dataset.rows, blocks.block_rows,
-                                   blocks.window_batches, self.cached_blocks)
+            self.cached_blocks = CachedBlocks(dataset.cache_rows, edges)
+        self.blocks = BlocksAhead(self._rows_of, batches, edges, blocks.window_batches,
+                                  self.cached_blocks)
         if self.cached_blocks is not None:
             self.cached_blocks.ask_more(self.blocks.claim_next)
 
@@ -255,13 +258,12 @@ class Pipeline:
         index = self.todo[position]
         return self.rows[index * self.batch_size:(index + 1) * self.batch_size]
 
-    def _row_blocks(self, blocks: Blocks) -> RowBlocks:
+    def _row_blocks(self, edges: BlockEdges, window_blocks: int) -> RowBlocks:
         """Blocks in memory for the batches to do: at most two windows' held."""
         taken = np.concatenate([self._rows_of(position) for position in range(len(self.todo))])
-        counts = np.bincount(taken // blocks.block_rows,
-                             minlength=-(-self.dataset.rows // blocks.block_rows))
-        return RowBlocks(self.dataset.read_rows, blocks.block_rows, self.dataset.rows, counts,
-                         most=2 * blocks.window_blocks, per_read=blocks.window_blocks)
+        counts = np.bincount(edges.of(taken), minlength=edges.count)
+        return RowBlocks(self.dataset.read_rows, edges, counts, most=2 * window_blocks,
+                         per_read=window_blocks)
 
     def _work(self) -> None:
         while True:
@@ -289,7 +291,7 @@ class Pipeline:
             self.row_blocks.fill(buffers, rows)
             return
         if self.cached_blocks is None:
-            self.dataset.prefetch_blocks(blocks, self.blocks.block_rows)
+            self.dataset.prefetch_blocks(blocks, self.blocks.edges)
         self.blocks.wait(position)
         self.dataset.fill(buffers, rows)
 

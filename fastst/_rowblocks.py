@@ -28,17 +28,80 @@ import numpy.typing as npt
 Read = Callable[[npt.NDArray[np.int64]], Dict[str, Any]]
 
 
+class BlockEdges:
+    """Blocks of `block_rows` adjacent rows of a dataset of `total` rows: block b from
+    row b * block_rows (the last may be shorter), but that the row just before is
+    block b's too where ``moved[b]``. A block shuffle gives the row at each edge to the
+    block read later (``later_read``): a block's rows then lie in the 2 MiB pieces of
+    the file that it is the first to need, and its reading brings no piece of a block
+    read after it, as an edge row that straddles two pieces would."""
+
+    def __init__(self, block_rows: int, total: int,
+                 moved: Optional[npt.NDArray[np.bool_]] = None,
+                 read_at: Optional[npt.NDArray[np.int64]] = None) -> None:
+        self.block_rows, self.total = block_rows, total
+        self.count = -(-total // block_rows)
+        self.moved = moved               # count + 1 of them; None: no row moved
+        self.read_at = read_at           # each block's turn to be read; None: in order
+
+    @classmethod
+    def later_read(cls, block_rows: int, total: int, blocks: npt.NDArray[np.int64],
+                   window_blocks: int) -> "BlockEdges":
+        """The edges of an epoch whose blocks come in the order `blocks`, read a window
+        of `window_blocks` at a time, a window's in the order of the file: each edge
+        row goes with the later read of its two blocks."""
+        if block_rows < 2:               # a block of one row would be left with none
+            return cls(block_rows, total)
+        count = len(blocks)
+        window = np.empty(count, np.int64)
+        window[blocks] = np.arange(count) // window_blocks
+        read_at = window * count + np.arange(count)
+        moved = np.zeros(count + 1, np.bool_)
+        moved[1:count] = read_at[1:] > read_at[:-1]
+        return cls(block_rows, total, moved, read_at)
+
+    def in_reading_order(self, blocks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """`blocks` (distinct) in the order they are read: a window's before the next
+        window's, a window's in the order of the file. Blocks asked for together (a
+        claim whose last batches reach into the next window) are read so, as the edge
+        rows were given."""
+        if self.read_at is None:
+            return np.sort(blocks)
+        return blocks[np.argsort(self.read_at[blocks], kind="stable")]
+
+    def of(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The block of each row of `rows`."""
+        blocks = rows // self.block_rows
+        if self.moved is None:
+            return blocks
+        at_edge = rows % self.block_rows == self.block_rows - 1
+        return blocks + (at_edge & self.moved[np.minimum(blocks + 1, self.count)])
+
+    def spans(self, blocks: npt.NDArray[np.int64]) -> Tuple[npt.NDArray[np.int64],
+                                                            npt.NDArray[np.int64]]:
+        """The first row of each block of `blocks`, and the row after its last."""
+        firsts = blocks * self.block_rows
+        stops = np.minimum(firsts + self.block_rows, self.total)
+        if self.moved is not None:
+            firsts = firsts - self.moved[blocks]
+            stops = stops - self.moved[blocks + 1]
+        return firsts, stops
+
+    def span(self, block: int) -> Tuple[int, int]:
+        """Block `block`'s first row, and the row after its last."""
+        firsts, stops = self.spans(np.array([block], np.int64))
+        return int(firsts[0]), int(stops[0])
+
+
 class RowBlocks:
-    """Blocks of `block_rows` rows of a dataset of `total` rows, fetched by `read`.
+    """Blocks of rows of a dataset (`edges`), fetched by `read`.
 
     Parameters
     ----------
     read : callable
         ``read(rows)`` gives ``{name: array}`` of those rows, read in one call.
-    block_rows : int
-        Rows a block (the last may be shorter).
-    total : int
-        The dataset's rows.
+    edges : BlockEdges
+        The rows of each block.
     counts : ndarray
         For each block, the rows the iteration will take from it: when they are
         all taken, the block is dropped.
@@ -49,9 +112,9 @@ class RowBlocks:
         Blocks fetched in one call of `read`, at most.
     """
 
-    def __init__(self, read: Read, block_rows: int, total: int,
-                 counts: npt.NDArray[np.int64], most: int, per_read: int) -> None:
-        self.read, self.block_rows, self.total = read, block_rows, total
+    def __init__(self, read: Read, edges: BlockEdges, counts: npt.NDArray[np.int64],
+                 most: int, per_read: int) -> None:
+        self.read, self.edges = read, edges
         self.left = {int(block): int(count) for block, count in enumerate(counts) if count}
         self.most, self.per_read = most, per_read
         self.condition = threading.Condition()
@@ -80,14 +143,13 @@ class RowBlocks:
         """Gather rows `rows` into `buffers` from their blocks (waiting for those not
         fetched yet), then count them taken. Blocks fetched in one read lie in one
         array: the rows from one read are gathered in one pass, straight into place."""
-        found, inverse = np.unique(rows // self.block_rows, return_inverse=True)
+        found, inverse = np.unique(self.edges.of(rows), return_inverse=True)
         blocks = found.tolist()
         for block in blocks:
             self._wait_for(block)
         homes = [self.held[block] for block in blocks]
         # each row's place in the arrays of the read that brought its block
-        shift = np.array([first - block * self.block_rows
-                          for (_, first), block in zip(homes, blocks)], np.int64)
+        shift = np.array([first for _, first in homes], np.int64) - self.edges.spans(found)[0]
         places = rows + shift[inverse]
         reads = [arrays for arrays, _ in homes]
         if all(arrays is reads[0] for arrays in reads):
@@ -186,12 +248,11 @@ class RowBlocks:
         return batch or None
 
     def _rows_of(self, block: int) -> npt.NDArray[np.int64]:
-        first = block * self.block_rows
-        return np.arange(first, min(first + self.block_rows, self.total), dtype=np.int64)
+        return np.arange(*self.edges.span(block), dtype=np.int64)
 
 
 class CachedBlocks:
-    """Blocks of `block_rows` rows of a dataset of `total` rows, read into the page
+    """Blocks of rows of a dataset (`edges`), read into the page
     cache by ``cache(first, stop)`` (rows [first, stop) of every tensor) on `threads`
     threads of their own, a block at a time each, in the order they are asked for;
     ``wait(count)`` returns once the first `count` blocks asked for are in; a waiter
@@ -199,9 +260,9 @@ class CachedBlocks:
     a thread with nothing left to read calls ``more()``, which asks for more blocks
     (``want``) or returns False when there are none."""
 
-    def __init__(self, cache: Callable[[int, int], Any], block_rows: int, total: int,
+    def __init__(self, cache: Callable[[int, int], Any], edges: BlockEdges,
                  threads: int = 2) -> None:
-        self.cache, self.block_rows, self.total = cache, block_rows, total
+        self.cache, self.edges = cache, edges
         self.condition = threading.Condition()
         self.asked: Deque[int] = collections.deque()
         self.taken = 0                   # blocks a thread took to read, of those asked
@@ -277,8 +338,7 @@ class CachedBlocks:
                 if more is not None:
                     self._ask_more(more)
                     continue
-                first = block * self.block_rows
-                self.cache(first, min(first + self.block_rows, self.total))
+                self.cache(*self.edges.span(block))
             except BaseException as error:
                 with self.condition:
                     self.error = error

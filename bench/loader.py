@@ -28,9 +28,12 @@ MosaicML streaming runs in a virtual environment of its own (it requires numpy<2
     python bench/loader.py --url --size-mib 256
 
 `--shards` times the Loader over the 1 GiB [N, 128] table split into many files
-(hot), against the same table in one file, with the checks of files' lengths made:
+(hot), against the same table in one file, with the checks of files' lengths made;
+`--cold-epochs N` times whole cold epochs alone, N rounds of `cat` and an epoch of
+each shuffle, each from dropped pages:
 
     python bench/loader.py --shards 16,256
+    python bench/loader.py --cold-epochs 5 --columns 128,1024
 """
 from __future__ import annotations
 
@@ -645,6 +648,42 @@ def loader_over_shards(args: argparse.Namespace) -> int:
     return 0
 
 
+def cold_epochs(args: argparse.Namespace) -> int:
+    """Whole epochs from a cold page cache, nothing else timed between them: for each
+    table, `--cold-epochs` rounds of `cat` of the file and an epoch of each shuffle
+    (batches of `--batch-sizes`' first), each after its pages are dropped; the
+    medians, and each epoch's rate over the `cat` of its round."""
+    batch = int(args.batch_sizes.split(",")[0])
+    print(f"Produced by `python bench/loader.py --cold-epochs {args.cold_epochs} --columns "
+          f"{args.columns}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
+          f"average {os.getloadavg()[0]:.2f}: batches of {batch}, 2 threads, medians of "
+          f"{args.cold_epochs} rounds.\n")
+    print("| table | `cat`, MiB/s | epoch | seconds | of `cat`'s rate (range) |")
+    print("| --- | ---: | --- | ---: | ---: |")
+    for columns in (int(c) for c in args.columns.split(",")):
+        path = table_files(args.data_dir, args.size_mib, columns)["safetensors"]
+        size = os.path.getsize(path)
+        cats: List[float] = []
+        epochs: Dict[str, List[float]] = {"full shuffle": [], "block shuffle": []}
+        for _ in range(args.cold_epochs):
+            cats.append(size / cat_rate(path))
+            for name, shuffle in (("full shuffle", True), ("block shuffle", "blocks")):
+                drop_cache(path)
+                start = time.perf_counter()
+                with Loader(path, NAME, batch, shuffle=shuffle, seed=0, threads=2,
+                            drop_last=True) as loader:
+                    for _ in loader:
+                        pass
+                epochs[name].append(time.perf_counter() - start)
+        shape = f"[{size // (columns * 4)}, {columns}] F32"
+        for name, times in epochs.items():
+            ratios = sorted(cat / took for cat, took in zip(cats, times))
+            print(f"| {shape} | {size / statistics.median(cats) / 2 ** 20:.0f} | {name} "
+                  f"| {statistics.median(times):.3f} | {statistics.median(ratios):.2f} "
+                  f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+    return 0
+
+
 def print_rate(name: str, shape: str, batch: int, cache: str, rate: float,
                rates: Dict[str, float]) -> None:
     npy = rates["npy memmap in DataLoader (2 workers)"] if cache == "hot" else None
@@ -688,6 +727,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--shards", default="",
                         help="the Loader over the [N, 128] table split into these numbers "
                              "of files, against one file (e.g. 16,256)")
+    parser.add_argument("--cold-epochs", type=int, default=0,
+                        help="whole cold epochs alone, this many rounds (with --columns)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.loaders:
@@ -696,6 +737,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return loader_over_url(args)
     if args.shards:
         return loader_over_shards(args)
+    if args.cold_epochs:
+        return cold_epochs(args)
     paths = write_inputs(args.data_dir, args.size_mib)
     length = args.size_mib * (1 << 20) // (COLUMNS * 4)
     found = datasets(paths, length)

@@ -9,7 +9,8 @@ import pytest
 
 import fastst
 from fastst import SafetensorError
-from fastst._core import READER_FAILED, STOPPED, BatchRing, last_level_cache
+from fastst._core import (READER_FAILED, STOPPED, WATCH_FROM_FILES, BatchRing,
+                          last_level_cache)
 
 
 def table(rows, start=0):
@@ -202,7 +203,7 @@ def test_a_file_cut_short_is_an_error_at_its_batch_not_a_fault(two_files, watch)
 
 
 def watched_ring(handles, order, batch_rows, **gate):
-    ring, buffers, count = ring_of(handles, order, batch_rows, **gate)
+    ring, buffers, count = ring_of(handles, order, batch_rows, watch=True, **gate)
     if ring.files_watched == 0:
         ring.close()
         pytest.skip("the kernel reports no changes of these files (no inotify here)")
@@ -242,6 +243,29 @@ def test_watched_files_are_checked_only_when_the_kernel_says_they_changed(two_fi
     end(ring, workers)
 
 
+def test_files_are_watched_by_default_from_a_number_of_them(tmp_path):
+    """By default a ring watches its files only where it has WATCH_FROM_FILES of them or
+    more: over fewer, an fstat a batch costs less than a watch."""
+    handles = []
+    for k in range(WATCH_FROM_FILES):
+        path = tmp_path / f"part-{k}.safetensors"
+        fastst.save_file({"y": np.arange(k * 4, k * 4 + 4)}, path)
+        handles.append(fastst.safe_open(path))
+    rings = []
+    for parts in (WATCH_FROM_FILES - 1, WATCH_FROM_FILES):
+        rings.append(BatchRing(handles[:parts], list(range(0, 4 * parts + 1, 4)), ("y",),
+                               np.arange(4 * parts), 4, 0, 1, parts,
+                               [{"y": np.empty(4, np.int64)}], 0))
+    watched = [ring.files_watched for ring in rings]
+    for ring in rings:
+        ring.close()
+    for handle in handles:
+        handle.close()
+    if watched[1] == 0:
+        pytest.skip("the kernel reports no changes of these files (no inotify here)")
+    assert watched == [0, WATCH_FROM_FILES]
+
+
 def test_a_cut_lost_in_an_overflow_of_the_kernels_news_is_still_found(two_files, tmp_path):
     """Where more changes came than the kernel keeps (its queue overflowed), every file
     is checked again: a cut whose own news was dropped is an error all the same. The
@@ -258,7 +282,8 @@ def test_a_cut_lost_in_an_overflow_of_the_kernels_news_is_still_found(two_files,
         buffers = [{"x": np.empty((10, 3), np.float32), "y": np.empty(10, np.int64)}
                    for _ in range(4)]
         ring = BatchRing(handles + [extra], [0, 37, 100, 150], ("x", "y"),
-                         np.arange(150, dtype=np.int64), 10, 0, 1, 15, buffers, 2, need=1)
+                         np.arange(150, dtype=np.int64), 10, 0, 1, 15, buffers, 2, need=1,
+                         watch=True)
     if ring.files_watched == 0:
         ring.close()
         pytest.skip("the kernel reports no changes of these files (no inotify here)")

@@ -749,6 +749,7 @@ def last_level_cache() -> int:
 
 READER_FAILED: Final[int]
 STOPPED: Final[int]
+WATCH_FROM_FILES: int
 
 class BatchRing:
     """Threads that gather batches of rows of several tensors, from the maps of one
@@ -762,17 +763,28 @@ class BatchRing:
     once batch k - ahead is taken. With `needs` (one per place), place k waits until
     ``advance`` has said that ``needs[k]`` reads are done and that k's need is set;
     with `need`, every place waits for `need` reads; with neither, none waits. The
-    maps stay while the ring does; each file is held open, and checked to be no
-    shorter than mapped before each batch that takes rows from it, until ``close``.
+    maps stay while the ring does; each file is held open until ``close``. A batch
+    takes rows from a file only while it is no shorter than mapped: over
+    WATCH_FROM_FILES files or more (`watch` None; True: any number), a file on a
+    local file system is watched (inotify) and checked again only when the kernel
+    says it changed; any other file is checked before each batch that takes rows
+    from it.
     """
     def __init__(self, handles: list[Reader], starts: list[int], names: tuple[str, ...],
                  order: npt.NDArray[np.int64], batch_rows: int, first: int, step: int,
                  count: int, slots: list[dict[str, npt.NDArray[Any]]], ahead: int,
-                 needs: npt.NDArray[np.int64] | None = None, need: int = 0) -> None: ...
+                 needs: npt.NDArray[np.int64] | None = None, need: int = 0,
+                 watch: bool | None = None) -> None: ...
     @property
     def streams(self) -> bool:
         """Whether its copies of rows of whole 128-byte lines bypass the cache (a ring
         larger than twice the last level of cache, where the CPU can)."""
+    @property
+    def files_watched(self) -> int:
+        """The files whose changes the kernel reports."""
+    @property
+    def files_checked(self) -> int:
+        """The checks of a file's length (fstat calls) made so far."""
     @staticmethod
     def can_stream() -> bool:
         """Whether this CPU has the stores that bypass the cache (AVX2)."""

@@ -64,6 +64,8 @@ typedef struct {
     int watch_fd;                /* an inotify instance on the files, or -1 */
     const int *watches;          /* parts: each file's watch (-1: none) */
     int *file_states;            /* parts: FASTST_FILE_*, read and set atomically */
+    /* changed by the gathering threads (the fields above are fixed once they start;
+       file_states' contents change, atomically) */
     int64_t checks;              /* the fstat calls made of the files (atomic) */
     pthread_mutex_t watch_lock;  /* held while the kernel's news is read and acted on */
     /* changed under `lock` */

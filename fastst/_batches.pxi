@@ -191,10 +191,11 @@ cdef class BatchRing:
         self.watches = <int*>PyMem_Calloc(parts, sizeof(int))
         self.file_states = <int*>PyMem_Calloc(parts, sizeof(int))
         self.chunk_parts = <int*>PyMem_Calloc(FASTST_BATCH_CHUNKS, sizeof(int))
-        if (self.chunk_parts == NULL or self.starts == NULL or self.bases == NULL or self.row_bytes == NULL
+        if (self.starts == NULL or self.bases == NULL or self.row_bytes == NULL
                 or self.fds == NULL or self.sizes == NULL or self.outs == NULL
                 or self.filled == NULL or self.errors == NULL or self.error_parts == NULL
-                or self.watches == NULL or self.file_states == NULL):
+                or self.watches == NULL or self.file_states == NULL
+                or self.chunk_parts == NULL):
             raise MemoryError("a ring's tables")
         self.ring.starts, self.ring.bases, self.ring.row_bytes = self.starts, self.bases, self.row_bytes
         self.ring.fds, self.ring.sizes, self.ring.outs = self.fds, self.sizes, self.outs

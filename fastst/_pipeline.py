@@ -41,7 +41,8 @@ class Rows(Protocol):
 class Blocks(NamedTuple):
     """The blocks a shuffled iteration reads ahead: their rows, a window's blocks, the
     batches of the iteration that a window fills, whether its batches take rows from
-    all over the dataset (a full shuffle), and a block shuffle's edges this epoch."""
+    all over the dataset (a full shuffle), and a block shuffle's edges this epoch (set
+    for every block shuffle)."""
     block_rows: int
     window_blocks: int
     window_batches: int
@@ -210,8 +211,8 @@ class Pipeline:
 
     def _read_blocks(self, blocks: Blocks) -> None:
         """Set up the reading ahead of a block shuffle's blocks (see the class)."""
-        dataset, batches = self.dataset, len(self.todo)
-        edges = blocks.edges or BlockEdges(blocks.block_rows, dataset.rows)
+        dataset, batches, edges = self.dataset, len(self.todo), blocks.edges
+        assert edges is not None      # a block shuffle's Blocks carry its epoch's edges
         if dataset.by_ranges:
             self.row_blocks = self._row_blocks(edges, blocks.window_blocks)
         elif dataset.fits_page_cache():

@@ -17,6 +17,7 @@ from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limi
 from ._api import safe_open
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
+from ._order import EpochRows
 from ._pipeline import Blocks, Pipeline
 from ._rowblocks import BlockEdges
 from ._source import Identity, LocalFile, as_source, identity_of
@@ -205,13 +206,11 @@ class Loader:
             return self.rows // self.world_size
         return -(-self.rows // self.world_size)
 
-    def _rank_rows(self, epoch: int) -> npt.NDArray[np.int64]:
+    def _rank_rows(self, epoch: int) -> EpochRows:
         """This rank's rows of epoch `epoch`, in order."""
-        order = _epoch_order(self.rows, self.shuffle, self.seed, epoch, self.block_rows,
-                             self.window_blocks)
-        every = self._share() * self.world_size
-        order = np.resize(order, every) if every > len(order) else order[:every]
-        return np.ascontiguousarray(order[self.rank::self.world_size])
+        return EpochRows(self.rows, self.shuffle, self.seed, epoch, self.block_rows,
+                         self.window_blocks, self._share() * self.world_size, self.rank,
+                         self.world_size)
 
     @property
     def epoch(self) -> int:
@@ -262,7 +261,7 @@ class Loader:
             return
         slots = self._take_ring(min(2 * self.prefetch, len(todo)))
         blocks = (Blocks(self.block_rows, self.window_blocks, self._window_batches(workers),
-                         scattered=self.shuffle is True, edges=self._edges(epoch))
+                         scattered=self.shuffle is True)
                   if self.shuffle else None)
         pipeline = Pipeline(self._dataset, lambda: self._rank_rows(epoch),
                             self.batch_size, todo, slots, self.prefetch, self.threads, blocks)
@@ -277,13 +276,6 @@ class Loader:
         finally:
             pipeline.stop()
             self._ring = slots
-
-    def _edges(self, epoch: int) -> Optional[BlockEdges]:
-        """A block shuffle's blocks in epoch `epoch` (see BlockEdges)."""
-        if self.shuffle != "blocks":
-            return None
-        return _epoch_blocks(self.rows, self.seed, epoch, self.block_rows,
-                             self.window_blocks)[2]
 
     def _window_batches(self, workers: int) -> int:
         """The batches of an iteration that a window of a block shuffle fills: this
@@ -694,37 +686,6 @@ def _directory_files(place: LocalFile) -> List[str]:
     if not shards:
         raise SafetensorError(f"{place.label}: no .safetensors file in this directory")
     return shards
-
-
-def _epoch_blocks(rows: int, seed: int, epoch: int, block_rows: int, window_blocks: int
-                  ) -> Tuple[np.random.Generator, npt.NDArray[np.int64], BlockEdges]:
-    """A block shuffle's draw for epoch `epoch`: the generator that drew the order of
-    the blocks (it shuffles each window's rows next), that order, and the edges."""
-    generator = np.random.default_rng([seed, epoch])
-    blocks = generator.permutation(-(-rows // block_rows)).astype(np.int64, copy=False)
-    return generator, blocks, BlockEdges.later_read(block_rows, rows, blocks, window_blocks)
-
-
-def _epoch_order(rows: int, shuffle: Any, seed: int, epoch: int, block_rows: int,
-                 window_blocks: int) -> npt.NDArray[np.int64]:
-    """The order of the rows in epoch `epoch`."""
-    if not shuffle:
-        return np.arange(rows, dtype=np.int64)
-    if shuffle is True:
-        generator = np.random.default_rng([seed, epoch])
-        return generator.permutation(rows).astype(np.int64, copy=False)
-    generator, blocks, edges = _epoch_blocks(rows, seed, epoch, block_rows, window_blocks)
-    firsts, stops = edges.spans(blocks)
-    sizes = stops - firsts
-    # each block's rows in turn: a row's place, less its block's place, plus its first
-    order = np.repeat(firsts - (np.cumsum(sizes) - sizes), sizes) + np.arange(rows)
-    # where each window of blocks ends in the order
-    ends = np.cumsum(sizes)[window_blocks - 1::window_blocks].tolist() + [rows]
-    start = 0
-    for end in ends:
-        generator.shuffle(order[start:end])
-        start = end
-    return order
 
 
 def _torch_batches_class() -> type:

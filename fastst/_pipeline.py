@@ -16,6 +16,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Option
 import numpy as np
 
 from ._core import READER_FAILED, BatchRing, Reader
+from ._order import EpochRows
 from ._rowblocks import BlockEdges, CachedBlocks, RowBlocks
 
 if TYPE_CHECKING:
@@ -40,14 +41,13 @@ class Rows(Protocol):
 
 class Blocks(NamedTuple):
     """The blocks a shuffled iteration reads ahead: their rows, a window's blocks, the
-    batches of the iteration that a window fills, whether its batches take rows from
-    all over the dataset (a full shuffle), and a block shuffle's edges this epoch (set
-    for every block shuffle)."""
+    batches of the iteration that a window fills, and whether its batches take rows
+    from all over the dataset (a full shuffle); a block shuffle's edges this epoch are
+    its order's."""
     block_rows: int
     window_blocks: int
     window_batches: int
     scattered: bool
-    edges: Optional[BlockEdges] = None
 
 
 class BlocksAhead:
@@ -107,7 +107,9 @@ class BlocksAhead:
         self.asked_to = stop
         batches = [self.rows_of(later) for later in range(start, stop)]
         of_rows = self.edges.of(np.concatenate(batches))
-        fresh = self.edges.in_reading_order(np.unique(of_rows[self.places[of_rows] < 0]))
+        needed = np.zeros(self.edges.count, np.bool_)    # a mask, not a sort of the rows
+        needed[of_rows] = True
+        fresh = self.edges.in_reading_order(np.flatnonzero(needed & (self.places < 0)))
         self.places[fresh] = np.arange(self.asked, self.asked + len(fresh))
         self.asked += len(fresh)
         firsts = np.cumsum([0] + [len(rows) for rows in batches[:-1]])
@@ -130,9 +132,11 @@ class Pipeline:
     beyond the one taken: batch k (its place in `todo`) goes into slot
     k % len(slots), and is started once batch k - ahead is taken.
 
-    The batches' rows are those of ``order()`` in turn, asked for once a full
-    shuffle's reading (which needs no order) has begun: a permutation of millions of
-    rows takes tens of milliseconds.
+    The batches' rows are those of ``order()`` (`EpochRows`) in turn, asked for once
+    a full shuffle's reading (which needs no order) has begun: a permutation of
+    millions of rows takes tens of milliseconds. A block shuffle's windows are drawn as
+    its batches are claimed (below), the first before its blocks are read, the others
+    while the blocks before them are read and gathered.
 
     Where every file is mapped, a `BatchRing` does it (`_batch_ring`): its threads
     take the batches in order and copy their rows, and the consumer waits for each,
@@ -154,7 +158,7 @@ class Pipeline:
     time, in file order, and each batch waits for all; otherwise its rows are read where
     they lie. The consumer's thread never waits for any of these."""
 
-    def __init__(self, dataset: Rows, order: Callable[[], npt.NDArray[np.int64]],
+    def __init__(self, dataset: Rows, order: Callable[[], EpochRows],
                  batch_size: int, todo: range, slots: List[Dict[str, Any]], ahead: int,
                  threads: int, blocks: Optional[Blocks] = None) -> None:
         self.dataset, self.batch_size, self.todo = dataset, batch_size, todo
@@ -165,12 +169,15 @@ class Pipeline:
         if blocks is not None and blocks.scattered:
             self._read_whole(blocks)
         try:       # a full shuffle's reading needs no order: it reads while this is made
-            self.rows = order()
+            self.order = order()
         except BaseException:
             self._stop_readers()
             raise
+        self.rows = self.order.rows
         if blocks is not None and not blocks.scattered:
             self._read_blocks(blocks)
+        else:      # only a block shuffle's batches are claimed before they are gathered
+            self.order.ready(len(self.rows))
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.stopping = False
         self.failure: Optional[BaseException] = None     # of a thread of the ring
@@ -211,8 +218,8 @@ class Pipeline:
 
     def _read_blocks(self, blocks: Blocks) -> None:
         """Set up the reading ahead of a block shuffle's blocks (see the class)."""
-        dataset, batches, edges = self.dataset, len(self.todo), blocks.edges
-        assert edges is not None      # a block shuffle's Blocks carry its epoch's edges
+        dataset, batches, edges = self.dataset, len(self.todo), self.order.edges
+        assert edges is not None      # a block shuffle's order has its epoch's edges
         if dataset.by_ranges:
             self.row_blocks = self._row_blocks(edges, blocks.window_blocks)
         elif dataset.fits_page_cache():
@@ -257,6 +264,7 @@ class Pipeline:
 
     def _rows_of(self, position: int) -> npt.NDArray[np.int64]:
         index = self.todo[position]
+        self.order.ready((index + 1) * self.batch_size)
         return self.rows[index * self.batch_size:(index + 1) * self.batch_size]
 
     def _row_blocks(self, edges: BlockEdges, window_blocks: int) -> RowBlocks:

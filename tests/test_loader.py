@@ -15,9 +15,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fastst
 import fastst._handle
 import fastst._loader
+import fastst._order
 import fastst._pipeline
 import fastst._rowblocks
 from fastst import SafetensorError, TensorNotFoundError
+from fastst._order import EpochRows, epoch_order
 from fastst._rowblocks import BlockEdges
 from fastst.data import Loader
 
@@ -136,6 +138,28 @@ def test_block_shuffle_keeps_each_window_of_blocks_together(one_file):
         assert moved and len(moved) < 10          # edge rows both stay and move here
 
 
+@settings(max_examples=200, deadline=None)
+@given(total=st.integers(0, 300), shuffle=st.sampled_from([False, True, "blocks"]),
+       block_rows=st.integers(1, 40), window_blocks=st.integers(1, 5),
+       world=st.integers(1, 9), data=st.data())
+def test_a_ranks_rows_are_its_share_of_the_epochs_order_however_they_are_asked_for(
+        total, shuffle, block_rows, window_blocks, world, data):
+    """Rank r's rows are positions r, r + world, ... of the epoch's order, repeated
+    from its start (or cut) to a multiple of `world`, whichever steps a block shuffle's
+    windows are made ready in: each step's rows are final once it returns."""
+    rank = data.draw(st.integers(0, world - 1))
+    every = data.draw(st.sampled_from([total // world, -(-total // world)])) * world
+    whole = epoch_order(total, shuffle, 7, 2, block_rows, window_blocks)
+    expected = np.resize(whole, every)[rank::world] if every else whole[:0]
+    order = EpochRows(total, shuffle, 7, 2, block_rows, window_blocks, every, rank, world)
+    stop = 0
+    while stop < len(expected):
+        stop += data.draw(st.integers(1, 50))
+        order.ready(stop)
+        assert np.array_equal(order.rows[:stop], expected[:stop])
+    assert np.array_equal(order.rows, expected)
+
+
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_block_shuffle_over_more_than_the_memory_asks_the_kernel_for_each_block_once(
         tmp_path, monkeypatch, backend):
@@ -243,37 +267,50 @@ def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
 def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkeypatch):
     """The reading of a full shuffle's files (whole, in file order) needs no order: it
     is under way while the epoch's permutation is made, which waits here for the first
-    read (and would wait out its 10 s if it came only after); a block shuffle reads
-    only after its order, which says which blocks come first."""
-    first_read, events = threading.Event(), []
+    read (and would wait out its 10 s if it came only after)."""
+    first_read = threading.Event()
     cache_rows = fastst._handle.NumpyHandle.cache_rows
-    epoch_order = fastst._loader._epoch_order
+    make_order = fastst._order.EpochRows.__init__
 
     def noted_cache(handle, name, first, stop):
-        events.append("read")
         first_read.set()
         return cache_rows(handle, name, first, stop)
 
-    def order_after_a_read(*args):
-        if args[1] is True:
-            assert first_read.wait(10)
-        order = epoch_order(*args)
-        events.append("order")
-        return order
+    def order_after_a_read(order, *args):
+        assert first_read.wait(10)
+        make_order(order, *args)
 
     monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
-    monkeypatch.setattr(fastst._loader, "_epoch_order", order_after_a_read)
-    for shuffle in (True, "blocks"):
-        events.clear()
-        with Loader(one_file, ["x", "y"], 16, shuffle=shuffle, seed=5) as loader:
-            order = np.random.default_rng([5, 0]).permutation(ROWS) if shuffle is True else None
-            rows = rows_of(taken(loader))
-        assert sorted(rows.tolist()) == list(range(ROWS))
-        if order is not None:
-            assert np.array_equal(rows, order)
-            assert events[0] == "read"
-        else:
-            assert events[0] == "order" and "read" in events
+    monkeypatch.setattr(fastst._order.EpochRows, "__init__", order_after_a_read)
+    with Loader(one_file, ["x", "y"], 16, shuffle=True, seed=5) as loader:
+        rows = rows_of(taken(loader))
+    assert np.array_equal(rows, np.random.default_rng([5, 0]).permutation(ROWS))
+
+
+def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monkeypatch):
+    """A block shuffle's first window is drawn before its blocks are read, the others
+    as the batches before them are claimed: its reading begins while the later windows
+    are not drawn yet. The rows are those of the whole order drawn at once."""
+    events, whole = [], epoch_order(ROWS, "blocks", 5, 0, 10, 2)
+    cache_rows = fastst._handle.NumpyHandle.cache_rows
+    next_window = fastst._order.EpochRows._next_window
+
+    def noted_cache(handle, name, first, stop):
+        events.append("read")
+        return cache_rows(handle, name, first, stop)
+
+    def noted_window(order):
+        events.append("window")
+        next_window(order)
+
+    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    monkeypatch.setattr(fastst._order.EpochRows, "_next_window", noted_window)
+    with Loader(one_file, ["x", "y"], 16, shuffle="blocks", seed=5, block_rows=10,
+                window_blocks=2) as loader:
+        rows = rows_of(taken(loader))
+    assert np.array_equal(rows, whole)
+    assert events.count("window") == 6                # 11 blocks, two a window
+    assert events[0] == "window" and events.index("read") < 5
 
 
 @pytest.mark.parametrize("window_blocks", [1, 3, 4])

@@ -1,0 +1,116 @@
+"""The order of an epoch's rows for the thread Loader: every row in turn, a permutation
+of them all (a full shuffle), or a block shuffle's blocks in a random order, each window
+of them shuffled; and a rank's share of it (``EpochRows``), whose windows are laid out
+and shuffled only as its batches are asked for."""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+
+import numpy as np
+
+from ._rowblocks import BlockEdges
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+
+def epoch_blocks(rows: int, seed: int, epoch: int, block_rows: int, window_blocks: int
+                 ) -> Tuple[np.random.Generator, npt.NDArray[np.int64], BlockEdges]:
+    """A block shuffle's draw for epoch `epoch`: the generator that drew the order of
+    the blocks (it shuffles each window's rows next), that order, and the edges."""
+    generator = np.random.default_rng([seed, epoch])
+    blocks = generator.permutation(-(-rows // block_rows)).astype(np.int64, copy=False)
+    return generator, blocks, BlockEdges.later_read(block_rows, rows, blocks, window_blocks)
+
+
+class EpochRows:
+    """Rank `rank`'s rows of epoch `epoch` in order (`rows`): positions rank,
+    rank + world, ... of the epoch's order of `total` rows, repeated from its start to
+    `every` positions (or cut there; a multiple of `world`).
+
+    A full shuffle's permutation is drawn whole, at once. A block shuffle's windows are
+    laid out and shuffled one after another, as ``ready(stop)`` asks for them (without
+    the GIL), so that its first blocks are read while the later windows are not drawn
+    yet: positions [0, stop) of `rows` hold their rows once it returns. The draws are
+    those of a whole order made at once, window by window."""
+
+    def __init__(self, total: int, shuffle: Any, seed: int, epoch: int, block_rows: int,
+                 window_blocks: int, every: int, rank: int = 0, world: int = 1) -> None:
+        self.total, self.every, self.rank, self.world = total, every, rank, world
+        self.edges: Optional[BlockEdges] = None     # a block shuffle's
+        self.lock = threading.Lock()
+        if shuffle == "blocks":
+            self._lay_out_blocks(seed, epoch, block_rows, window_blocks)
+            return
+        if shuffle:
+            order = np.random.default_rng([seed, epoch]).permutation(total)
+            order = order.astype(np.int64, copy=False)
+        else:
+            order = np.arange(total, dtype=np.int64)
+        order = np.resize(order, every) if every > total else order[:every]
+        self.rows = np.ascontiguousarray(order[rank::world])
+        self.done = len(self.rows)          # positions of `rows` that hold their rows
+
+    def _lay_out_blocks(self, seed: int, epoch: int, block_rows: int,
+                        window_blocks: int) -> None:
+        self.generator, blocks, self.edges = epoch_blocks(self.total, seed, epoch,
+                                                          block_rows, window_blocks)
+        self.firsts, stops = self.edges.spans(blocks)
+        self.sizes = stops - self.firsts
+        ends = np.cumsum(self.sizes)
+        # each window's blocks (places in `blocks`), and where its rows end in the order
+        self.windows: List[Tuple[int, int, int]] = [
+            (start, min(start + window_blocks, len(blocks)),
+             int(ends[min(start + window_blocks, len(blocks)) - 1]))
+            for start in range(0, len(blocks), window_blocks)]
+        self.laid_out = 0                    # windows shuffled
+        self.order = np.empty(self.total, np.int64)
+        count = self.every // self.world
+        # one rank, no row repeated: its rows are the order's
+        self.shared = self.world == 1 and self.every <= self.total
+        self.rows = self.order[:count] if self.shared else np.empty(count, np.int64)
+        self.done = 0
+
+    def ready(self, stop: int) -> None:
+        """Make positions [0, stop) of `rows` hold their rows."""
+        if stop <= self.done:
+            return
+        with self.lock:
+            while self.done < min(stop, len(self.rows)):
+                self._next_window()
+
+    def _next_window(self) -> None:
+        """Lay out the next window's rows (its blocks' in turn), shuffle them, and
+        copy this rank's of them into `rows`."""
+        first_block, stop_block, end = self.windows[self.laid_out]
+        start = 0 if first_block == 0 else self.windows[self.laid_out - 1][2]
+        sizes = self.sizes[first_block:stop_block]
+        # a row's place less its block's place, plus its block's first row
+        shifts = self.firsts[first_block:stop_block] - (start + np.cumsum(sizes) - sizes)
+        window = self.order[start:end]
+        np.add(np.repeat(shifts, sizes), np.arange(start, end, dtype=np.int64), out=window)
+        self.generator.shuffle(window)
+        self.laid_out += 1
+        last = self.laid_out == len(self.windows)
+        if self.shared:
+            self.done = len(self.rows) if last else min(end, len(self.rows))
+            return
+        # this rank's positions in [start, end): from the first at or after `start`
+        first = max(0, -(-(start - self.rank) // self.world))
+        stop = min(len(self.rows), -(-(end - self.rank) // self.world))
+        if stop > first:
+            at = self.rank + first * self.world
+            self.rows[first:stop] = self.order[at:at + (stop - first) * self.world:self.world]
+        if last:            # positions past the order's end repeat it from its start
+            places = self.rank + np.arange(stop, len(self.rows)) * self.world
+            self.rows[stop:] = self.order[places % self.total]
+        self.done = len(self.rows) if last else stop
+
+
+def epoch_order(total: int, shuffle: Any, seed: int, epoch: int, block_rows: int,
+                window_blocks: int) -> npt.NDArray[np.int64]:
+    """The whole order of the rows in epoch `epoch`."""
+    order = EpochRows(total, shuffle, seed, epoch, block_rows, window_blocks, total)
+    order.ready(total)
+    return order.rows

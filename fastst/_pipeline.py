@@ -57,8 +57,8 @@ class BlocksAhead:
     window's in the order of the file; a window's blocks are all needed by its
     first batches). A thread that starts gathering a batch claims the windows up to
     `window` batches after it. With a `reader`, the blocks are handed to it as they are
-    claimed, in that order, and it may claim the next window itself whenever it has
-    nothing left to read (``claim_next``); ``wait(position)`` waits until it has read
+    claimed, in that order, and it may claim the next window itself whenever few
+    blocks are left for it to read (``claim_next``); ``wait(position)`` waits until it has read
     every block of batch `position`, and ``follow(on_claim)`` has each claim told (the
     batches whose `needs` are set)."""
 
@@ -148,7 +148,7 @@ class Pipeline:
     takes a batch first asks for the blocks of the batches up to a window after it,
     those not asked yet (a window at a time), which are read ahead while the batches
     before them are gathered: of local files, `CachedBlocks` reads them into the page
-    cache in whole 2 MiB pieces, asking for the next window's itself as soon as it has
+    cache in whole 2 MiB pieces, asking for the next windows' itself before it has
     read those asked (at the disk's pace), and a batch is gathered once its blocks are
     in; over a dataset larger than half the memory, a block shuffle only asks the
     kernel for them, and gathers its batches at once. Of files read by ranges, a block

@@ -10,8 +10,8 @@ ahead of the batches that need them, and gathers each batch from memory. A block
 dropped as soon as every row the iteration takes from it has been taken, and no more
 than `most` blocks are held for later batches, so memory stays within about two windows
 of blocks. ``CachedBlocks`` reads a local file's blocks into the page cache in the order
-they are asked for, and asks for more as soon as it has read them (a dataset the page
-cache holds whole is read at the disk's pace, not the gathers'); a batch is gathered
+they are asked for, and asks for more on a thread of its own before it has read them
+(a dataset the page cache holds whole is read at the disk's pace, not the gathers'); a batch is gathered
 from the file once the blocks it needs are in: none of its rows is faulted in by
 itself, 4 KiB at a time.
 """
@@ -74,8 +74,10 @@ class BlockEdges:
         blocks = rows // self.block_rows
         if self.moved is None:
             return blocks
-        at_edge = rows % self.block_rows == self.block_rows - 1
-        return blocks + (at_edge & self.moved[np.minimum(blocks + 1, self.count)])
+        # only a block's last row may be the next block's: one row in block_rows
+        at_edge = np.flatnonzero(rows % self.block_rows == self.block_rows - 1)
+        blocks[at_edge] += self.moved[np.minimum(blocks[at_edge] + 1, self.count)]
+        return blocks
 
     def spans(self, blocks: npt.NDArray[np.int64]) -> Tuple[npt.NDArray[np.int64],
                                                             npt.NDArray[np.int64]]:
@@ -257,8 +259,12 @@ class CachedBlocks:
     threads of their own, a block at a time each, in the order they are asked for;
     ``wait(count)`` returns once the first `count` blocks asked for are in; a waiter
     of its own (``follow``) is told of each change instead. Given ``ask_more(more)``,
-    a thread with nothing left to read calls ``more()``, which asks for more blocks
-    (``want``) or returns False when there are none."""
+    a thread of its own calls ``more()`` whenever fewer than `queued` blocks a reading
+    thread are left to read, which asks for more blocks (``want``) or returns False
+    when there are none: the reading threads do not wait for the asking (a block
+    shuffle's claim of a window, its shuffle included, takes milliseconds)."""
+
+    queued = 16      # blocks left to read a reading thread, below which more are asked
 
     def __init__(self, cache: Callable[[int, int], Any], edges: BlockEdges,
                  threads: int = 2) -> None:
@@ -270,19 +276,22 @@ class CachedBlocks:
         self.read: Set[int] = set()      # the places of those read after a gap
         self.error: Optional[BaseException] = None
         self.stopping = False
-        self.more: Optional[Callable[[], bool]] = None
         self.on_read: Optional[Callable[[int], Any]] = None
         self.on_failure: Optional[Callable[[], Any]] = None
         self.threads = [threading.Thread(target=self._read_blocks, daemon=True,
                                          name="fastst-loader-blocks") for _ in range(threads)]
+        self.low = self.queued * threads
         for thread in self.threads:
             thread.start()
 
     def ask_more(self, more: Callable[[], bool]) -> None:
-        """Call ``more()`` for more blocks whenever all asked for are being read."""
+        """Call ``more()`` for more blocks, on a thread of its own, whenever fewer than
+        `queued` blocks a reading thread are left to read."""
+        asking = threading.Thread(target=self._ask_more, args=(more,), daemon=True,
+                                  name="fastst-loader-claims")
         with self.condition:
-            self.more = more
-            self.condition.notify_all()
+            self.threads.append(asking)
+        asking.start()
 
     def follow(self, on_read: Callable[[int], Any], on_failure: Callable[[], Any]) -> None:
         """Call ``on_read(done)`` now and whenever more of the blocks asked for are
@@ -326,25 +335,18 @@ class CachedBlocks:
     def _read_blocks(self) -> None:
         while True:
             with self.condition:
-                while not (self.asked or self.more or self.stopping or self.error is not None):
+                while not (self.asked or self.stopping or self.error is not None):
                     self.condition.wait()
                 if self.stopping or self.error is not None:
                     return
-                more = None if self.asked else self.more
-                if more is None:
-                    block, place = self.asked.popleft(), self.taken
-                    self.taken += 1
+                block, place = self.asked.popleft(), self.taken
+                self.taken += 1
+                if len(self.asked) < self.low:
+                    self.condition.notify_all()       # the asking thread's turn
             try:
-                if more is not None:
-                    self._ask_more(more)
-                    continue
                 self.cache(*self.edges.span(block))
             except BaseException as error:
-                with self.condition:
-                    self.error = error
-                    if self.on_failure is not None:
-                        self.on_failure()
-                    self.condition.notify_all()
+                self._fail(error)
                 return
             with self.condition:
                 self.read.add(place)
@@ -356,7 +358,25 @@ class CachedBlocks:
                 self.condition.notify_all()
 
     def _ask_more(self, more: Callable[[], bool]) -> None:
-        """Outside the condition: `more` asks under a lock of its own, then ``want``."""
-        if not more():
+        """The asking thread: `more` asks (``want``) under a lock of its own, outside
+        the condition."""
+        while True:
             with self.condition:
-                self.more = None
+                while not (len(self.asked) < self.low or self.stopping
+                           or self.error is not None):
+                    self.condition.wait()
+                if self.stopping or self.error is not None:
+                    return
+            try:
+                if not more():
+                    return
+            except BaseException as error:
+                self._fail(error)
+                return
+
+    def _fail(self, error: BaseException) -> None:
+        with self.condition:
+            self.error = error
+            if self.on_failure is not None:
+                self.on_failure()
+            self.condition.notify_all()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -288,10 +289,14 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
 
 
 def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monkeypatch):
-    """A block shuffle's first window is drawn before its blocks are read, the others
-    as the batches before them are claimed: its reading begins while the later windows
-    are not drawn yet. The rows are those of the whole order drawn at once."""
-    events, whole = [], epoch_order(ROWS, "blocks", 5, 0, 10, 2)
+    """A block shuffle's windows are drawn as its batches are claimed, a few ahead of
+    the reading of their blocks, not all before its first read: of 52 windows of one
+    block of two rows, at most those of the reading threads' queues (16 blocks each)
+    and of the claim under way are drawn before the first read. The rows are those of
+    the whole order drawn at once."""
+    from fastst._rowblocks import CachedBlocks
+
+    events, whole = [], epoch_order(ROWS, "blocks", 5, 0, 2, 1)
     cache_rows = fastst._handle.NumpyHandle.cache_rows
     next_window = fastst._order.EpochRows._next_window
 
@@ -305,12 +310,13 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
 
     monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
     monkeypatch.setattr(fastst._order.EpochRows, "_next_window", noted_window)
-    with Loader(one_file, ["x", "y"], 16, shuffle="blocks", seed=5, block_rows=10,
-                window_blocks=2) as loader:
+    with Loader(one_file, ["x", "y"], 4, shuffle="blocks", seed=5, block_rows=2,
+                window_blocks=1) as loader:
         rows = rows_of(taken(loader))
     assert np.array_equal(rows, whole)
-    assert events.count("window") == 6                # 11 blocks, two a window
-    assert events[0] == "window" and events.index("read") < 5
+    assert events.count("window") == 52
+    queues = 2 * CachedBlocks.queued
+    assert events[0] == "window" and events[:events.index("read")].count("window") <= queues + 8
 
 
 @pytest.mark.parametrize("window_blocks", [1, 3, 4])
@@ -460,8 +466,8 @@ def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_at_a_time():
 
 
 def test_the_reader_of_blocks_asks_for_the_next_windows_itself():
-    """Once it has read the blocks asked for, the page cache's reader claims the next
-    window itself: a dataset the page cache holds whole is read at the disk's pace,
+    """As it reads the blocks asked for, the page cache's reader claims the next
+    windows itself: a dataset the page cache holds whole is read at the disk's pace,
     whatever the pace of the batches."""
     from fastst._pipeline import BlocksAhead
     from fastst._rowblocks import CachedBlocks
@@ -476,9 +482,38 @@ def test_the_reader_of_blocks_asks_for_the_next_windows_itself():
         assert sorted(read) == [0, 2, 4, 6, 8, 10]
         assert hints.asked_to == len(BATCHES_OF_BLOCKS)
         assert hints.places.tolist() == [0, 4, 1, 2, 3, 5]     # window by window
-        assert wait_until(lambda: reader.more is None)   # nothing left to claim
+        asking = [thread for thread in reader.threads if thread.name == "fastst-loader-claims"]
+        assert wait_until(lambda: not asking[0].is_alive())   # nothing left to claim
     finally:
         reader.stop()
+
+
+def test_the_reader_of_blocks_asks_for_more_before_it_runs_out():
+    """The next window is asked for on a thread of its own once fewer than `queued`
+    blocks a reading thread are left to read, not once none is: the reading does not
+    wait for the asking (a claim of a window, its shuffle included, takes
+    milliseconds)."""
+    from fastst._rowblocks import CachedBlocks
+
+    def slow_read(first, stop):
+        time.sleep(0.02)
+
+    reader = CachedBlocks(slow_read, BlockEdges(2, 40), threads=1)
+    left_when_asked = []
+
+    def more():
+        left_when_asked.append(len(reader.asked))
+        reader.want(range(8, 12))
+        return False
+
+    try:
+        reader.want(range(8))
+        reader.ask_more(more)
+        assert wait_until(lambda: reader.done == 12)
+    finally:
+        reader.stop()
+    assert left_when_asked and 0 < left_when_asked[0] < CachedBlocks.queued
+    assert not any(thread.is_alive() for thread in reader.threads)
 
 
 def test_the_window_ahead_is_a_windows_share_of_this_iterations_batches(one_file):

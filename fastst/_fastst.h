@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <Python.h>
 #include <numpy/ndarraytypes.h>
@@ -384,11 +385,14 @@ static void fastst_map_reader_stop(fastst_map_reader *reader) {
 
 /* Whether the page cache holds the first and the last page of [start, start + length)
    (start on a page boundary): a 2 MiB piece read whole holds all of them. */
-static int fastst_cached_ends(char *start, size_t length) {
+static int fastst_cached_page(char *page) {
     unsigned char resident = 0;
-    char *last = start + ((length - 1) & ~(FASTST_PAGE - 1));
-    return mincore(start, 1, &resident) == 0 && (resident & 1)
-           && mincore(last, 1, &resident) == 0 && (resident & 1);
+    return mincore(page, 1, &resident) == 0 && (resident & 1);
+}
+
+static int fastst_cached_ends(char *start, size_t length) {
+    return fastst_cached_page(start)
+           && fastst_cached_page(start + ((length - 1) & ~(FASTST_PAGE - 1)));
 }
 
 /* Whether the page cache holds the first and the last page of every 2 MiB-aligned
@@ -414,7 +418,11 @@ static int fastst_pieces_cached(char *map, uint64_t begin, uint64_t end, uint64_
    (MADV_POPULATE_READ, Linux 5.14), its pages unmapped again at the end. A piece whose
    first and last pages the page cache holds is taken as held whole and not read: a
    check of two pages, where mincore of all 512 costs more than the rest (a piece held
-   in part is read by the gathers' faults). Without huge-page advice the pieces are
+   in part is read by the gathers' faults). A piece whose first page alone is held (a
+   file's first, whose header pages were read at open) is dropped from the page cache
+   before it is read: the small pages held would keep it from being one folio (pages
+   mapped, dirty or being read stay; the rest is read again, 2 MiB at most). Without
+   huge-page advice the pieces are
    read as faults read them. 0, or an errno: ENOSYS where there is no
    MADV_POPULATE_READ, EFAULT where the file is shorter than asked. */
 static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) {
@@ -436,6 +444,8 @@ static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size
     for (at = 0; at < span && error == 0; at += FASTST_HUGE_PAGE) {
         size_t piece = span - at < FASTST_HUGE_PAGE ? span - at : FASTST_HUGE_PAGE;
         if (fastst_cached_ends(map + at, piece)) continue;
+        if (fastst_cached_page(map + at))
+            posix_fadvise(fd, (off_t)(first + at), (off_t)piece, POSIX_FADV_DONTNEED);
         while (madvise(map + at, piece, MADV_POPULATE_READ) != 0 && error == 0)
             if (errno != EINTR) error = errno;
     }

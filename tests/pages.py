@@ -14,13 +14,24 @@ import pytest
 
 def resident_bytes(path) -> int:
     """Bytes of `path`'s mappings in this process that are in memory (pages mapped)."""
+    return mapped_bytes(path, "Rss:")
+
+
+def pmd_mapped_bytes(path) -> int:
+    """Bytes of `path`'s mappings in this process mapped by 2 MiB entries (a page
+    cache folio of 2 MiB, mapped whole)."""
+    return mapped_bytes(path, "FilePmdMapped:")
+
+
+def mapped_bytes(path, field: str) -> int:
+    """The sum of a field of /proc/self/smaps (in kB there) over `path`'s mappings."""
     target, total, inside = os.path.realpath(path), 0, False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             fields = line.split()
             if not fields[0].endswith(":"):          # a mapping's first line
                 inside = len(fields) == 6 and fields[5] == target
-            elif inside and fields[0] == "Rss:":
+            elif inside and fields[0] == field:
                 total += int(fields[1]) << 10
     return total
 

@@ -366,7 +366,8 @@ def test_a_blocks_reading_seldom_brings_a_piece_of_a_block_read_later(tmp_path, 
 def test_a_shuffle_over_a_cold_file_reads_it_once_and_leaves_it_cached(tmp_path, shuffle):
     """An epoch of a shuffle over a file not in the page cache reads the file once
     (blocks read in whole 2 MiB pieces bring parts of their neighbours, which are not
-    read again when their turn comes), and leaves it all in the page cache: the next
+    read again when their turn comes; the header's pages, read at open, are read
+    again with the first piece, whole), and leaves it all in the page cache: the next
     epoch reads nothing."""
     path = tmp_path / "rows.safetensors"
     fastst.save_file({"x": np.arange(16384 * 256, dtype=np.float32).reshape(16384, 256)},
@@ -377,7 +378,7 @@ def test_a_shuffle_over_a_cold_file_reads_it_once_and_leaves_it_cached(tmp_path,
                 seed=0) as loader:
         before = read_bytes()
         assert sum(len(batch["x"]) for batch in loader) == 16384
-        assert size - (64 << 10) <= read_bytes() - before <= size
+        assert size - (64 << 10) <= read_bytes() - before <= -(-size // 4096) * 4096
         assert cached_pages(path) * 4096 >= size
         before = read_bytes()
         assert sum(len(batch["x"]) for batch in loader) == 16384

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fastst
 from fastst._core import read_counters
 from helpers import wait_until
-from pages import (cached_pages, drop_or_skip, dropped_from_page_cache, read_bytes,
-                   resident_bytes)
+from pages import (cached_pages, drop_or_skip, dropped_from_page_cache, pmd_mapped_bytes,
+                   read_bytes, resident_bytes)
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -614,6 +614,27 @@ def test_cache_rows_reads_nothing_the_page_cache_holds(tmp_path):
         assert resident_bytes(path) <= 2 * MIB      # none of its own mapping is left mapped
         rows = f.gather("x", np.array([8191, 0, 4097]))
     assert rows[:, 0].tolist() == [8191, 0, 4097]
+
+
+@LINUX_ONLY
+def test_cache_rows_reads_the_first_piece_as_one_folio_though_its_header_was_read(tmp_path):
+    """Opening a file reads its header's pages into the page cache, small pages at the
+    start of its first 2 MiB piece, which would keep cache_rows from reading that
+    piece as one 2 MiB folio: it drops them first, so that a map of the file maps
+    the first piece by one entry as it does the others (skipped where the file system
+    or the kernel maps none so)."""
+    path = tmp_path / "x.safetensors"
+    table_of_kib_rows(path)           # 8 MiB of rows: pieces 0-3 whole, a few KiB after
+    drop_or_skip(path)
+    with fastst.safe_open(path, backend="pread") as f:
+        assert cached_pages(path, 0, 2 * MIB) > 0          # the header's pages
+        f.cache_rows("x", 0, 8192)
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as whole:
+        sum(whole[piece * 2 * MIB] for piece in range(4))    # a fault in each piece
+        mapped = pmd_mapped_bytes(path)
+    if mapped < 3 * 2 * MIB:
+        pytest.skip("no 2 MiB folio of this file is mapped whole here")
+    assert mapped == 4 * 2 * MIB
 
 
 def test_cache_rows_of_a_buffer_or_a_file_object_reads_nothing():

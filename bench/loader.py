@@ -38,6 +38,7 @@ each shuffle, each from dropped pages:
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import statistics
 import subprocess
@@ -458,6 +459,24 @@ def rate_memcpy(paths: Dict[str, str], batch: int, rows: int) -> float:
     return rate
 
 
+def free_page_reporting() -> str:
+    """Whether this machine hands freed memory back to its host (a virtio balloon's
+    free page reporting): a cold run's page cache is then partly memory the host must
+    give again on its first touch, a cost of the machine that varies from run to run
+    (what was freed, and whether it has been reported yet)."""
+    try:
+        with open("/sys/module/page_reporting/parameters/page_reporting_order") as order:
+            blocks = (4096 << int(order.read())) >> 20     # MiB
+    except (OSError, ValueError):
+        return "no free page reporting"
+    for features in glob.glob("/sys/bus/virtio/devices/*/features"):
+        with open(features) as bits, open(os.path.join(os.path.dirname(features),
+                                                       "device")) as device:
+            if device.read().strip() == "0x0005" and bits.read()[5:6] == "1":
+                return f"free page reporting to the host (free blocks of {blocks} MiB and more)"
+    return "no free page reporting"
+
+
 def cat_rate(path: str) -> float:
     """Bytes a second of reading the file whole, cold, as cat does."""
     drop_cache(path)
@@ -485,7 +504,7 @@ def compare_loaders(args: argparse.Namespace) -> int:
     if not peers <= set(PEERS):
         raise SystemExit(f"--peers: {', '.join(sorted(peers - set(PEERS)))} is none of "
                          f"{', '.join(PEERS)}")
-    print(f"load before: {os.getloadavg()}", file=sys.stderr)
+    print(f"load before: {os.getloadavg()}; {free_page_reporting()}", file=sys.stderr)
     print("| loader | table | batch | cache | rows/s | × npy memmap DataLoader "
           "| × in-process gather | × memcpy |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
@@ -657,7 +676,7 @@ def cold_epochs(args: argparse.Namespace) -> int:
     print(f"Produced by `python bench/loader.py --cold-epochs {args.cold_epochs} --columns "
           f"{args.columns}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
           f"average {os.getloadavg()[0]:.2f}: batches of {batch}, 2 threads, medians of "
-          f"{args.cold_epochs} rounds.\n")
+          f"{args.cold_epochs} rounds; {free_page_reporting()}.\n")
     print("| table | `cat`, MiB/s | epoch | seconds | of `cat`'s rate (range) |")
     print("| --- | ---: | --- | ---: | ---: |")
     for columns in (int(c) for c in args.columns.split(",")):

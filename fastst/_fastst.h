@@ -383,13 +383,14 @@ static void fastst_map_reader_stop(fastst_map_reader *reader) {
     pthread_join(reader->thread, NULL);
 }
 
-/* Whether the page cache holds the first and the last page of [start, start + length)
-   (start on a page boundary): a 2 MiB piece read whole holds all of them. */
+/* Whether the page cache holds the page at `page` (a page boundary of a map). */
 static int fastst_cached_page(char *page) {
     unsigned char resident = 0;
     return mincore(page, 1, &resident) == 0 && (resident & 1);
 }
 
+/* Whether the page cache holds the first and the last page of [start, start + length)
+   (start on a page boundary): a 2 MiB piece read whole holds all of them. */
 static int fastst_cached_ends(char *start, size_t length) {
     return fastst_cached_page(start)
            && fastst_cached_page(start + ((length - 1) & ~(FASTST_PAGE - 1)));
@@ -422,9 +423,8 @@ static int fastst_pieces_cached(char *map, uint64_t begin, uint64_t end, uint64_
    file's first, whose header pages were read at open) is dropped from the page cache
    before it is read: the small pages held would keep it from being one folio (pages
    mapped, dirty or being read stay; the rest is read again, 2 MiB at most). Without
-   huge-page advice the pieces are
-   read as faults read them. 0, or an errno: ENOSYS where there is no
-   MADV_POPULATE_READ, EFAULT where the file is shorter than asked. */
+   huge-page advice the pieces are read as faults read them. 0, or an errno: ENOSYS
+   where there is no MADV_POPULATE_READ, EFAULT where the file is shorter than asked. */
 static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) {
 #ifdef MADV_POPULATE_READ
     uint64_t first = begin & ~(uint64_t)(FASTST_HUGE_PAGE - 1);

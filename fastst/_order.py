@@ -100,8 +100,8 @@ class EpochRows:
         first = max(0, -(-(start - self.rank) // self.world))
         stop = min(len(self.rows), -(-(end - self.rank) // self.world))
         if stop > first:
-            at = self.rank + first * self.world
-            self.rows[first:stop] = self.order[at:at + (stop - first) * self.world:self.world]
+            at, every = self.rank + first * self.world, self.world
+            self.rows[first:stop] = self.order[at:at + (stop - first) * every:every]
         if last:            # positions past the order's end repeat it from its start
             places = self.rank + np.arange(stop, len(self.rows)) * self.world
             self.rows[stop:] = self.order[places % self.total]

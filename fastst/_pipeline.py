@@ -58,9 +58,9 @@ class BlocksAhead:
     first batches). A thread that starts gathering a batch claims the windows up to
     `window` batches after it. With a `reader`, the blocks are handed to it as they are
     claimed, in that order, and it may claim the next window itself whenever few
-    blocks are left for it to read (``claim_next``); ``wait(position)`` waits until it has read
-    every block of batch `position`, and ``follow(on_claim)`` has each claim told (the
-    batches whose `needs` are set)."""
+    blocks are left for it to read (``claim_next``); ``wait(position)`` waits until it
+    has read every block of batch `position`, and ``follow(on_claim)`` has each claim
+    told (the batches whose `needs` are set)."""
 
     def __init__(self, rows_of: Callable[[int], npt.NDArray[np.int64]], batches: int,
                  edges: BlockEdges, window: int,

@@ -11,9 +11,9 @@ dropped as soon as every row the iteration takes from it has been taken, and no 
 than `most` blocks are held for later batches, so memory stays within about two windows
 of blocks. ``CachedBlocks`` reads a local file's blocks into the page cache in the order
 they are asked for, and asks for more on a thread of its own before it has read them
-(a dataset the page cache holds whole is read at the disk's pace, not the gathers'); a batch is gathered
-from the file once the blocks it needs are in: none of its rows is faulted in by
-itself, 4 KiB at a time.
+(a dataset the page cache holds whole is read at the disk's pace, not the gathers'); a
+batch is gathered from the file once the blocks it needs are in: none of its rows is
+faulted in by itself, 4 KiB at a time.
 """
 from __future__ import annotations
 

@@ -291,9 +291,9 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
 def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monkeypatch):
     """A block shuffle's windows are drawn as its batches are claimed, a few ahead of
     the reading of their blocks, not all before its first read: of 52 windows of one
-    block of two rows, at most those of the reading threads' queues (16 blocks each)
-    and of the claim under way are drawn before the first read. The rows are those of
-    the whole order drawn at once."""
+    block of two rows, those of the reading threads' queues (16 blocks each) and of a
+    few claims at most are drawn before the first read. The rows are those of the
+    whole order drawn at once."""
     from fastst._rowblocks import CachedBlocks
 
     events, whole = [], epoch_order(ROWS, "blocks", 5, 0, 2, 1)
@@ -315,8 +315,9 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
         rows = rows_of(taken(loader))
     assert np.array_equal(rows, whole)
     assert events.count("window") == 52
-    queues = 2 * CachedBlocks.queued
-    assert events[0] == "window" and events[:events.index("read")].count("window") <= queues + 8
+    before_a_read = events[:events.index("read")]
+    assert before_a_read[0] == "window"
+    assert before_a_read.count("window") <= 2 * CachedBlocks.queued + 8
 
 
 @pytest.mark.parametrize("window_blocks", [1, 3, 4])
@@ -483,8 +484,9 @@ def test_the_reader_of_blocks_asks_for_the_next_windows_itself():
         assert sorted(read) == [0, 2, 4, 6, 8, 10]
         assert hints.asked_to == len(BATCHES_OF_BLOCKS)
         assert hints.places.tolist() == [0, 4, 1, 2, 3, 5]     # window by window
-        asking = [thread for thread in reader.threads if thread.name == "fastst-loader-claims"]
-        assert wait_until(lambda: not asking[0].is_alive())   # nothing left to claim
+        asking = next(thread for thread in reader.threads
+                      if thread.name == "fastst-loader-claims")
+        assert wait_until(lambda: not asking.is_alive())   # nothing left to claim
     finally:
         reader.stop()
 

@@ -629,9 +629,10 @@ def test_cache_rows_reads_the_first_piece_as_one_folio_though_its_header_was_rea
     with fastst.safe_open(path, backend="pread") as f:
         assert cached_pages(path, 0, 2 * MIB) > 0          # the header's pages
         f.cache_rows("x", 0, 8192)
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as whole:
-        sum(whole[piece * 2 * MIB] for piece in range(4))    # a fault in each piece
-        mapped = pmd_mapped_bytes(path)
+    with open(path, "rb") as file:
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as whole:
+            sum(whole[piece * 2 * MIB] for piece in range(4))    # a fault in each piece
+            mapped = pmd_mapped_bytes(path)
     if mapped < 3 * 2 * MIB:
         pytest.skip("no 2 MiB folio of this file is mapped whole here")
     assert mapped == 4 * 2 * MIB

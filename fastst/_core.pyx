@@ -5,6 +5,7 @@ zero-copy array views, and writes straight from array buffers.
 Everything here validates before it trusts: no view exists until the whole header has
 been checked against the file's size.
 """
+import _thread
 import os
 import stat
 from collections import namedtuple
@@ -75,6 +76,8 @@ cdef extern from "_fastst.h":
     int fastst_map_readers_init() noexcept nogil
     int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
     int fastst_pieces_cached(char* map, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
+    void fastst_drop_partial_first_piece(int fd, uint64_t size) noexcept nogil
+    size_t FASTST_HUGE_PAGE
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
 cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS

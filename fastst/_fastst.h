@@ -419,12 +419,9 @@ static int fastst_pieces_cached(char *map, uint64_t begin, uint64_t end, uint64_
    (MADV_POPULATE_READ, Linux 5.14), its pages unmapped again at the end. A piece whose
    first and last pages the page cache holds is taken as held whole and not read: a
    check of two pages, where mincore of all 512 costs more than the rest (a piece held
-   in part is read by the gathers' faults). A piece whose first page alone is held (a
-   file's first, whose header pages were read at open) is dropped from the page cache
-   before it is read: the small pages held would keep it from being one folio (pages
-   mapped, dirty or being read stay; the rest is read again, 2 MiB at most). Without
-   huge-page advice the pieces are read as faults read them. 0, or an errno: ENOSYS
-   where there is no MADV_POPULATE_READ, EFAULT where the file is shorter than asked. */
+   in part is read by the gathers' faults). Without huge-page advice the pieces are
+   read as faults read them. 0, or an errno: ENOSYS where there is no
+   MADV_POPULATE_READ, EFAULT where the file is shorter than asked. */
 static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) {
 #ifdef MADV_POPULATE_READ
     uint64_t first = begin & ~(uint64_t)(FASTST_HUGE_PAGE - 1);
@@ -444,8 +441,6 @@ static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size
     for (at = 0; at < span && error == 0; at += FASTST_HUGE_PAGE) {
         size_t piece = span - at < FASTST_HUGE_PAGE ? span - at : FASTST_HUGE_PAGE;
         if (fastst_cached_ends(map + at, piece)) continue;
-        if (fastst_cached_page(map + at))
-            posix_fadvise(fd, (off_t)(first + at), (off_t)piece, POSIX_FADV_DONTNEED);
         while (madvise(map + at, piece, MADV_POPULATE_READ) != 0 && error == 0)
             if (errno != EINTR) error = errno;
     }
@@ -454,6 +449,26 @@ static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size
 #else
     (void)fd; (void)begin; (void)end; (void)size;
     return ENOSYS;
+#endif
+}
+
+/* Drop the first 2 MiB piece of the file `fd` (of `size` bytes) from the page cache
+   where its first page alone is held: the header's pages, read at open, are small
+   pages that would keep fastst_cache_span from reading the piece as one folio (pages
+   mapped, dirty or being read stay; the rest is read again, 2 MiB at most). Nothing
+   where the piece is held whole or not at all, or where it cannot be mapped. */
+static void fastst_drop_partial_first_piece(int fd, uint64_t size) {
+#ifdef POSIX_FADV_DONTNEED
+    size_t span = size < FASTST_HUGE_PAGE ? (size_t)size : FASTST_HUGE_PAGE;
+    char *map;
+    if (span == 0) return;
+    map = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) return;
+    if (fastst_cached_page(map) && !fastst_cached_ends(map, span))
+        posix_fadvise(fd, 0, (off_t)span, POSIX_FADV_DONTNEED);
+    munmap(map, span);
+#else
+    (void)fd; (void)size;
 #endif
 }
 

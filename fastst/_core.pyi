@@ -456,7 +456,10 @@ class Reader:
         cache keeps each as one 2 MiB folio where the file system allows: a map
         of the file then maps it by 2 MiB, which a gather of scattered rows
         needs. A piece whose first and last pages the page cache holds is not
-        read again. Where the kernel cannot (before Linux 5.14) it asks as
+        read again. Before the first read of the file's first piece, the
+        header's pages (read at open) are dropped from the page cache where
+        the rest of the piece is not held, so that it too is one folio.
+        Where the kernel cannot (before Linux 5.14) it asks as
         `prefetch_rows` does and returns at once.
 
         Returns

@@ -501,8 +501,9 @@ cdef class Reader:
         and kept as 2 MiB folios where the file system allows: a map of the file maps
         them by 2 MiB, which a later gather of scattered rows needs (see
         fastst_cache_span in _fastst.h). Pieces the page cache holds already are not
-        read again. Where the kernel cannot (before Linux 5.14), asks as prefetch_rows
-        does and returns at once. A buffer, or a file read by ranges: 0."""
+        read again; the file's first piece is prepared before its first read
+        (_prepare_first_piece). Where the kernel cannot (before Linux 5.14), asks as
+        prefetch_rows does and returns at once. A buffer, or a file read by ranges: 0."""
         span = self._rows_span(name, first, stop)
         if span is None or self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES:
             return 0

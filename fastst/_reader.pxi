@@ -517,10 +517,10 @@ cdef class Reader:
                 held = fastst_pieces_cached(mapped, begin, end, size)
             if held:
                 return end - begin
-        if begin < FASTST_HUGE_PAGE and not self.first_piece_ready:
-            self._prepare_first_piece()
         fd = self._reopen()     # the page cache is the file's, whichever descriptor reads
         try:
+            if begin < FASTST_HUGE_PAGE and not self.first_piece_ready:
+                self._prepare_first_piece(fd)
             with nogil:
                 error = fastst_cache_span(fd, begin, end, size)
         finally:
@@ -536,25 +536,21 @@ cdef class Reader:
         _COUNTERS["rows_cached"] += 1
         return end - begin
 
-    cdef _prepare_first_piece(self):
-        """Before the first read of the file's first 2 MiB piece: the header's pages,
-        read at open, are small pages at its start that would keep it from being read
-        as one folio, mapped by one entry; they are dropped (with the rest of the
-        piece where it is held in part: fastst_drop_partial_first_piece). Once a
-        reader, under a lock that every first read of the piece waits for, so that no
-        thread's read of it is dropped."""
+    cdef _prepare_first_piece(self, int fd):
+        """Before the first read of the file's first 2 MiB piece (through `fd`, the
+        caller's descriptor of the file): the header's pages, read at open, are small
+        pages at its start that would keep it from being read as one folio, mapped by
+        one entry; they are dropped (with the rest of the piece where it is held in
+        part: fastst_drop_partial_first_piece). Once a reader, under a lock that every
+        first read of the piece waits for, so that no thread's read of it is dropped."""
         if self.first_piece_lock is None:       # made under the GIL: one for all threads
             self.first_piece_lock = _thread.allocate_lock()
         cdef uint64_t size = self.file_size
         with self.first_piece_lock:
             if self.first_piece_ready:
                 return
-            fd = self._reopen()
-            try:
-                with nogil:
-                    fastst_drop_partial_first_piece(fd, size)
-            finally:
-                os.close(fd)
+            with nogil:
+                fastst_drop_partial_first_piece(fd, size)
             self.first_piece_ready = True
 
     cdef object _rows_span(self, name, Py_ssize_t first, Py_ssize_t stop):

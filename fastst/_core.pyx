@@ -30,7 +30,8 @@ from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
 from posix.fcntl cimport POSIX_FADV_NORMAL, POSIX_FADV_SEQUENTIAL, posix_fadvise
-from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
+from posix.mman cimport (MADV_NORMAL, MADV_RANDOM, MAP_FAILED, MAP_PRIVATE, PROT_READ,
+                         PROT_WRITE, madvise, mmap, munmap)
 from posix.stdlib cimport posix_memalign
 from posix.types cimport off_t
 from posix.uio cimport iovec, preadv

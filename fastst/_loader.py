@@ -564,6 +564,14 @@ class _Dataset:
             for name in self.names:
                 handle.cache_rows(name, local_first, local_stop)
 
+    def read_ahead_on_faults(self, on: bool) -> None:
+        """Whether faults on the local files' maps read ahead of the pages they touch
+        (``Reader.read_ahead_on_faults``): off where ``cache_rows`` reads the rows."""
+        for part in self.parts:
+            advise = getattr(part.handle, "read_ahead_on_faults", None)
+            if advise is not None:
+                advise(on)
+
     def _local_parts(self, first: int, stop: int) -> Iterator[Tuple[Any, int, int]]:
         """(handle, first, stop) of each single local file that holds some of rows
         [first, stop), those rows numbered in the file."""

@@ -35,6 +35,7 @@ class Rows(Protocol):
     def read_rows(self, rows: npt.NDArray[np.int64]) -> Dict[str, Any]: ...
     def prefetch_blocks(self, blocks: List[int], edges: BlockEdges) -> None: ...
     def cache_rows(self, first: int, stop: int) -> None: ...
+    def read_ahead_on_faults(self, on: bool) -> None: ...
     def fits_page_cache(self) -> bool: ...
     def mapped_handles(self) -> Optional[List[Reader]]: ...
 
@@ -211,8 +212,7 @@ class Pipeline:
         dataset = self.dataset
         if not dataset.by_ranges and dataset.fits_page_cache():
             piece_rows = blocks.block_rows * blocks.window_blocks
-            self.cached_blocks = CachedBlocks(dataset.cache_rows,
-                                              BlockEdges(piece_rows, dataset.rows))
+            self.cached_blocks = self._cached_blocks(BlockEdges(piece_rows, dataset.rows))
             self.whole = -(-dataset.rows // piece_rows)
             self.cached_blocks.want(range(self.whole))
 
@@ -223,11 +223,19 @@ class Pipeline:
         if dataset.by_ranges:
             self.row_blocks = self._row_blocks(edges, blocks.window_blocks)
         elif dataset.fits_page_cache():
-            self.cached_blocks = CachedBlocks(dataset.cache_rows, edges)
+            self.cached_blocks = self._cached_blocks(edges)
         self.blocks = BlocksAhead(self._rows_of, batches, edges, blocks.window_batches,
                                   self.cached_blocks)
         if self.cached_blocks is not None:
             self.cached_blocks.ask_more(self.blocks.claim_next)
+
+    def _cached_blocks(self, edges: BlockEdges) -> CachedBlocks:
+        """The reading of blocks `edges` into the page cache, in the order they are
+        asked for. The gathers' faults then read nothing ahead: the first touch of a
+        piece that was just read would start the kernel's read ahead of the pieces
+        after it in the file, needed later if at all, before the blocks asked next."""
+        self.dataset.read_ahead_on_faults(False)
+        return CachedBlocks(self.dataset.cache_rows, edges)
 
     def _batch_ring(self) -> Optional[BatchRing]:
         """Where every file is mapped and no batch needs hints of its own (a block

@@ -553,6 +553,18 @@ cdef class Reader:
                 fastst_drop_partial_first_piece(fd, size)
             self.first_piece_ready = True
 
+    def read_ahead_on_faults(self, bint on):
+        """Whether a fault on the file's map that reads from the file reads ahead of
+        the page it touches, as the kernel does by default (on), or reads that page
+        alone (off): for a reader whose rows are read into the page cache by
+        cache_rows, in the order they are needed, the read ahead that a gather's first
+        touch of a piece starts would read pieces needed later before those needed
+        next. True where it is so; a file read otherwise than by its map: False."""
+        self._check_open()
+        if self.kind != BACKEND_MMAP:
+            return False
+        return (<_Mapping>self.owner).read_ahead_on_faults(on)
+
     cdef object _rows_span(self, name, Py_ssize_t first, Py_ssize_t stop):
         """The file's bytes [begin, end) of rows [first, stop) of tensor `name`'s first
         axis, clipped to it; None when none."""

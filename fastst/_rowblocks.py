@@ -267,7 +267,7 @@ class CachedBlocks:
     queued = 16      # blocks left to read a reading thread, below which more are asked
 
     def __init__(self, cache: Callable[[int, int], Any], edges: BlockEdges,
-                 threads: int = 2) -> None:
+                 threads: int = 4) -> None:
         self.cache, self.edges = cache, edges
         self.condition = threading.Condition()
         self.asked: Deque[int] = collections.deque()

@@ -25,6 +25,15 @@ cdef class _Mapping:
         _COUNTERS["maps_read_ahead"] += 1
         return True
 
+    cdef bint read_ahead_on_faults(self, bint on):
+        """Whether a fault on the map that reads from the file reads ahead of the page
+        it touches (the kernel's default) or reads that page alone and starts no read
+        ahead (MADV_RANDOM): True where the kernel took the advice."""
+        cdef int error
+        with nogil:
+            error = madvise(self.addr, self.size, MADV_NORMAL if on else MADV_RANDOM)
+        return error == 0
+
     def __len__(self):
         return self.size
 

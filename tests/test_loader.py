@@ -26,7 +26,8 @@ from fastst.data import Loader
 
 from conftest import modules_loaded_by
 from helpers import wait_until
-from pages import cached_pages, drop_or_skip, open_descriptors, opened_since, read_bytes
+from pages import (cached_pages, drop_or_skip, map_flags, open_descriptors, opened_since,
+                   read_bytes)
 from servers import RangeServer
 
 
@@ -385,6 +386,61 @@ def test_a_shuffle_over_a_cold_file_reads_it_once_and_leaves_it_cached(tmp_path,
         before = read_bytes()
         assert sum(len(batch["x"]) for batch in loader) == 16384
         assert read_bytes() == before
+
+
+@LINUX_ONLY
+@pytest.mark.parametrize("shuffle", [False, True, "blocks"])
+def test_a_shuffle_read_by_cache_rows_maps_its_files_without_read_ahead(tmp_path, shuffle):
+    """Where a shuffle's rows are read into the page cache by cache_rows, the maps the
+    batches are gathered from read nothing ahead (advised MADV_RANDOM: "rr");
+    unshuffled, the kernel's read ahead is what reads ahead of the batches."""
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file(table(), path)
+    with Loader(path, ["x", "y"], 16, shuffle=shuffle, seed=0, block_rows=10,
+                window_blocks=2) as loader:
+        assert sorted(rows_of(taken(loader)).tolist()) == list(range(ROWS))
+        assert ("rr" in map_flags(path)) == bool(shuffle)
+
+
+@LINUX_ONLY
+def test_the_gathers_of_a_block_shuffle_read_no_piece_before_it_is_asked(tmp_path,
+                                                                          monkeypatch):
+    """A cold block shuffle's blocks are read in the order its batches need them: the
+    gathers' first touches of the pieces just read start no read ahead of the pieces
+    after them in the file (which would be read before the blocks asked next, and
+    keep those waiting). The reads after the first window's wait here until its first
+    batch is taken: no piece is in the page cache before a read asks for it."""
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file({"x": np.arange(16384 * 256, dtype=np.float32).reshape(16384, 256)},
+                     path)                                    # 16 MiB of 1 KiB rows
+    drop_or_skip(path)
+    with fastst.safe_open(path) as f:
+        offset = f.data_start + f.info("x").data_offsets[0]
+    _, blocks, _ = fastst._order.epoch_blocks(16384, 0, 0, 2048, 2)
+    cache_rows, asked, early = fastst._handle.NumpyHandle.cache_rows, set(), []
+    first_taken, lock = threading.Event(), threading.Lock()
+
+    def pieces(first, stop):
+        return set(range((offset + first * 1024) >> 21, ((offset + stop * 1024 - 1) >> 21) + 1))
+
+    def noted_cache(handle, name, first, stop):
+        if round(first / 2048) not in blocks[:2]:      # a block of a later window
+            assert first_taken.wait(30)
+        with lock:
+            unasked = set(range(9)) - asked - {0}      # the header's piece is read at open
+            early.extend(piece for piece in unasked
+                         if cached_pages(path, piece << 21, (piece + 1) << 21))
+            asked.update(pieces(first, stop))
+        return cache_rows(handle, name, first, stop)
+
+    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    with Loader(path, "x", 256, shuffle="blocks", block_rows=2048, window_blocks=2,
+                seed=0) as loader:
+        count = 0
+        for batch in loader:
+            first_taken.set()
+            count += len(batch["x"])
+    assert count == 16384 and early == []
 
 
 def test_a_file_cut_short_under_a_block_shuffle_is_an_error_not_a_fault(tmp_path):

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fastst
 from fastst._core import read_counters
 from helpers import wait_until
-from pages import (cached_pages, drop_or_skip, dropped_from_page_cache, pmd_mapped_bytes,
-                   read_bytes, resident_bytes)
+from pages import (cached_pages, drop_or_skip, dropped_from_page_cache, map_flags,
+                   pmd_mapped_bytes, read_bytes, resident_bytes)
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -636,6 +636,29 @@ def test_cache_rows_reads_the_first_piece_as_one_folio_though_its_header_was_rea
     if mapped < 3 * 2 * MIB:
         pytest.skip("no 2 MiB folio of this file is mapped whole here")
     assert mapped == 4 * 2 * MIB
+
+
+@LINUX_ONLY
+def test_a_map_without_read_ahead_reads_only_the_pages_a_gather_touches(tmp_path):
+    """read_ahead_on_faults(False): a fault on the file's map reads the pages it
+    touches and nothing around them (the map is advised MADV_RANDOM); on again, a
+    fault reads ahead of them, as the kernel does by default."""
+    path = tmp_path / "x.safetensors"
+    table_of_kib_rows(path)
+    drop_or_skip(path)
+    with fastst.safe_open(path) as f:
+        assert f.read_ahead_on_faults(False) and "rr" in map_flags(path)
+        header = cached_pages(path)
+        assert f.gather("x", np.array([4000]))[0, 0] == 4000
+        assert cached_pages(path) - header <= 2        # a row of 1 KiB: one page or two
+        assert f.read_ahead_on_faults(True) and "rr" not in map_flags(path)
+        before = cached_pages(path)
+        assert f.gather("x", np.array([6000]))[0, 0] == 6000
+        assert cached_pages(path) - before > 2
+    with fastst.safe_open(path, backend="pread") as f:
+        assert not f.read_ahead_on_faults(False)        # no map to advise
+    with pytest.raises(fastst.SafetensorError, match="closed"):
+        f.read_ahead_on_faults(False)
 
 
 def test_cache_rows_of_a_buffer_or_a_file_object_reads_nothing():

@@ -564,6 +564,13 @@ class _Dataset:
             for name in self.names:
                 handle.cache_rows(name, local_first, local_stop)
 
+    def rows_cached(self, first: int, stop: int) -> bool:
+        """Whether ``cache_rows(first, stop)`` would read nothing: the page cache
+        holds those rows of the local files (``Reader.rows_cached``)."""
+        return all(handle.rows_cached(name, local_first, local_stop)
+                   for handle, local_first, local_stop in self._local_parts(first, stop)
+                   for name in self.names)
+
     def read_ahead_on_faults(self, on: bool) -> None:
         """Whether faults on the local files' maps read ahead of the pages they touch
         (``Reader.read_ahead_on_faults``): off where ``cache_rows`` reads the rows."""

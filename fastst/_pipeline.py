@@ -35,6 +35,7 @@ class Rows(Protocol):
     def read_rows(self, rows: npt.NDArray[np.int64]) -> Dict[str, Any]: ...
     def prefetch_blocks(self, blocks: List[int], edges: BlockEdges) -> None: ...
     def cache_rows(self, first: int, stop: int) -> None: ...
+    def rows_cached(self, first: int, stop: int) -> bool: ...
     def read_ahead_on_faults(self, on: bool) -> None: ...
     def fits_page_cache(self) -> bool: ...
     def mapped_handles(self) -> Optional[List[Reader]]: ...
@@ -231,11 +232,16 @@ class Pipeline:
 
     def _cached_blocks(self, edges: BlockEdges) -> CachedBlocks:
         """The reading of blocks `edges` into the page cache, in the order they are
-        asked for. The gathers' faults then read nothing ahead: the first touch of a
-        piece that was just read would start the kernel's read ahead of the pieces
-        after it in the file, needed later if at all, before the blocks asked next."""
-        self.dataset.read_ahead_on_faults(False)
-        return CachedBlocks(self.dataset.cache_rows, edges)
+        asked for, on threads of its own: none where the page cache holds the dataset
+        whole (an epoch after the first; the check takes a millisecond over 1 GiB).
+        While they read, the gathers' faults read nothing ahead: the first touch of a
+        piece just read would start the kernel's read ahead of the pieces after it in
+        the file, needed later if at all, before the blocks asked next."""
+        dataset = self.dataset
+        held_whole = dataset.rows_cached(0, dataset.rows)
+        dataset.read_ahead_on_faults(held_whole)
+        return CachedBlocks(dataset.cache_rows, edges, threads=0 if held_whole else 8,
+                            held=dataset.rows_cached)
 
     def _batch_ring(self) -> Optional[BatchRing]:
         """Where every file is mapped and no batch needs hints of its own (a block

@@ -508,15 +508,9 @@ cdef class Reader:
         if span is None or self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES:
             return 0
         cdef uint64_t begin = span[0], end = span[1], size = self.file_size
-        cdef int error, held = 0
-        cdef char* mapped = NULL
-        if self.kind == BACKEND_MMAP:    # held already? asked of the map: no open, no mmap
-            owner = self.owner           # kept: a close meanwhile leaves the map in place
-            mapped = <char*>(<_Mapping>owner).addr
-            with nogil:
-                held = fastst_pieces_cached(mapped, begin, end, size)
-            if held:
-                return end - begin
+        cdef int error
+        if self._pieces_held(begin, end):
+            return end - begin
         fd = self._reopen()     # the page cache is the file's, whichever descriptor reads
         try:
             if begin < FASTST_HUGE_PAGE and not self.first_piece_ready:
@@ -535,6 +529,30 @@ cdef class Reader:
                                  f"{_shown(name)} into the page cache", self.source)
         _COUNTERS["rows_cached"] += 1
         return end - begin
+
+    def rows_cached(self, name, Py_ssize_t first, Py_ssize_t stop):
+        """Whether cache_rows would find rows [first, stop) of tensor `name` held
+        already, and read nothing: the page cache holds the first and the last page
+        of every 2 MiB piece that holds them (asked of the file's map, without the GIL).
+        Rows that are no file's (a buffer's, a file read by ranges), or none: True; a
+        file read without a map (pread): False, as it cannot be asked so."""
+        span = self._rows_span(name, first, stop)
+        if span is None or self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES:
+            return True
+        return self._pieces_held(span[0], span[1])
+
+    cdef bint _pieces_held(self, uint64_t begin, uint64_t end):
+        """Whether the page cache holds the pieces of the file's bytes [begin, end)
+        (fastst_pieces_cached), asked of the map; without a map: False."""
+        if self.kind != BACKEND_MMAP:
+            return False
+        owner = self.owner              # kept: a close meanwhile leaves the map in place
+        cdef char* mapped = <char*>(<_Mapping>owner).addr
+        cdef uint64_t size = self.file_size
+        cdef int held
+        with nogil:
+            held = fastst_pieces_cached(mapped, begin, end, size)
+        return held != 0
 
     cdef _prepare_first_piece(self, int fd):
         """Before the first read of the file's first 2 MiB piece (through `fd`, the

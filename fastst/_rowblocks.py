@@ -262,14 +262,29 @@ class CachedBlocks:
     a thread of its own calls ``more()`` whenever fewer than `queued` blocks a reading
     thread are left to read, which asks for more blocks (``want``) or returns False
     when there are none: the reading threads do not wait for the asking (a block
-    shuffle's claim of a window, its shuffle included, takes milliseconds)."""
+    shuffle's claim of a window, its shuffle included, takes milliseconds).
 
-    queued = 16      # blocks left to read a reading thread, below which more are asked
+    With `threads` 0 (a dataset the page cache holds whole), the blocks count as read
+    as they are asked for, with no thread to pass over them. Up to `threads` reads
+    are in flight at once, as the kernel's own read ahead has them: a thread that
+    has read a block needs a core and the GIL before it asks for the next, and the
+    gathers hold the cores. Asked blocks wake one reading thread, which wakes another
+    before it reads a block that ``held(first, stop)`` says the page cache does not
+    hold: blocks held already, which ``cache`` finds so at once, are passed over by
+    one thread, not by every thread woken in turn. Each kind of waiter waits on a
+    condition of its own (the reading threads, the asking thread, the batches), all
+    over one lock, so that a change wakes the threads it concerns."""
+
+    queued = 8       # blocks left to read a reading thread, below which more are asked
 
     def __init__(self, cache: Callable[[int, int], Any], edges: BlockEdges,
-                 threads: int = 4) -> None:
-        self.cache, self.edges = cache, edges
-        self.condition = threading.Condition()
+                 threads: int = 8,
+                 held: Callable[[int, int], bool] = lambda first, stop: False) -> None:
+        self.cache, self.edges, self.held = cache, edges, held
+        self.lock = threading.Lock()
+        self.to_read = threading.Condition(self.lock)        # blocks asked, or the end
+        self.running_low = threading.Condition(self.lock)    # fewer than `low` left, or the end
+        self.read_in = threading.Condition(self.lock)        # `done` moved, or the end
         self.asked: Deque[int] = collections.deque()
         self.taken = 0                   # blocks a thread took to read, of those asked
         self.done = 0                    # the first blocks asked that are all read
@@ -280,7 +295,7 @@ class CachedBlocks:
         self.on_failure: Optional[Callable[[], Any]] = None
         self.threads = [threading.Thread(target=self._read_blocks, daemon=True,
                                          name="fastst-loader-blocks") for _ in range(threads)]
-        self.low = self.queued * threads
+        self.reading, self.low = threads, self.queued * max(threads, 1)
         for thread in self.threads:
             thread.start()
 
@@ -289,82 +304,104 @@ class CachedBlocks:
         `queued` blocks a reading thread are left to read."""
         asking = threading.Thread(target=self._ask_more, args=(more,), daemon=True,
                                   name="fastst-loader-claims")
-        with self.condition:
+        with self.lock:
             self.threads.append(asking)
         asking.start()
 
     def follow(self, on_read: Callable[[int], Any], on_failure: Callable[[], Any]) -> None:
         """Call ``on_read(done)`` now and whenever more of the blocks asked for are
         in (`done`: the first of them all read), and ``on_failure()`` if the reading
-        fails: under the condition, so that each change is told, in order."""
-        with self.condition:
+        fails: under the lock, so that each change is told, in order."""
+        with self.lock:
             self.on_read, self.on_failure = on_read, on_failure
             on_read(self.done)
             if self.error is not None:
                 on_failure()
 
     def want(self, blocks: Iterable[int]) -> None:
-        """Read `blocks` after those asked for before, in this order."""
-        with self.condition:
+        """Read `blocks` after those asked for before, in this order; with no reading
+        thread (the page cache held the dataset whole), they count as read at once."""
+        with self.lock:
             count = len(self.asked)
             self.asked.extend(blocks)
-            if len(self.asked) > count:
-                self.condition.notify_all()
+            if not self.reading:
+                self.taken += len(self.asked)
+                self.done = self.taken
+                self.asked.clear()
+                self._told_read()
+            elif len(self.asked) > count:
+                self.to_read.notify()
 
     def wait(self, count: int) -> None:
         """Wait until the first `count` blocks asked for are in the page cache."""
         if self.done >= count:
             return
-        with self.condition:
+        with self.lock:
             while self.done < count:
                 if self.error is not None:
                     raise self.error
                 if self.stopping:
                     raise RuntimeError("the loader stopped while a batch waited for rows")
-                self.condition.wait()
+                self.read_in.wait()
 
     def stop(self) -> None:
         """End the threads (after the blocks they read) and wake every batch waiting."""
-        with self.condition:
+        with self.lock:
             self.stopping = True
-            self.condition.notify_all()
+            self._wake_all()
         for thread in self.threads:
             if thread is not threading.current_thread():
                 thread.join()
 
     def _read_blocks(self) -> None:
         while True:
-            with self.condition:
+            with self.lock:
                 while not (self.asked or self.stopping or self.error is not None):
-                    self.condition.wait()
+                    self.to_read.wait()
                 if self.stopping or self.error is not None:
                     return
                 block, place = self.asked.popleft(), self.taken
                 self.taken += 1
                 if len(self.asked) < self.low:
-                    self.condition.notify_all()       # the asking thread's turn
+                    self.running_low.notify()
             try:
-                self.cache(*self.edges.span(block))
+                first, stop = self.edges.span(block)
+                if not self.held(first, stop):
+                    self._call_in_another()
+                self.cache(first, stop)
             except BaseException as error:
                 self._fail(error)
                 return
-            with self.condition:
+            with self.lock:
                 self.read.add(place)
+                if self.done not in self.read:
+                    continue                  # read after a gap: `done` stays
                 while self.done in self.read:
                     self.read.remove(self.done)
                     self.done += 1
-                if self.on_read is not None:
-                    self.on_read(self.done)
-                self.condition.notify_all()
+                self._told_read()
+
+    def _told_read(self) -> None:
+        """Tell the waiters (under the lock) that `done` moved."""
+        if self.on_read is not None:
+            self.on_read(self.done)
+        self.read_in.notify_all()
+
+    def _call_in_another(self) -> None:
+        """Before a read that waits for the disk: wake a reading thread for the next
+        block asked, if any."""
+        with self.lock:
+            if self.asked:
+                self.to_read.notify()
 
     def _ask_more(self, more: Callable[[], bool]) -> None:
         """The asking thread: `more` asks (``want``) under a lock of its own, outside
-        the condition."""
+        this one."""
         while True:
-            with self.condition:
+            with self.lock:
                 while not (len(self.asked) < self.low or self.stopping
                            or self.error is not None):
-                    self.condition.wait()
+                    self.running_low.wait()
                 if self.stopping or self.error is not None:
                     return
             try:
@@ -375,8 +412,13 @@ class CachedBlocks:
                 return
 
     def _fail(self, error: BaseException) -> None:
-        with self.condition:
+        with self.lock:
             self.error = error
             if self.on_failure is not None:
                 self.on_failure()
-            self.condition.notify_all()
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Wake every thread waiting (under the lock): the reading ends."""
+        for condition in (self.to_read, self.running_low, self.read_in):
+            condition.notify_all()

@@ -1,6 +1,7 @@
 """fastst.data.Loader: batches gathered by threads into reused buffers, over one file
 or many, shuffled, split between ranks, resumable."""
 import gc
+import itertools
 import json
 import os
 import subprocess
@@ -58,6 +59,13 @@ def three_files(tmp_path):
     for k, (start, rows) in enumerate([(0, 40), (40, 23), (63, 40)]):
         fastst.save_file(table(rows, start), folder / f"train-{k:05d}.safetensors")
     return folder
+
+
+@pytest.fixture
+def every_block_read(monkeypatch):
+    """A shuffle's reading threads read every block, as over files not in the page
+    cache, though it holds the tests' files whole (an iteration then starts none)."""
+    monkeypatch.setattr(fastst._loader._Dataset, "rows_cached", lambda self, first, stop: False)
 
 
 def taken(loader):
@@ -211,6 +219,7 @@ def data_offset(path, name):
         return 8 + length + json.loads(file.read(length))[name]["data_offsets"][0]
 
 
+@pytest.mark.usefixtures("every_block_read")
 @pytest.mark.parametrize("shuffle, unit", [("blocks", 120), (True, 360)])
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
@@ -266,6 +275,7 @@ def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
     assert not loader_threads()
 
 
+@pytest.mark.usefixtures("every_block_read")
 def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkeypatch):
     """The reading of a full shuffle's files (whole, in file order) needs no order: it
     is under way while the epoch's permutation is made, which waits here for the first
@@ -289,6 +299,7 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
     assert np.array_equal(rows, np.random.default_rng([5, 0]).permutation(ROWS))
 
 
+@pytest.mark.usefixtures("every_block_read")
 def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monkeypatch):
     """A block shuffle's windows are drawn as its batches are claimed, a few ahead of
     the reading of their blocks, not all before its first read: of 52 windows of one
@@ -321,6 +332,7 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
     assert before_a_read.count("window") <= 2 * CachedBlocks.queued + 8
 
 
+@pytest.mark.usefixtures("every_block_read")
 @pytest.mark.parametrize("window_blocks", [1, 3, 4])
 def test_a_blocks_reading_seldom_brings_a_piece_of_a_block_read_later(tmp_path, monkeypatch,
                                                                       window_blocks):
@@ -347,6 +359,10 @@ def test_a_blocks_reading_seldom_brings_a_piece_of_a_block_read_later(tmp_path, 
         return min(((piece << 21) + (1 << 20) - offset) // 512 // 4096, 15)  # last's tail)
 
     monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    # one reading thread: the reads are noted in the order the blocks are asked for
+    monkeypatch.setattr(fastst._pipeline, "CachedBlocks",
+                        lambda *args, threads, **named: fastst._rowblocks.CachedBlocks(
+                            *args, threads=min(threads, 1), **named))
     early = 0
     for seed in range(10):
         reads.clear()
@@ -392,14 +408,21 @@ def test_a_shuffle_over_a_cold_file_reads_it_once_and_leaves_it_cached(tmp_path,
 @pytest.mark.parametrize("shuffle", [False, True, "blocks"])
 def test_a_shuffle_read_by_cache_rows_maps_its_files_without_read_ahead(tmp_path, shuffle):
     """Where a shuffle's rows are read into the page cache by cache_rows, the maps the
-    batches are gathered from read nothing ahead (advised MADV_RANDOM: "rr");
+    batches are gathered from read nothing ahead (advised MADV_RANDOM: "rr"), but
+    where the page cache holds the files whole (the next epoch: nothing is read);
     unshuffled, the kernel's read ahead is what reads ahead of the batches."""
     path = tmp_path / "rows.safetensors"
-    fastst.save_file(table(), path)
-    with Loader(path, ["x", "y"], 16, shuffle=shuffle, seed=0, block_rows=10,
+    fastst.save_file({"x": np.arange(8192 * 256, dtype=np.float32).reshape(8192, 256)},
+                     path)                                     # 8 MiB of 1 KiB rows
+    drop_or_skip(path)
+    with Loader(path, "x", 256, shuffle=shuffle, seed=0, block_rows=1024,
                 window_blocks=2) as loader:
-        assert sorted(rows_of(taken(loader)).tolist()) == list(range(ROWS))
-        assert ("rr" in map_flags(path)) == bool(shuffle)
+        for epoch in range(2):
+            batches = iter(loader)
+            rows = [batch["x"][:, 0] // 256 for batch in itertools.islice(batches, 1)]
+            assert ("rr" in map_flags(path)) == (bool(shuffle) and epoch == 0)
+            rows += [batch["x"][:, 0] // 256 for batch in batches]
+            assert sorted(np.concatenate(rows).tolist()) == list(range(8192))
 
 
 @LINUX_ONLY
@@ -443,6 +466,7 @@ def test_the_gathers_of_a_block_shuffle_read_no_piece_before_it_is_asked(tmp_pat
     assert count == 16384 and early == []
 
 
+@pytest.mark.usefixtures("every_block_read")
 def test_a_file_cut_short_under_a_block_shuffle_is_an_error_not_a_fault(tmp_path):
     path = tmp_path / "rows.safetensors"
     fastst.save_file(table(1000), path)
@@ -546,6 +570,73 @@ def test_the_reader_of_blocks_asks_for_the_next_windows_itself():
         assert wait_until(lambda: not asking.is_alive())   # nothing left to claim
     finally:
         reader.stop()
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_the_reader_of_blocks_keeps_reads_in_flight_only_where_they_wait(held):
+    """Blocks the page cache does not hold are read several at once (each thread
+    wakes another before its read waits for the disk); blocks it holds, which a read
+    finds so at once, are passed over by one thread, not by each thread in turn."""
+    from fastst._rowblocks import CachedBlocks
+
+    lock, reading, most, readers = threading.Lock(), [0], [0], set()
+
+    def read(first, stop):
+        with lock:
+            reading[0] += 1
+            most[0] = max(most[0], reading[0])
+            readers.add(threading.current_thread())
+        time.sleep(0 if held else 0.05)
+        with lock:
+            reading[0] -= 1
+
+    reader = CachedBlocks(read, BlockEdges(2, 64), threads=4,
+                          held=lambda first, stop: held)
+    try:     # every thread started and waiting (threading.Condition's own list)
+        assert wait_until(lambda: len(reader.to_read._waiters) == 4)
+        reader.want(range(32))
+        assert wait_until(lambda: reader.done == 32)
+    finally:
+        reader.stop()
+    assert (most[0], len(readers)) == ((1, 1) if held else (4, 4))
+
+
+def test_a_reader_of_blocks_with_no_thread_counts_them_read_as_asked():
+    """With no reading thread (the page cache holds the dataset whole), the blocks
+    asked for count as read at once, and a waiter is told so."""
+    from fastst._rowblocks import CachedBlocks
+
+    read, told = [], []
+    reader = CachedBlocks(lambda first, stop: read.append(first), BlockEdges(2, 12),
+                          threads=0)
+    try:
+        reader.follow(told.append, lambda: None)
+        reader.want([3, 1])
+        reader.wait(2)
+        reader.want(range(4))
+        assert (reader.done, told, read) == (6, [0, 2, 6], [])
+    finally:
+        reader.stop()
+
+
+def test_an_epoch_over_files_the_page_cache_holds_starts_no_reading(tmp_path, monkeypatch):
+    """Where the page cache holds the dataset whole (the epochs after the first), a
+    shuffle reads nothing: no thread passes over its blocks, one by one, to find
+    each held."""
+    read = []
+    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows",
+                        lambda handle, name, first, stop: read.append(first))
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file(table(), path)
+    for shuffle in ("blocks", True):
+        with Loader(path, ["x", "y"], 16, shuffle=shuffle, seed=0, block_rows=10,
+                    window_blocks=2) as loader:
+            rows, reading = [], set()
+            for batch in loader:
+                rows += batch["y"].tolist()
+                reading |= {thread.name for thread in threading.enumerate()}
+        assert sorted(rows) == list(range(ROWS))
+        assert "fastst-loader-blocks" not in reading and read == []
 
 
 def test_the_reader_of_blocks_asks_for_more_before_it_runs_out():
@@ -842,6 +933,7 @@ def test_patterns_and_folders_with_no_file_are_refused(tmp_path):
         Loader([], "y", 0)
 
 
+@pytest.mark.usefixtures("every_block_read")
 def test_an_error_in_a_thread_is_raised_where_its_batch_is_taken(one_file):
     loader = Loader(one_file, "y", 10, threads=2, backend="pread")    # gathers in Python
     fill = loader._dataset.fill
@@ -861,6 +953,7 @@ def test_an_error_in_a_thread_is_raised_where_its_batch_is_taken(one_file):
     loader.close()
 
 
+@pytest.mark.usefixtures("every_block_read")
 @pytest.mark.parametrize("shuffle", ["blocks", True])
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_failed_read_ahead_is_raised_where_a_batch_waits_for_it(one_file, monkeypatch,
@@ -901,6 +994,7 @@ def loader_threads():
     return [thread for thread in threading.enumerate() if thread.name.startswith("fastst-loader")]
 
 
+@pytest.mark.usefixtures("every_block_read")
 @pytest.mark.parametrize("shuffle, thread", [(False, "fastst-loader-0"),
                                              ("blocks", "fastst-loader-blocks"),
                                              (True, "fastst-loader-blocks")])

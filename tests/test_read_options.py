@@ -639,6 +639,28 @@ def test_cache_rows_reads_the_first_piece_as_one_folio_though_its_header_was_rea
 
 
 @LINUX_ONLY
+def test_rows_cached_says_whether_cache_rows_would_read(tmp_path):
+    """rows_cached: whether the page cache holds the 2 MiB pieces of the rows, as
+    cache_rows asks before it reads (asked of the map; a file read without one
+    cannot be asked so: False; rows that are no file's: True)."""
+    path = tmp_path / "x.safetensors"
+    table_of_kib_rows(path)
+    drop_or_skip(path)
+    with fastst.safe_open(path) as f:
+        assert not f.rows_cached("x", 3000, 3100)
+        f.cache_rows("x", 3000, 3100)                  # the piece [2 MiB, 4 MiB)
+        assert f.rows_cached("x", 3000, 3100) and f.rows_cached("x", 2100, 4000)
+        assert not f.rows_cached("x", 3000, 4200)      # across 4 MiB
+        assert f.rows_cached("x", 5, 5) and f.rows_cached("x", 9000, 9100)   # no rows
+    with fastst.safe_open(path, backend="pread") as f:
+        assert not f.rows_cached("x", 3000, 3100)
+    with fastst.safe_open(io.BytesIO(path.read_bytes())) as f:
+        assert f.rows_cached("x", 0, 100)
+    with pytest.raises(fastst.SafetensorError, match="closed"):
+        f.rows_cached("x", 0, 1)
+
+
+@LINUX_ONLY
 def test_a_map_without_read_ahead_reads_only_the_pages_a_gather_touches(tmp_path):
     """read_ahead_on_faults(False): a fault on the file's map reads the pages it
     touches and nothing around them (the map is advised MADV_RANDOM); on again, a

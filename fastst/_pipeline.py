@@ -151,9 +151,10 @@ class Pipeline:
     those not asked yet (a window at a time), which are read ahead while the batches
     before them are gathered: of local files, `CachedBlocks` reads them into the page
     cache in whole 2 MiB pieces, asking for the next windows' itself before it has
-    read those asked (at the disk's pace), and a batch is gathered once its blocks are
-    in; over a dataset larger than half the memory, a block shuffle only asks the
-    kernel for them, and gathers its batches at once. Of files read by ranges, a block
+    read those asked (at the disk's pace; nothing where the page cache holds the
+    dataset whole), and a batch is gathered once its blocks are in; over a dataset
+    larger than half the memory, a block shuffle only asks the kernel for them, and
+    gathers its batches at once. Of files read by ranges, a block
     shuffle's `RowBlocks` fetches them whole into memory and gathers the batches from
     there. A full shuffle's batches take rows from nearly every block: over local files
     that the page cache holds, `CachedBlocks` reads them whole, a window's rows at a

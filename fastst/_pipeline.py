@@ -64,8 +64,9 @@ class BlocksAhead:
     has read every block of batch `position`, and ``follow(on_claim)`` has each claim
     told (the batches whose `needs` are set)."""
 
-    def __init__(self, rows_of: Callable[[int], npt.NDArray[np.int64]], batches: int,
-                 edges: BlockEdges, window: int,
+    def __init__(self, rows_of: Callable[[int, int], Tuple[npt.NDArray[np.int64],
+                                                          npt.NDArray[np.int64]]],
+                 batches: int, edges: BlockEdges, window: int,
                  reader: Optional[CachedBlocks] = None) -> None:
         self.rows_of, self.batches = rows_of, batches
         self.edges, self.window, self.reader = edges, window, reader
@@ -107,14 +108,13 @@ class BlocksAhead:
     def _claim_window(self) -> List[int]:
         start, stop = self.asked_to, min(self.batches, self.asked_to + self.window)
         self.asked_to = stop
-        batches = [self.rows_of(later) for later in range(start, stop)]
-        of_rows = self.edges.of(np.concatenate(batches))
+        rows, firsts = self.rows_of(start, stop)
+        of_rows = self.edges.of(rows)
         needed = np.zeros(self.edges.count, np.bool_)    # a mask, not a sort of the rows
         needed[of_rows] = True
         fresh = self.edges.in_reading_order(np.flatnonzero(needed & (self.places < 0)))
         self.places[fresh] = np.arange(self.asked, self.asked + len(fresh))
         self.asked += len(fresh)
-        firsts = np.cumsum([0] + [len(rows) for rows in batches[:-1]])
         self.needs[start:stop] = np.maximum.reduceat(self.places[of_rows], firsts) + 1
         blocks = fresh.tolist()
         if self.reader is not None:
@@ -226,7 +226,7 @@ class Pipeline:
             self.row_blocks = self._row_blocks(edges, blocks.window_blocks)
         elif dataset.fits_page_cache():
             self.cached_blocks = self._cached_blocks(edges)
-        self.blocks = BlocksAhead(self._rows_of, batches, edges, blocks.window_batches,
+        self.blocks = BlocksAhead(self._rows_of_batches, batches, edges, blocks.window_batches,
                                   self.cached_blocks)
         if self.cached_blocks is not None:
             self.cached_blocks.ask_more(self.blocks.claim_next)
@@ -281,6 +281,20 @@ class Pipeline:
         index = self.todo[position]
         self.order.ready((index + 1) * self.batch_size)
         return self.rows[index * self.batch_size:(index + 1) * self.batch_size]
+
+    def _rows_of_batches(self, first: int, stop: int) -> Tuple[npt.NDArray[np.int64],
+                                                              npt.NDArray[np.int64]]:
+        """The rows of batches [first, stop) (places in `todo`) one after another, and
+        where each batch's begin among them: one slice of the order where the batches
+        follow one another in it (no workers), not a call a batch."""
+        if self.todo.step != 1:
+            batches = [self._rows_of(position) for position in range(first, stop)]
+            return (np.concatenate(batches),
+                    np.cumsum([0] + [len(rows) for rows in batches[:-1]]))
+        begin, end = self.todo[first] * self.batch_size, self.todo[stop - 1] * self.batch_size
+        self.order.ready(end + self.batch_size)
+        rows = self.rows[begin:end + self.batch_size]
+        return rows, np.arange(0, len(rows), self.batch_size)
 
     def _row_blocks(self, edges: BlockEdges, window_blocks: int) -> RowBlocks:
         """Blocks in memory for the batches to do: at most two windows' held."""

@@ -523,6 +523,11 @@ BATCHES_OF_BLOCKS = [np.array(rows) for rows in        # 12 rows, blocks of 2
                      ([5, 1], [1, 0], [7, 9], [8, 6], [3, 2], [2, 4], [11, 10], [10, 11])]
 
 
+def batches_of_blocks(first, stop):
+    """The rows of BATCHES_OF_BLOCKS [first, stop), and where each batch's begin."""
+    return np.concatenate(BATCHES_OF_BLOCKS[first:stop]), np.arange(0, 2 * (stop - first), 2)
+
+
 def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_at_a_time():
     """A thread that starts gathering a batch asks for the windows of batches up to a
     window after it, each window's blocks not asked for yet in file order, after the
@@ -536,7 +541,7 @@ def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_at_a_time():
         want = asked.extend
         wait = waits.append
 
-    hints = BlocksAhead(BATCHES_OF_BLOCKS.__getitem__, len(BATCHES_OF_BLOCKS),
+    hints = BlocksAhead(batches_of_blocks, len(BATCHES_OF_BLOCKS),
                         BlockEdges(2, 12), window=3, reader=Reader())
     assert hints.claim(0) == [0, 2, 3, 4, 1]        # batches 0-2, then 3-5
     assert hints.claim(1) == [] and hints.claim(0) == [] and hints.claim(2) == []
@@ -558,7 +563,7 @@ def test_the_reader_of_blocks_asks_for_the_next_windows_itself():
     read = []
     reader = CachedBlocks(lambda first, stop: read.append(first), BlockEdges(2, 12))
     try:
-        hints = BlocksAhead(BATCHES_OF_BLOCKS.__getitem__, len(BATCHES_OF_BLOCKS),
+        hints = BlocksAhead(batches_of_blocks, len(BATCHES_OF_BLOCKS),
                             BlockEdges(2, 12), window=1, reader=reader)
         reader.ask_more(hints.claim_next)
         assert wait_until(lambda: reader.done == 6)     # no batch claimed any

@@ -1175,12 +1175,17 @@ def test_batches_over_fsspec_memory(one_file):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")     # JAX, imported by others
-def test_torch_batches_and_workers_that_split_the_batches(one_file):
+@pytest.mark.usefixtures("every_block_read")
+@pytest.mark.parametrize("shuffle", [True, "blocks"])
+def test_torch_batches_and_workers_that_split_the_batches(one_file, shuffle):
+    """Each of a DataLoader's workers gathers every other batch (a block shuffle's
+    claims then take its batches' rows a batch at a time, not as one slice)."""
     torch = pytest.importorskip("torch")
-    loader = Loader(one_file, ["x", "y"], 10, shuffle=True, seed=6, framework="pt", copy=True)
+    loader = Loader(one_file, ["x", "y"], 10, shuffle=shuffle, seed=6, framework="pt",
+                    copy=True, block_rows=10, window_blocks=2)
     batches = list(loader)
     assert all(isinstance(batch["x"], torch.Tensor) for batch in batches)
-    order = np.random.default_rng([6, 0]).permutation(ROWS)
+    order = epoch_order(ROWS, shuffle, 6, 0, 10, 2)
     assert_same_batches([{k: v.numpy() for k, v in b.items()} for b in batches],
                         expected_batches(order, 10))
     loader.set_epoch(0)

@@ -476,6 +476,40 @@ class Reader:
         SafetensorError
             When the file at the path is another, or shorter than when opened.
         """
+    def rows_cached(self, name: str, first: int, stop: int, /) -> bool:
+        """Whether `cache_rows` would find rows ``[first, stop)`` of tensor
+        `name` held already and read nothing: the page cache holds the first
+        and the last page of every 2 MiB piece that holds them (asked of the
+        file's map, without the GIL).
+
+        Returns
+        -------
+        bool
+            True also where the rows are no file's (a buffer's, a file read by
+            ranges) or where there are none; False for a file read without a
+            map (``backend="pread"``), which cannot be asked so.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When there is no tensor `name`.
+        IndexError
+            When the tensor is 0-d.
+        """
+    def read_ahead_on_faults(self, on: bool, /) -> bool:
+        """Whether a fault on the file's map that reads from the file reads
+        ahead of the page it touches, as the kernel does by default (`on`), or
+        reads that page alone (``MADV_RANDOM``). A reader whose rows are read
+        into the page cache by `cache_rows`, in the order they are needed,
+        turns it off: the read ahead that a gather's first touch of a piece
+        starts would read the pieces after it before those needed next.
+
+        Returns
+        -------
+        bool
+            True where it is so; False for a file read otherwise than by its
+            map.
+        """
     def read_into(self, arrays: dict[str, npt.NDArray[Any]], /) -> None:
         """Read the named tensors into caller-supplied arrays, allocating nothing.
 

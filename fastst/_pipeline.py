@@ -285,7 +285,7 @@ class Pipeline:
     def _rows_of_batches(self, first: int, stop: int) -> Tuple[npt.NDArray[np.int64],
                                                               npt.NDArray[np.int64]]:
         """The rows of batches [first, stop) (places in `todo`) one after another, and
-        where each batch's begin among them: one slice of the order where the batches
+        where each batch begins among them: one slice of the order where the batches
         follow one another in it (no workers), not a call a batch."""
         if self.todo.step != 1:
             batches = [self._rows_of(position) for position in range(first, stop)]

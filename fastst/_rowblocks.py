@@ -325,8 +325,7 @@ class CachedBlocks:
             count = len(self.asked)
             self.asked.extend(blocks)
             if not self.reading:
-                self.taken += len(self.asked)
-                self.done = self.taken
+                self.taken = self.done = self.taken + len(self.asked)
                 self.asked.clear()
                 self._told_read()
             elif len(self.asked) > count:

@@ -480,7 +480,8 @@ class Reader:
         """Whether `cache_rows` would find rows ``[first, stop)`` of tensor
         `name` held already and read nothing: the page cache holds the first
         and the last page of every 2 MiB piece that holds them (asked of the
-        file's map, without the GIL).
+        file's map, without the GIL). A tensor it cannot read rows of raises
+        as in `cache_rows`.
 
         Returns
         -------
@@ -488,13 +489,6 @@ class Reader:
             True also where the rows are no file's (a buffer's, a file read by
             ranges) or where there are none; False for a file read without a
             map (``backend="pread"``), which cannot be asked so.
-
-        Raises
-        ------
-        TensorNotFoundError
-            When there is no tensor `name`.
-        IndexError
-            When the tensor is 0-d.
         """
     def read_ahead_on_faults(self, on: bool, /) -> bool:
         """Whether a fault on the file's map that reads from the file reads

@@ -259,8 +259,8 @@ class CachedBlocks:
     threads of their own, a block at a time each, in the order they are asked for;
     ``wait(count)`` returns once the first `count` blocks asked for are in; a waiter
     of its own (``follow``) is told of each change instead. Given ``ask_more(more)``,
-    a thread of its own calls ``more()`` whenever fewer than `queued` blocks a reading
-    thread are left to read, which asks for more blocks (``want``) or returns False
+    a thread of its own calls ``more()`` whenever fewer than `queued` blocks are left
+    to read, which asks for more blocks (``want``) or returns False
     when there are none: the reading threads do not wait for the asking (a block
     shuffle's claim of a window, its shuffle included, takes milliseconds).
 
@@ -275,7 +275,7 @@ class CachedBlocks:
     condition of its own (the reading threads, the asking thread, the batches), all
     over one lock, so that a change wakes the threads it concerns."""
 
-    queued = 8       # blocks left to read a reading thread, below which more are asked
+    queued = 32      # blocks left to read, below which more are asked
 
     def __init__(self, cache: Callable[[int, int], Any], edges: BlockEdges,
                  threads: int = 8,
@@ -295,13 +295,13 @@ class CachedBlocks:
         self.on_failure: Optional[Callable[[], Any]] = None
         self.threads = [threading.Thread(target=self._read_blocks, daemon=True,
                                          name="fastst-loader-blocks") for _ in range(threads)]
-        self.reading, self.low = threads, self.queued * max(threads, 1)
+        self.reading = threads
         for thread in self.threads:
             thread.start()
 
     def ask_more(self, more: Callable[[], bool]) -> None:
         """Call ``more()`` for more blocks, on a thread of its own, whenever fewer than
-        `queued` blocks a reading thread are left to read."""
+        `queued` blocks are left to read."""
         asking = threading.Thread(target=self._ask_more, args=(more,), daemon=True,
                                   name="fastst-loader-claims")
         with self.lock:
@@ -361,7 +361,7 @@ class CachedBlocks:
                     return
                 block, place = self.asked.popleft(), self.taken
                 self.taken += 1
-                if len(self.asked) < self.low:
+                if len(self.asked) < self.queued:
                     self.running_low.notify()
             try:
                 first, stop = self.edges.span(block)
@@ -398,7 +398,7 @@ class CachedBlocks:
         this one."""
         while True:
             with self.lock:
-                while not (len(self.asked) < self.low or self.stopping
+                while not (len(self.asked) < self.queued or self.stopping
                            or self.error is not None):
                     self.running_low.wait()
                 if self.stopping or self.error is not None:

@@ -524,7 +524,7 @@ BATCHES_OF_BLOCKS = [np.array(rows) for rows in        # 12 rows, blocks of 2
 
 
 def batches_of_blocks(first, stop):
-    """The rows of BATCHES_OF_BLOCKS [first, stop), and where each batch's begin."""
+    """The rows of BATCHES_OF_BLOCKS [first, stop), and where each batch begins."""
     return np.concatenate(BATCHES_OF_BLOCKS[first:stop]), np.arange(0, 2 * (stop - first), 2)
 
 

@@ -154,11 +154,11 @@ class Pipeline:
     read those asked (at the disk's pace; nothing where the page cache holds the
     dataset whole), and a batch is gathered once its blocks are in; over a dataset
     larger than half the memory, a block shuffle only asks the kernel for them, and
-    gathers its batches at once. Of files read by ranges, a block
-    shuffle's `RowBlocks` fetches them whole into memory and gathers the batches from
-    there. A full shuffle's batches take rows from nearly every block: over local files
-    that the page cache holds, `CachedBlocks` reads them whole, a window's rows at a
-    time, in file order, and each batch waits for all; otherwise its rows are read where
+    gathers its batches at once. Of files read by ranges, a block shuffle's
+    `RowBlocks` fetches them whole into memory and gathers the batches from there. A
+    full shuffle's batches take rows from nearly every block: over local files that
+    the page cache holds, `CachedBlocks` reads them whole, a window's rows at a time,
+    in file order, and each batch waits for all; otherwise its rows are read where
     they lie. The consumer's thread never waits for any of these."""
 
     def __init__(self, dataset: Rows, order: Callable[[], EpochRows],
@@ -241,7 +241,8 @@ class Pipeline:
         dataset = self.dataset
         held_whole = dataset.rows_cached(0, dataset.rows)
         dataset.read_ahead_on_faults(held_whole)
-        return CachedBlocks(dataset.cache_rows, edges, threads=0 if held_whole else 8,
+        return CachedBlocks(dataset.cache_rows, edges,
+                            threads=0 if held_whole else CachedBlocks.readers,
                             held=dataset.rows_cached)
 
     def _batch_ring(self) -> Optional[BatchRing]:
@@ -298,7 +299,7 @@ class Pipeline:
 
     def _row_blocks(self, edges: BlockEdges, window_blocks: int) -> RowBlocks:
         """Blocks in memory for the batches to do: at most two windows' held."""
-        taken = np.concatenate([self._rows_of(position) for position in range(len(self.todo))])
+        taken, _ = self._rows_of_batches(0, len(self.todo))
         counts = np.bincount(edges.of(taken), minlength=edges.count)
         return RowBlocks(self.dataset.read_rows, edges, counts, most=2 * window_blocks,
                          per_read=window_blocks)

@@ -260,9 +260,9 @@ class CachedBlocks:
     ``wait(count)`` returns once the first `count` blocks asked for are in; a waiter
     of its own (``follow``) is told of each change instead. Given ``ask_more(more)``,
     a thread of its own calls ``more()`` whenever fewer than `queued` blocks are left
-    to read, which asks for more blocks (``want``) or returns False
-    when there are none: the reading threads do not wait for the asking (a block
-    shuffle's claim of a window, its shuffle included, takes milliseconds).
+    to read, which asks for more blocks (``want``) or returns False when there are
+    none: the reading threads do not wait for the asking (a block shuffle's claim of
+    a window, its shuffle included, takes milliseconds).
 
     With `threads` 0 (a dataset the page cache holds whole), the blocks count as read
     as they are asked for, with no thread to pass over them. Up to `threads` reads
@@ -276,14 +276,15 @@ class CachedBlocks:
     over one lock, so that a change wakes the threads it concerns."""
 
     queued = 32      # blocks left to read, below which more are asked
+    readers = 8      # reading threads, unless told otherwise: reads in flight at most
 
     def __init__(self, cache: Callable[[int, int], Any], edges: BlockEdges,
-                 threads: int = 8,
+                 threads: int = readers,
                  held: Callable[[int, int], bool] = lambda first, stop: False) -> None:
         self.cache, self.edges, self.held = cache, edges, held
         self.lock = threading.Lock()
         self.to_read = threading.Condition(self.lock)        # blocks asked, or the end
-        self.running_low = threading.Condition(self.lock)    # fewer than `low` left, or the end
+        self.running_low = threading.Condition(self.lock)    # fewer than `queued` left, or the end
         self.read_in = threading.Condition(self.lock)        # `done` moved, or the end
         self.asked: Deque[int] = collections.deque()
         self.taken = 0                   # blocks a thread took to read, of those asked

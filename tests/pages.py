@@ -26,28 +26,25 @@ def pmd_mapped_bytes(path) -> int:
 def map_flags(path) -> set:
     """The flags of `path`'s mappings in this process (VmFlags in /proc/self/smaps: "rr"
     for one advised MADV_RANDOM, "hg" MADV_HUGEPAGE), those of any of them."""
-    target, flags, inside = os.path.realpath(path), set(), False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if not fields[0].endswith(":"):          # a mapping's first line
-                inside = len(fields) == 6 and fields[5] == target
-            elif inside and fields[0] == "VmFlags:":
-                flags.update(fields[1:])
-    return flags
+    return {flag for values in smaps_values(path, "VmFlags:") for flag in values}
 
 
 def mapped_bytes(path, field: str) -> int:
     """The sum of a field of /proc/self/smaps (in kB there) over `path`'s mappings."""
-    target, total, inside = os.path.realpath(path), 0, False
+    return sum(int(values[0]) << 10 for values in smaps_values(path, field))
+
+
+def smaps_values(path, field: str):
+    """The values of a field of /proc/self/smaps (the words after its name), one
+    list a mapping of `path`."""
+    target, inside = os.path.realpath(path), False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             fields = line.split()
             if not fields[0].endswith(":"):          # a mapping's first line
                 inside = len(fields) == 6 and fields[5] == target
             elif inside and fields[0] == field:
-                total += int(fields[1]) << 10
-    return total
+                yield fields[1:]
 
 
 def cached_pages(path, begin: int = 0, end: int = -1) -> int:

@@ -360,9 +360,7 @@ def test_a_blocks_reading_seldom_brings_a_piece_of_a_block_read_later(tmp_path, 
 
     monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
     # one reading thread: the reads are noted in the order the blocks are asked for
-    monkeypatch.setattr(fastst._pipeline, "CachedBlocks",
-                        lambda *args, threads, **named: fastst._rowblocks.CachedBlocks(
-                            *args, threads=min(threads, 1), **named))
+    monkeypatch.setattr(fastst._rowblocks.CachedBlocks, "readers", 1)
     early = 0
     for seed in range(10):
         reads.clear()
@@ -437,8 +435,7 @@ def test_the_gathers_of_a_block_shuffle_read_no_piece_before_it_is_asked(tmp_pat
     fastst.save_file({"x": np.arange(16384 * 256, dtype=np.float32).reshape(16384, 256)},
                      path)                                    # 16 MiB of 1 KiB rows
     drop_or_skip(path)
-    with fastst.safe_open(path) as f:
-        offset = f.data_start + f.info("x").data_offsets[0]
+    offset = data_offset(path, "x")
     _, blocks, _ = fastst._order.epoch_blocks(16384, 0, 0, 2048, 2)
     cache_rows, asked, early = fastst._handle.NumpyHandle.cache_rows, set(), []
     first_taken, lock = threading.Event(), threading.Lock()

@@ -34,6 +34,14 @@ each shuffle, each from dropped pages:
 
     python bench/loader.py --shards 16,256
     python bench/loader.py --cold-epochs 5 --columns 128,1024
+
+`--epoch-starts N` times hot epochs from their start, N rounds: the permutation of the
+rows (NumPy's and fastst's), and the Loader's first batch and whole epoch;
+`--cold-limits N` what bounds a cold block shuffle: `cat`, the shuffle's reads alone
+and beside two busy processes, and the Loader's cold epochs:
+
+    python bench/loader.py --epoch-starts 5 --columns 128,1024
+    python bench/loader.py --cold-limits 4 --columns 128,1024
 """
 from __future__ import annotations
 
@@ -210,13 +218,15 @@ STREAMING_NAME = "MosaicML streaming MDS in DataLoader (2 workers)"
 
 
 def table_files(folder: str, size_mib: int, columns: int,
-                streaming_python: Optional[str] = None) -> Dict[str, str]:
-    """The table [N, columns] F32 as safetensors, .npy, Arrow and ArrayRecord files,
-    and as a folder of MDS shards where `streaming_python` is given."""
+                streaming_python: Optional[str] = None,
+                kinds: Tuple[str, ...] = ("safetensors", "npy", "arrow", "array_record")
+                ) -> Dict[str, str]:
+    """The table [N, columns] F32 as safetensors, .npy, Arrow and ArrayRecord files
+    (those of `kinds`), and as a folder of MDS shards where `streaming_python` is
+    given."""
     rows = size_mib * (1 << 20) // (columns * 4)
     stem = os.path.join(folder, f"table-{size_mib}-{columns}")
-    paths = {"safetensors": stem + ".safetensors", "npy": stem + ".npy",
-             "arrow": stem + ".arrow", "array_record": stem + ".array_record"}
+    paths = {kind: stem + "." + kind for kind in kinds}
     os.makedirs(folder, exist_ok=True)
     data = None
     for kind, path in paths.items():
@@ -703,6 +713,166 @@ def cold_epochs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cold_limits(args: argparse.Namespace) -> int:
+    """What bounds a cold block shuffle: `--cold-limits` rounds of `cat`; the
+    shuffle's own reads alone (`Reader.cache_rows` of each block of epoch 0, in the
+    order the Loader reads them, on as many threads as it reads with), and the same
+    beside two busy processes that any other thread goes before (SCHED_IDLE, a
+    Python loop each: no memory traffic); and the Loader's cold epochs, each after
+    its pages are dropped. Medians, and the rate of each over `cat`'s of its round."""
+    batch = int(args.batch_sizes.split(",")[0])
+    print(f"Produced by `python bench/loader.py --cold-limits {args.cold_limits} --columns "
+          f"{args.columns}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
+          f"average {os.getloadavg()[0]:.2f}: batches of {batch}, 2 threads, medians of "
+          f"{args.cold_limits} rounds; {free_page_reporting()}.\n")
+    print("| table | `cat`, MiB/s | reading | seconds | of `cat`'s rate (range) |")
+    print("| --- | ---: | --- | ---: | ---: |")
+    for columns in (int(c) for c in args.columns.split(",")):
+        path = table_files(args.data_dir, args.size_mib, columns,
+                           kinds=("safetensors",))["safetensors"]
+        size = os.path.getsize(path)
+        cats: List[float] = []
+        times: Dict[str, List[float]] = {
+            "the block shuffle's reads alone": [],
+            "the same, beside two busy processes": [],
+            "block shuffle, the Loader's epoch": [], "full shuffle, the Loader's epoch": []}
+        for _ in range(args.cold_limits):
+            cats.append(size / cat_rate(path))
+            for name in times:
+                drop_cache(path)
+                if name.endswith("alone"):
+                    took = seconds(lambda: read_blocks_of_an_epoch(path))
+                elif name.endswith("processes"):
+                    with busy_processes(2):
+                        took = seconds(lambda: read_blocks_of_an_epoch(path))
+                else:
+                    shuffle = "blocks" if name.startswith("block") else True
+                    took = seconds(lambda: whole_epoch(path, batch, shuffle))
+                times[name].append(took)
+        shape = f"[{size // (columns * 4)}, {columns}] F32"
+        for name, taken in times.items():
+            ratios = sorted(cat / took for cat, took in zip(cats, taken))
+            print(f"| {shape} | {size / statistics.median(cats) / 2 ** 20:.0f} | {name} "
+                  f"| {statistics.median(taken):.3f} | {statistics.median(ratios):.2f} "
+                  f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+    return 0
+
+
+def read_blocks_of_an_epoch(path: str) -> None:
+    """Read a block shuffle's blocks (epoch 0, the Loader's defaults) into the page
+    cache as its reading threads do: in its reading order, one block a thread at a
+    time, on as many threads."""
+    import threading
+    from fastst._core import Reader
+    from fastst._order import epoch_blocks
+    from fastst._rowblocks import CachedBlocks
+    reader = Reader()
+    reader.open_file(path)
+    rows = reader.info(NAME).shape[0]
+    _, blocks, edges = epoch_blocks(rows, 0, 0, 4096, 16)
+    spans = iter([edges.span(block) for block in edges.in_reading_order(blocks)])
+    lock = threading.Lock()
+
+    def read() -> None:
+        while True:
+            with lock:
+                span = next(spans, None)
+            if span is None:
+                return
+            reader.cache_rows(NAME, *span)
+    threads = [threading.Thread(target=read) for _ in range(CachedBlocks.readers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    reader.close()
+
+
+def whole_epoch(path: str, batch: int, shuffle: Any) -> None:
+    with Loader(path, NAME, batch, shuffle=shuffle, seed=0, threads=2,
+                drop_last=True) as loader:
+        for _ in loader:
+            pass
+
+
+class busy_processes:
+    """`count` processes that keep a CPU busy each, scheduled SCHED_IDLE (any other
+    thread runs before them), from entry to exit."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.processes: List[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> None:
+        idle = ("import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+                "while True: pass")
+        self.processes = [subprocess.Popen([sys.executable, "-c", idle])
+                          for _ in range(self.count)]
+        time.sleep(0.3)          # started, and busy
+
+    def __exit__(self, *exc_info: object) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
+def epoch_starts(args: argparse.Namespace) -> int:
+    """Hot epochs from their start: the permutation of the table's rows drawn by NumPy
+    and by fastst, then the Loader's first batch and whole epoch (page cache hot, the
+    maps filled by an epoch before), medians of `--epoch-starts` rounds."""
+    from fastst._order import permutation
+    batch = int(args.batch_sizes.split(",")[0])
+    print(f"Produced by `python bench/loader.py --epoch-starts {args.epoch_starts} --columns "
+          f"{args.columns}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
+          f"average {os.getloadavg()[0]:.2f}: batches of {batch}, 2 threads, medians; "
+          f"{free_page_reporting()}.\n")
+    paths = {int(columns): table_files(args.data_dir, args.size_mib, int(columns),
+                                       kinds=("safetensors",))["safetensors"]
+             for columns in args.columns.split(",")}
+    shapes = {columns: f"[{os.path.getsize(path) // (columns * 4)}, {columns}] F32"
+              for columns, path in paths.items()}
+    print("| table | permutation of the rows | time | × fastst |")
+    print("| --- | --- | ---: | ---: |")
+    for columns, path in paths.items():
+        rows = os.path.getsize(path) // (columns * 4)
+        took = {"NumPy `Generator.permutation`": [], "fastst (`shuffled_rows`)": []}
+        for epoch in range(args.epoch_starts):
+            took["NumPy `Generator.permutation`"].append(
+                seconds(lambda: np.random.default_rng([0, epoch]).permutation(rows)))
+            took["fastst (`shuffled_rows`)"].append(seconds(lambda: permutation(rows, 0, epoch)))
+        ours = statistics.median(took["fastst (`shuffled_rows`)"])
+        for name, times in took.items():
+            print(f"| {shapes[columns]} | {name} | {statistics.median(times) * 1e3:.1f} ms "
+                  f"| {statistics.median(times) / ours:.2f}× |", flush=True)
+    print("\n| table | shuffle | the Loader's first batch | its epoch |")
+    print("| --- | --- | ---: | ---: |")
+    for columns, path in paths.items():
+        warm_cache(path)
+        for name, shuffle in (("full", True), ("blocks", "blocks")):
+            firsts, epochs = [], []
+            with Loader(path, NAME, batch, shuffle=shuffle, seed=0, threads=2,
+                        drop_last=True) as loader:
+                for _ in loader:
+                    pass
+                for _ in range(args.epoch_starts):
+                    start = time.perf_counter()
+                    batches = iter(loader)
+                    next(batches)
+                    firsts.append(time.perf_counter() - start)
+                    for _ in batches:
+                        pass
+                    epochs.append(time.perf_counter() - start)
+            print(f"| {shapes[columns]} | {name} | {statistics.median(firsts) * 1e3:.1f} ms "
+                  f"| {statistics.median(epochs):.3f} s |", flush=True)
+    return 0
+
+
+def seconds(call: Any) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
 def print_rate(name: str, shape: str, batch: int, cache: str, rate: float,
                rates: Dict[str, float]) -> None:
     npy = rates["npy memmap in DataLoader (2 workers)"] if cache == "hot" else None
@@ -748,6 +918,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "of files, against one file (e.g. 16,256)")
     parser.add_argument("--cold-epochs", type=int, default=0,
                         help="whole cold epochs alone, this many rounds (with --columns)")
+    parser.add_argument("--cold-limits", type=int, default=0,
+                        help="what bounds a cold block shuffle, this many rounds: cat, its "
+                             "reads alone and beside busy processes, the Loader's epochs")
+    parser.add_argument("--epoch-starts", type=int, default=0,
+                        help="hot epochs from their start, this many rounds: the "
+                             "permutation, the first batch, the epoch (with --columns)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.loaders:
@@ -758,6 +934,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return loader_over_shards(args)
     if args.cold_epochs:
         return cold_epochs(args)
+    if args.epoch_starts:
+        return epoch_starts(args)
+    if args.cold_limits:
+        return cold_limits(args)
     paths = write_inputs(args.data_dir, args.size_mib)
     length = args.size_mib * (1 << 20) // (COLUMNS * 4)
     found = datasets(paths, length)

@@ -836,6 +836,34 @@ class BatchRing:
         """Once the threads have returned from ``work``: close the files and let go of
         the maps and the buffers."""
 
+SHUFFLE_BUCKET_ROWS: Final[int]
+
+def shuffled_rows(total: int, bit_generator: np.random.BitGenerator,
+                  bucket_rows: int = ..., /) -> npt.NDArray[np.int64]:
+    """A uniformly drawn permutation of rows ``0..total-1``, from `bit_generator` (left
+    past its draws), without the GIL: each row dealt at random to one of about
+    ``total / bucket_rows`` buckets (at most 65,536), the buckets laid out in turn,
+    each shuffled (Fisher-Yates) in the CPU's cache, where one shuffle of millions of
+    rows waits on a cache miss a row (the thread Loader's full shuffles).
+
+    Raises
+    ------
+    ValueError
+        A negative `total`, or `bucket_rows` below 1.
+    """
+
+def shuffle_rows(rows: npt.NDArray[np.int64], bit_generator: np.random.BitGenerator,
+                 /) -> None:
+    """Shuffle `rows` (a writable, contiguous int64 array of one axis) in place,
+    drawn from `bit_generator`, without the GIL (Fisher-Yates; the thread Loader's
+    windows of a block shuffle).
+
+    Raises
+    ------
+    ValueError
+        Any other array.
+    """
+
 class SupportsWrite(Protocol):
     def write(self, data: npt.NDArray[np.uint8], /) -> int | None: ...
 

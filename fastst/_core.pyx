@@ -91,6 +91,7 @@ include "_header.pxi"     # prefix, fast scanner, strict parser, coverage rules
 include "_sources.pxi"    # mmap and buffer owners; read plans (pread, threads, no GIL)
 include "_reader.pxi"     # Reader: views, copies, rows, gathers
 include "_batches.pxi"    # BatchRing: the thread Loader's gathers, without the GIL
+include "_shuffle.pxi"    # the thread Loader's shuffles, without the GIL
 include "_align.pxi"      # aligned files: the header's padding, the tensors' order
 include "_runs.pxi"       # runs of bytes inside a tensor: the part a shard owns
 include "_writer.pxi"     # WriteSpec, WritePlan, the one output loop

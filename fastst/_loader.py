@@ -374,7 +374,8 @@ class Loader:
             file), other tensors, other lengths.
         ValueError
             When the state's order was made with other settings (batch size,
-            shuffle, ranks...), or it is not a loader's state.
+            shuffle, ranks...) or drawn by an earlier version of fastst whose
+            orders differ, or it is not a loader's state.
 
         Examples
         --------
@@ -392,6 +393,11 @@ class Loader:
             raise ValueError("not a Loader's state_dict()")
         settings = self._settings()
         if state["settings"] != settings:
+            if (isinstance(state["settings"], dict) and {**state["settings"], **_ORDER_VERSIONS}
+                    == {**settings, **_ORDER_VERSIONS}):
+                raise ValueError("the state's order was drawn by an earlier version of "
+                                 "fastst, whose orders differ from this one's: its "
+                                 "position cannot be continued in this order")
             raise ValueError(f"the state's order was made with {state['settings']}, this "
                              f"loader's with {settings}: make the loader as it was")
         self._dataset.check_fingerprint(state["fingerprint"])
@@ -405,8 +411,11 @@ class Loader:
                     "drop_last": self.drop_last, "rank": self.rank,
                     "world_size": self.world_size, "block_rows": self.block_rows,
                     "window_blocks": self.window_blocks}
-        if self.shuffle == "blocks":   # a state from before edge rows went to later blocks
-            settings["block_edges"] = "read later"             # is refused: its order differs
+        # an order drawn otherwise by an earlier version is refused (see load_state_dict)
+        if self.shuffle == "blocks":   # edge rows to the block read later
+            settings["block_edges"] = "read later"
+        if self.shuffle:               # the draws of shuffled_rows and shuffle_rows
+            settings["draws"] = "fastst 2"
         return settings
 
     # -- torch ----------------------------------------------------------------
@@ -459,6 +468,11 @@ class Loader:
     def __repr__(self) -> str:
         return (f"<fastst.data.Loader {list(self.names)} ({self.rows} rows, batches of "
                 f"{self.batch_size}, epoch {self._epoch} batch {self._batch})>")
+
+
+# The settings that say which version of the orders a state's was: an earlier
+# version's state lacks them, or says another.
+_ORDER_VERSIONS = {"block_edges": None, "draws": None}
 
 
 class _Part(NamedTuple):

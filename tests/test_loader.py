@@ -21,7 +21,7 @@ import fastst._order
 import fastst._pipeline
 import fastst._rowblocks
 from fastst import SafetensorError, TensorNotFoundError
-from fastst._order import EpochRows, epoch_order
+from fastst._order import EpochRows, epoch_order, permutation
 from fastst._rowblocks import BlockEdges
 from fastst.data import Loader
 
@@ -111,7 +111,7 @@ def test_shuffled_batches_follow_the_seeded_permutation(one_file):
     with Loader(one_file, ["x", "y"], 16, shuffle=True, seed=5) as loader:
         epochs = [taken(loader) for _ in range(3)]
     for epoch, got in enumerate(epochs):
-        order = np.random.default_rng([5, epoch]).permutation(ROWS)
+        order = permutation(ROWS, 5, epoch)
         assert_same_batches(got, expected_batches(order, 16))
     assert not np.array_equal(rows_of(epochs[0]), rows_of(epochs[1]))
     with Loader(one_file, ["x", "y"], 16, shuffle=True, seed=5) as again:
@@ -296,7 +296,7 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
     monkeypatch.setattr(fastst._order.EpochRows, "__init__", order_after_a_read)
     with Loader(one_file, ["x", "y"], 16, shuffle=True, seed=5) as loader:
         rows = rows_of(taken(loader))
-    assert np.array_equal(rows, np.random.default_rng([5, 0]).permutation(ROWS))
+    assert np.array_equal(rows, permutation(ROWS, 5, 0))
 
 
 @pytest.mark.usefixtures("every_block_read")
@@ -686,7 +686,7 @@ def test_several_files_are_one_dataset(three_files, layout, backend):
                 backend=backend) as loader:
         assert loader.rows == ROWS
         got = taken(loader)
-    assert_same_batches(got, expected_batches(np.random.default_rng([1, 0]).permutation(ROWS),
+    assert_same_batches(got, expected_batches(permutation(ROWS, 1, 0),
                                               16))
     with Loader(source, ["x", "y"], 16) as loader:      # batches across file boundaries
         assert_same_batches(taken(loader), expected_batches(np.arange(ROWS), 16))
@@ -700,7 +700,7 @@ def test_a_sharded_checkpoint_is_one_part(tmp_path):
         with Loader(source, ["x", "y"], 32, shuffle=True, seed=2) as loader:
             got = taken(loader)
         assert_same_batches(got, expected_batches(
-            np.random.default_rng([2, 0]).permutation(ROWS), 32))
+            permutation(ROWS, 2, 0), 32))
 
 
 # ---------------------------------------------------------------------------
@@ -719,7 +719,7 @@ def test_ranks_split_each_epoch_like_distributed_sampler(three_files, world_size
                 loader.set_epoch(epoch)
                 parts.append(taken(loader))
         assert len({len(part) for part in parts}) == 1          # as many batches each
-        order = np.random.default_rng([9, epoch]).permutation(ROWS)
+        order = permutation(ROWS, 9, epoch)
         per = ROWS // world_size if drop_last else -(-ROWS // world_size)
         padded = np.resize(order, per * world_size)
         for rank, part in enumerate(parts):
@@ -849,20 +849,27 @@ def test_a_state_is_refused_for_other_files_or_settings(three_files, one_file):
             other.load_state_dict({"epoch": 0})
 
 
-def test_a_block_shuffles_state_from_before_edge_rows_moved_is_refused(three_files):
-    """A block shuffle's order gives each block's edge row to the block read later,
-    which its orders did not before: a state from then, whose settings do not say so,
-    is refused rather than continued in another order."""
-    with Loader(three_files, "y", 10, shuffle="blocks", seed=1, block_rows=8) as loader:
+@pytest.mark.parametrize("shuffle,versions", [("blocks", ["block_edges", "draws"]),
+                                               (True, ["draws"])])
+def test_a_state_of_an_order_drawn_by_an_earlier_version_is_refused(three_files, shuffle,
+                                                                    versions):
+    """A block shuffle's order gives each block's edge row to the block read later, and
+    both shuffles draw by shuffled_rows and shuffle_rows, which earlier orders did not: a
+    state from then, whose settings do not say so, is refused, saying why, rather than
+    continued in another order."""
+    with Loader(three_files, "y", 10, shuffle=shuffle, seed=1, block_rows=8) as loader:
         next(iter(loader))
         state = loader.state_dict()
-    assert state["settings"]["block_edges"] == "read later"
-    del state["settings"]["block_edges"]
-    with Loader(three_files, "y", 10, shuffle="blocks", seed=1, block_rows=8) as again:
-        with pytest.raises(ValueError, match="order was made with"):
+    assert [key for key in versions if key in state["settings"]] == versions
+    for key in versions:
+        earlier = {**state, "settings": {k: v for k, v in state["settings"].items()
+                                         if k != key}}
+        with Loader(three_files, "y", 10, shuffle=shuffle, seed=1, block_rows=8) as again:
+            with pytest.raises(ValueError, match="drawn by an earlier version"):
+                again.load_state_dict(earlier)
             again.load_state_dict(state)
-    with Loader(three_files, "y", 10, shuffle=True, seed=1) as loader:
-        assert "block_edges" not in loader.state_dict()["settings"]
+    with Loader(three_files, "y", 10, seed=1) as loader:
+        assert not {"block_edges", "draws"} & set(loader.state_dict()["settings"])
 
 
 # ---------------------------------------------------------------------------
@@ -1086,7 +1093,7 @@ def test_batches_over_a_url_are_ranged_requests_a_tensor(big_file, one_file):
                 np.testing.assert_array_equal(batch[name], expected[name][500 * k:500 * k + 500])
         assert len(got) <= gets <= 2 * len(got)     # adjacent rows: a request at most
         with Loader([url, one_file], "y", 300, shuffle=True, seed=0) as loader:
-            order = np.random.default_rng([0, 0]).permutation(4000 + ROWS)
+            order = permutation(4000 + ROWS, 0, 0)
             assert rows_of(taken(loader)).tolist() == np.where(order < 4000, order,
                                                                order - 4000).tolist()
 
@@ -1164,7 +1171,7 @@ def test_batches_over_fsspec_memory(one_file):
     with Loader("memory://loader/rows.safetensors", ["x", "y"], 25, shuffle=True,
                 seed=8) as loader:
         assert_same_batches(taken(loader), expected_batches(
-            np.random.default_rng([8, 0]).permutation(ROWS), 25))
+            permutation(ROWS, 8, 0), 25))
 
 
 # ---------------------------------------------------------------------------
@@ -1213,7 +1220,7 @@ def test_rank_and_world_size_come_from_torch_distributed_when_initialised(one_fi
     monkeypatch.setattr(distributed, "get_world_size", lambda: 3)
     with Loader(one_file, "y", 5, shuffle=True, seed=1) as loader:
         assert (loader.rank, loader.world_size) == (2, 3)
-        order = np.random.default_rng([1, 0]).permutation(ROWS)
+        order = permutation(ROWS, 1, 0)
         assert rows_of(taken(loader)).tolist() == np.resize(order, 35 * 3)[2::3].tolist()
 
 
@@ -1224,7 +1231,7 @@ def test_a_spawned_worker_reopens_the_files(three_files):
                                               num_workers=1, multiprocessing_context="spawn",
                                               timeout=120)
         got = [{k: v.numpy() for k, v in batch.items()} for batch in through]
-    assert_same_batches(got, expected_batches(np.random.default_rng([2, 0]).permutation(ROWS),
+    assert_same_batches(got, expected_batches(permutation(ROWS, 2, 0),
                                               10))
 
 

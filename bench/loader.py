@@ -698,19 +698,20 @@ def cold_epochs(args: argparse.Namespace) -> int:
             cats.append(size / cat_rate(path))
             for name, shuffle in (("full shuffle", True), ("block shuffle", "blocks")):
                 drop_cache(path)
-                start = time.perf_counter()
-                with Loader(path, NAME, batch, shuffle=shuffle, seed=0, threads=2,
-                            drop_last=True) as loader:
-                    for _ in loader:
-                        pass
-                epochs[name].append(time.perf_counter() - start)
-        shape = f"[{size // (columns * 4)}, {columns}] F32"
-        for name, times in epochs.items():
-            ratios = sorted(cat / took for cat, took in zip(cats, times))
-            print(f"| {shape} | {size / statistics.median(cats) / 2 ** 20:.0f} | {name} "
-                  f"| {statistics.median(times):.3f} | {statistics.median(ratios):.2f} "
-                  f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+                epochs[name].append(seconds(lambda: whole_epoch(path, batch, shuffle)))
+        print_over_cat(f"[{size // (columns * 4)}, {columns}] F32", size, cats, epochs)
     return 0
+
+
+def print_over_cat(shape: str, size: int, cats: List[float],
+                   times: Dict[str, List[float]]) -> None:
+    """A row for each of `times` (seconds of each round): its median, and its rate
+    over that of `cat` in the same round (`cats`, seconds), median and range."""
+    for name, taken in times.items():
+        ratios = sorted(cat / took for cat, took in zip(cats, taken))
+        print(f"| {shape} | {size / statistics.median(cats) / 2 ** 20:.0f} | {name} "
+              f"| {statistics.median(taken):.3f} | {statistics.median(ratios):.2f} "
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
 
 
 def cold_limits(args: argparse.Namespace) -> int:
@@ -749,12 +750,7 @@ def cold_limits(args: argparse.Namespace) -> int:
                     shuffle = "blocks" if name.startswith("block") else True
                     took = seconds(lambda: whole_epoch(path, batch, shuffle))
                 times[name].append(took)
-        shape = f"[{size // (columns * 4)}, {columns}] F32"
-        for name, taken in times.items():
-            ratios = sorted(cat / took for cat, took in zip(cats, taken))
-            print(f"| {shape} | {size / statistics.median(cats) / 2 ** 20:.0f} | {name} "
-                  f"| {statistics.median(taken):.3f} | {statistics.median(ratios):.2f} "
-                  f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+        print_over_cat(f"[{size // (columns * 4)}, {columns}] F32", size, cats, times)
     return 0
 
 

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 def permutation(total: int, seed: int, epoch: int) -> npt.NDArray[np.int64]:
     """A full shuffle's order of `total` rows in epoch `epoch`: a permutation drawn
-    uniformly from ``(seed, epoch)``, without the GIL (`shuffled_rows`: 2 M rows in
-    about 40 ms, where NumPy's ``permutation`` takes about 100 ms)."""
+    uniformly from ``(seed, epoch)``, without the GIL (`shuffled_rows`: 2 M rows in a
+    quarter of the time of NumPy's ``permutation``, which misses the cache a row)."""
     return shuffled_rows(total, np.random.PCG64([seed, epoch]))
 
 

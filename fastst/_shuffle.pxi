@@ -46,8 +46,8 @@ def shuffled_rows(Py_ssize_t total, bit_generator, Py_ssize_t bucket_rows=SHUFFL
 
 
 def shuffle_rows(rows, bit_generator):
-    """Shuffle `rows` (a contiguous int64 array of one axis) in place, drawn from
-    `bit_generator` (a NumPy BitGenerator), without the GIL (Fisher-Yates)."""
+    """Shuffle `rows` (a writable, contiguous int64 array of one axis) in place, drawn
+    from `bit_generator` (a NumPy BitGenerator), without the GIL (Fisher-Yates)."""
     cdef cnp.ndarray array = rows
     if (cnp.PyArray_NDIM(array) != 1 or cnp.PyArray_TYPE(array) != cnp.NPY_INT64
             or not cnp.PyArray_IS_C_CONTIGUOUS(array) or not cnp.PyArray_ISWRITEABLE(array)):

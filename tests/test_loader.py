@@ -641,6 +641,29 @@ def test_an_epoch_over_files_the_page_cache_holds_starts_no_reading(tmp_path, mo
         assert "fastst-loader-blocks" not in reading and read == []
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["held whole", "read"])
+def test_a_block_shuffle_asks_for_its_claims_last_only_where_nothing_is_read(
+        one_file, monkeypatch, held):
+    """Where the page cache holds the dataset, the asking thread claims window after
+    window at once: it starts once the ring follows the claims, not before, when the
+    ring's ``follow`` waited for the claims' lock (the first batch tens of
+    milliseconds late over millions of rows). Where blocks are read, it starts at
+    once, so that the first reads begin while the ring is made."""
+    monkeypatch.setattr(fastst._loader._Dataset, "rows_cached", lambda self, first, stop: held)
+    followed_when_asked = []
+    ask_more = fastst._rowblocks.CachedBlocks.ask_more
+
+    def noted_ask_more(reader, more):
+        followed_when_asked.append(more.__self__.on_claim is not None)
+        ask_more(reader, more)
+
+    monkeypatch.setattr(fastst._rowblocks.CachedBlocks, "ask_more", noted_ask_more)
+    with Loader(one_file, "y", 8, shuffle="blocks", seed=0, block_rows=10,
+                window_blocks=2) as loader:
+        assert sorted(rows_of(taken(loader))) == list(range(ROWS))
+    assert followed_when_asked == [held]
+
+
 def test_the_reader_of_blocks_asks_for_more_before_it_runs_out():
     """The next window is asked for on a thread of its own once fewer than `queued`
     blocks are left to read, not once none is: the reading does not

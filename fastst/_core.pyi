@@ -838,13 +838,15 @@ class BatchRing:
 
 SHUFFLE_BUCKET_ROWS: Final[int]
 
-def shuffled_rows(total: int, bit_generator: np.random.BitGenerator,
-                  bucket_rows: int = ..., /) -> npt.NDArray[np.int64]:
-    """A uniformly drawn permutation of rows ``0..total-1``, from `bit_generator` (left
-    past its draws), without the GIL: each row dealt at random to one of about
-    ``total / bucket_rows`` buckets (at most 65,536), the buckets laid out in turn,
-    each shuffled (Fisher-Yates) in the CPU's cache, where one shuffle of millions of
-    rows waits on a cache miss a row (the thread Loader's full shuffles).
+def deal_rows(total: int, bit_generator: np.random.BitGenerator, bucket_rows: int = ...,
+              /) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Rows ``0..total-1`` dealt at random to ``ceil(total / bucket_rows)`` buckets (at
+    most 65,536), from `bit_generator` (left past its draws), without the GIL: the rows
+    bucket after bucket (each bucket's in order), and where each bucket ends among
+    them. Each bucket then shuffled in turn by ``shuffle_rows`` from the same generator
+    makes a uniformly drawn permutation, each bucket shuffled in the CPU's cache, where
+    one shuffle of millions of rows waits on a cache miss a row (the thread Loader's
+    full shuffles: a bucket is shuffled as its batches come up).
 
     Raises
     ------

@@ -414,7 +414,7 @@ class Loader:
         # an order drawn otherwise by an earlier version is refused (see load_state_dict)
         if self.shuffle == "blocks":   # edge rows to the block read later
             settings["block_edges"] = "read later"
-        if self.shuffle:               # the draws of shuffled_rows and shuffle_rows
+        if self.shuffle:               # the draws of deal_rows and shuffle_rows
             settings["draws"] = "fastst 2"
         return settings
 

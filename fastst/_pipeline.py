@@ -135,10 +135,13 @@ class Pipeline:
     k % len(slots), and is started once batch k - ahead is taken.
 
     The batches' rows are those of ``order()`` (`EpochRows`) in turn, asked for once
-    a full shuffle's reading (which needs no order) has begun: a permutation of
-    millions of rows takes tens of milliseconds. A block shuffle's windows are drawn as
-    its batches are claimed (below), the first before its blocks are read, the others
-    while the blocks before them are read and gathered.
+    a full shuffle's reading (which needs no order) has begun. A full shuffle's rows
+    are dealt to buckets then (tens of milliseconds over millions of rows), and its
+    buckets shuffled as their batches come up: over the ring, on a thread of its own
+    (`_lay_out`) that tells the ring which batches have their rows; otherwise by the
+    thread that fills a batch. A block shuffle's windows are drawn as its batches are
+    claimed (below), the first before its blocks are read, the others while the
+    blocks before them are read and gathered.
 
     Where every file is mapped, a `BatchRing` does it (`_batch_ring`): its threads
     take the batches in order and copy their rows, and the consumer waits for each,
@@ -177,10 +180,10 @@ class Pipeline:
             self._stop_readers()
             raise
         self.rows = self.order.rows
+        # a full shuffle's order is laid out as its batches are gathered (`_lay_out`)
+        self.scattered = blocks is not None and blocks.scattered
         if blocks is not None and not blocks.scattered:
             self._read_blocks(blocks)
-        else:      # only a block shuffle's batches are claimed before they are gathered
-            self.order.ready(len(self.rows))
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.stopping = False
         self.failure: Optional[BaseException] = None     # of a thread of the ring
@@ -211,6 +214,11 @@ class Pipeline:
         if self.blocks is not None and self.cached_blocks is not None:
             if not self.cached_blocks.reading:    # started last (see _read_blocks)
                 self.cached_blocks.ask_more(self.blocks.claim_next)
+        if self.ring is not None and self.scattered:
+            laying_out = threading.Thread(target=self._lay_out, daemon=True,
+                                          name="fastst-loader-order")
+            self.workers.append(laying_out)      # joined with the gathering threads
+            laying_out.start()
 
     def _read_whole(self, blocks: Blocks) -> None:
         """Set up the reading of a full shuffle's files whole (see the class)."""
@@ -262,14 +270,37 @@ class Pipeline:
         if handles is None or (self.blocks is not None and self.cached_blocks is None):
             return None
         starts = self.dataset.starts.tolist() + [self.dataset.rows]
-        needs, need = None, 0
+        needs: Optional[npt.NDArray[np.int64]] = None
         if self.blocks is not None:
             needs = self.blocks.needs
-        elif self.cached_blocks is not None:
-            need = self.whole
+        elif self.scattered:    # each batch waits for its rows laid out, and every piece
+            needs = np.full(len(self.todo), self.whole, np.int64)
         return BatchRing(handles, starts, self.dataset.names, self.rows, self.batch_size,
                          self.todo.start, self.todo.step, len(self.todo), self.slots,
-                         self.ahead, needs, need)
+                         self.ahead, needs, 0)
+
+    def _lay_out(self) -> None:
+        """A full shuffle's order laid out a piece at a time (``EpochRows.ready``), ahead
+        of the ring's gathers, each told which batches have their rows."""
+        assert self.ring is not None
+        order = self.order
+        try:
+            while not self.stopping and order.done < len(self.rows):
+                order.ready(order.done + 1)
+                self.ring.advance(0, self._batches_laid_out(order.done))
+        except BaseException as error:     # raised in the consumer, at the next batch
+            self.failure = error
+            self.ring.reading_failed()
+
+    def _batches_laid_out(self, done: int) -> int:
+        """How many of the batches to do (places in `todo`, in turn) have their rows
+        among the first `done` of the order."""
+        if done >= len(self.rows):
+            return len(self.todo)
+        last = done // self.batch_size - 1            # the last whole batch laid out
+        if last < self.todo.start:
+            return 0
+        return min(len(self.todo), (last - self.todo.start) // self.todo.step + 1)
 
     def _gather(self) -> None:
         assert self.ring is not None

@@ -1,7 +1,7 @@
 /* Shuffles drawn from a NumPy bit generator (bitgen_t, numpy/random/bitgen.h), without
    the GIL: the thread Loader's orders of rows. Each draw is unbiased; a permutation of
    many rows is dealt into buckets that fit the CPU's cache first, so that no step
-   waits on a cache miss a row (see fastst_shuffled_rows). */
+   waits on a cache miss a row (see fastst_deal_rows). */
 #ifndef FASTST_SHUFFLE_H
 #define FASTST_SHUFFLE_H
 
@@ -48,37 +48,35 @@ static void fastst_shuffle_rows(bitgen_t *bits, int64_t *rows, uint64_t count) {
     }
 }
 
-/* A permutation of rows 0..total-1 into `rows`, uniformly drawn: each row is dealt to
-   one of `buckets` (at most 65,536) buckets at random, the buckets are laid out one
-   after another, and each is shuffled (Rao 1961, Sandelius 1962: for any order, the
-   deal and the shuffles that make it are one of each for every set of bucket sizes,
-   and their chances add up to 1/total!). Fisher-Yates over all the rows at once swaps
-   places anywhere in `rows`, a cache miss each over millions; a bucket of a few ten
-   thousand rows is shuffled in the cache. `labels` (`total` of them, where there is
-   more than one bucket) and `places` (`buckets`) are scratch. */
-static void fastst_shuffled_rows(bitgen_t *bits, int64_t *rows, uint64_t total,
-                                 uint16_t *labels, uint64_t buckets, uint64_t *places) {
+/* Rows 0..total-1 dealt into `rows`: each to one of `buckets` (at most 65,536) buckets
+   at random, the buckets laid out one after another, each bucket's rows in order;
+   `ends` (`buckets` of them) gets where each bucket ends, and `labels` (`total` of
+   them, where there is more than one bucket) is scratch. Each bucket shuffled in turn
+   then (fastst_shuffle_rows, from the same generator) makes a uniformly drawn
+   permutation (Rao 1961, Sandelius
+   1962: for any order, the deal and the shuffles that make it are one of each for
+   every set of bucket sizes, and their chances add up to 1/total!). Fisher-Yates over
+   all the rows at once swaps places anywhere in `rows`, a cache miss each over
+   millions; a bucket of a few ten thousand rows is shuffled in the cache. */
+static void fastst_deal_rows(bitgen_t *bits, int64_t *rows, uint64_t total,
+                             uint16_t *labels, uint64_t buckets, uint64_t *ends) {
     uint64_t row, bucket, start = 0, size;
     if (buckets == 1) {
         for (row = 0; row < total; row++) rows[row] = (int64_t)row;
-        fastst_shuffle_rows(bits, rows, total);
+        ends[0] = total;
         return;
     }
-    for (bucket = 0; bucket < buckets; bucket++) places[bucket] = 0;
+    for (bucket = 0; bucket < buckets; bucket++) ends[bucket] = 0;
     for (row = 0; row < total; row++) {
         labels[row] = (uint16_t)fastst_draw(bits, buckets);
-        places[labels[row]]++;
+        ends[labels[row]]++;
     }
     for (bucket = 0; bucket < buckets; bucket++) {      /* each bucket's first place */
-        size = places[bucket];
-        places[bucket] = start;
+        size = ends[bucket];
+        ends[bucket] = start;
         start += size;
     }
-    for (row = 0; row < total; row++) rows[places[labels[row]]++] = (int64_t)row;
-    for (bucket = 0, start = 0; bucket < buckets; bucket++) {   /* places: the ends */
-        fastst_shuffle_rows(bits, rows + start, places[bucket] - start);
-        start = places[bucket];
-    }
+    for (row = 0; row < total; row++) rows[ends[labels[row]]++] = (int64_t)row;
 }
 
 #endif

@@ -21,6 +21,7 @@ import fastst._order
 import fastst._pipeline
 import fastst._rowblocks
 from fastst import SafetensorError, TensorNotFoundError
+from fastst._core import SHUFFLE_BUCKET_ROWS
 from fastst._order import EpochRows, epoch_order, permutation
 from fastst._rowblocks import BlockEdges
 from fastst.data import Loader
@@ -299,6 +300,35 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
     assert np.array_equal(rows, permutation(ROWS, 5, 0))
 
 
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_a_full_shuffles_first_batch_waits_for_the_first_bucket_only(tmp_path, monkeypatch,
+                                                                     backend):
+    """A full shuffle's order is dealt to buckets, and each bucket shuffled when its
+    batches are asked for: the first batch comes while the later buckets wait (here,
+    for it), and the batches are those of the whole permutation."""
+    total = 4 * SHUFFLE_BUCKET_ROWS - 5
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file({"y": np.arange(total)}, path)
+    first_taken, laid_out = threading.Event(), []
+    next_piece = fastst._order.EpochRows._next_piece
+
+    def piece_after_the_first_batch(order):
+        if laid_out:
+            assert first_taken.wait(10)
+        laid_out.append(order.laid_out)
+        next_piece(order)
+
+    monkeypatch.setattr(fastst._order.EpochRows, "_next_piece", piece_after_the_first_batch)
+    with Loader(path, "y", 16, shuffle=True, seed=3, backend=backend) as loader:
+        batches = iter(loader)
+        got = [next(batches)["y"].copy()]
+        pieces_before = len(laid_out)
+        first_taken.set()
+        got += [batch["y"].copy() for batch in batches]
+    assert pieces_before == 1 and laid_out == [0, 1, 2, 3]
+    assert np.array_equal(np.concatenate(got), permutation(total, 3, 0))
+
+
 @pytest.mark.usefixtures("every_block_read")
 def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monkeypatch):
     """A block shuffle's windows are drawn as its batches are claimed, a few ahead of
@@ -310,7 +340,7 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
 
     events, whole = [], epoch_order(ROWS, "blocks", 5, 0, 2, 1)
     cache_rows = fastst._handle.NumpyHandle.cache_rows
-    next_window = fastst._order.EpochRows._next_window
+    next_piece = fastst._order.EpochRows._next_piece
 
     def noted_cache(handle, name, first, stop):
         events.append("read")
@@ -318,10 +348,10 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
 
     def noted_window(order):
         events.append("window")
-        next_window(order)
+        next_piece(order)
 
     monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
-    monkeypatch.setattr(fastst._order.EpochRows, "_next_window", noted_window)
+    monkeypatch.setattr(fastst._order.EpochRows, "_next_piece", noted_window)
     with Loader(one_file, ["x", "y"], 4, shuffle="blocks", seed=5, block_rows=2,
                 window_blocks=1) as loader:
         rows = rows_of(taken(loader))
@@ -877,7 +907,7 @@ def test_a_state_is_refused_for_other_files_or_settings(three_files, one_file):
 def test_a_state_of_an_order_drawn_by_an_earlier_version_is_refused(three_files, shuffle,
                                                                     versions):
     """A block shuffle's order gives each block's edge row to the block read later, and
-    both shuffles draw by shuffled_rows and shuffle_rows, which earlier orders did not: a
+    both shuffles draw by deal_rows and shuffle_rows, which earlier orders did not: a
     state from then, whose settings do not say so, is refused, saying why, rather than
     continued in another order."""
     with Loader(three_files, "y", 10, shuffle=shuffle, seed=1, block_rows=8) as loader:

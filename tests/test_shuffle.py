@@ -1,6 +1,7 @@
-"""The thread Loader's shuffles (`shuffled_rows`, `shuffle_rows`): every row once,
-reproducible from the bit generator, uniform over the orders, and pinned, so that a
-state saved by one version is continued in the same order by the next."""
+"""The thread Loader's shuffles (`deal_rows`, then each bucket by `shuffle_rows`):
+every row once, reproducible from the bit generator, uniform over the orders, and
+pinned, so that a state saved by one version is continued in the same order by the
+next."""
 import itertools
 import math
 
@@ -9,8 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastst._core import shuffle_rows, shuffled_rows
+from fastst._core import SHUFFLE_BUCKET_ROWS, deal_rows, shuffle_rows
 from fastst._order import permutation
+
+
+def shuffled_rows(total: int, generator: np.random.BitGenerator, bucket_rows: int
+                  ) -> np.ndarray:
+    """The rows dealt to buckets of `bucket_rows`, each bucket then shuffled in turn."""
+    rows, ends = deal_rows(total, generator, bucket_rows)
+    for start, end in zip([0] + ends[:-1].tolist(), ends.tolist()):
+        shuffle_rows(rows[start:end], generator)
+    return rows
 
 
 def chi_square(counts: np.ndarray) -> float:
@@ -30,6 +40,17 @@ def test_every_row_is_in_the_permutation_once(total, bucket_rows, seed):
     rows = shuffled_rows(total, np.random.PCG64(seed), bucket_rows)
     assert rows.dtype == np.int64 and rows.flags.c_contiguous
     assert np.array_equal(np.sort(rows), np.arange(total))
+
+
+@pytest.mark.parametrize("total,bucket_rows,buckets", [(0, 4, 1), (1, 4, 1), (8, 4, 2),
+                                                       (9, 4, 3), (11, 4, 3), (3, 4, 1)])
+def test_the_deal_makes_ceil_total_over_bucket_rows_buckets(total, bucket_rows, buckets):
+    """Each bucket's rows in order, the buckets one after another."""
+    rows, ends = deal_rows(total, np.random.PCG64(5), bucket_rows)
+    assert len(ends) == buckets and (ends[-1] if total else 0) == total
+    assert np.array_equal(np.sort(rows), np.arange(total))
+    for start, end in zip([0] + ends[:-1].tolist(), ends.tolist()):
+        assert np.all(np.diff(rows[start:end]) > 0)
 
 
 def test_the_same_seed_draws_the_same_order_and_the_generator_moves_on():
@@ -78,11 +99,14 @@ def test_shuffle_rows_shuffles_in_place_uniformly():
 def test_the_orders_are_pinned():
     """The orders a state's position is in: drawn otherwise, a job continued from its
     state would take some rows twice and others never (a change of the draws goes
-    with a new "draws" setting of the Loader's state)."""
+    with a new "draws" setting of the Loader's state). `permutation` is the Loader's
+    order laid out whole (EpochRows); the same as dealt and shuffled in turn."""
     assert permutation(12, 0, 0).tolist() == [3, 1, 11, 4, 9, 6, 0, 8, 2, 5, 7, 10]
     many = permutation(40000, 3, 1)
-    assert many[:8].tolist() == [19660, 25506, 17680, 7426, 3273, 29535, 27455, 7450]
-    assert many[-4:].tolist() == [16286, 23167, 10129, 39129]
+    assert np.array_equal(many, shuffled_rows(40000, np.random.PCG64([3, 1]),
+                                              SHUFFLE_BUCKET_ROWS))
+    assert many[:8].tolist() == [18638, 11968, 37845, 7071, 16766, 1983, 16790, 39469]
+    assert many[-4:].tolist() == [29620, 31153, 30655, 1006]
     rows = np.arange(10, dtype=np.int64)
     shuffle_rows(rows, np.random.PCG64(7))
     assert rows.tolist() == [1, 2, 0, 4, 7, 3, 6, 8, 5, 9]
@@ -105,6 +129,6 @@ def test_shuffle_rows_refuses_a_read_only_array():
 
 
 @pytest.mark.parametrize("total,bucket_rows", [(-1, 10), (10, 0)])
-def test_shuffled_rows_refuses_a_negative_count_or_empty_buckets(total, bucket_rows):
+def test_the_deal_refuses_a_negative_count_or_empty_buckets(total, bucket_rows):
     with pytest.raises(ValueError, match="no permutation"):
-        shuffled_rows(total, np.random.PCG64(0), bucket_rows)
+        deal_rows(total, np.random.PCG64(0), bucket_rows)

@@ -53,11 +53,11 @@ static void fastst_shuffle_rows(bitgen_t *bits, int64_t *rows, uint64_t count) {
    `ends` (`buckets` of them) gets where each bucket ends, and `labels` (`total` of
    them, where there is more than one bucket) is scratch. Each bucket shuffled in turn
    then (fastst_shuffle_rows, from the same generator) makes a uniformly drawn
-   permutation (Rao 1961, Sandelius
-   1962: for any order, the deal and the shuffles that make it are one of each for
-   every set of bucket sizes, and their chances add up to 1/total!). Fisher-Yates over
-   all the rows at once swaps places anywhere in `rows`, a cache miss each over
-   millions; a bucket of a few ten thousand rows is shuffled in the cache. */
+   permutation (Rao 1961, Sandelius 1962: for any order, the deal and the shuffles
+   that make it are one of each for every set of bucket sizes, and their chances add
+   up to 1/total!). Fisher-Yates over all the rows at once swaps places anywhere in
+   `rows`, a cache miss each over millions; a bucket of a few ten thousand rows is
+   shuffled in the cache. */
 static void fastst_deal_rows(bitgen_t *bits, int64_t *rows, uint64_t total,
                              uint16_t *labels, uint64_t buckets, uint64_t *ends) {
     uint64_t row, bucket, start = 0, size;

@@ -756,32 +756,21 @@ def cold_limits(args: argparse.Namespace) -> int:
 
 def read_blocks_of_an_epoch(path: str) -> None:
     """Read a block shuffle's blocks (epoch 0, the Loader's defaults) into the page
-    cache as its reading threads do: in its reading order, one block a thread at a
-    time, on as many threads."""
-    import threading
+    cache as its reading threads do (`CachedBlocks`, over a reader of the file): in its
+    reading order, with no gather beside them."""
     from fastst._core import Reader
     from fastst._order import epoch_blocks
     from fastst._rowblocks import CachedBlocks
     reader = Reader()
     reader.open_file(path)
-    rows = reader.info(NAME).shape[0]
-    _, blocks, edges = epoch_blocks(rows, 0, 0, 4096, 16)
-    spans = iter([edges.span(block) for block in edges.in_reading_order(blocks)])
-    lock = threading.Lock()
-
-    def read() -> None:
-        while True:
-            with lock:
-                span = next(spans, None)
-            if span is None:
-                return
-            reader.cache_rows(NAME, *span)
-    threads = [threading.Thread(target=read) for _ in range(CachedBlocks.readers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    reader.close()
+    _, blocks, edges = epoch_blocks(reader.info(NAME).shape[0], 0, 0, 4096, 16)
+    reading = CachedBlocks(lambda first, stop: reader.cache_rows(NAME, first, stop), edges)
+    try:
+        reading.want(edges.in_reading_order(blocks).tolist())
+        reading.wait(len(blocks))
+    finally:
+        reading.stop()
+        reader.close()
 
 
 def whole_epoch(path: str, batch: int, shuffle: Any) -> None:
@@ -831,12 +820,15 @@ def epoch_starts(args: argparse.Namespace) -> int:
     print("| --- | --- | ---: | ---: |")
     for columns, path in paths.items():
         rows = os.path.getsize(path) // (columns * 4)
-        took = {"NumPy `Generator.permutation`": [], "fastst (`deal_rows`, `shuffle_rows`)": []}
+        numpy_took: List[float] = []
+        fastst_took: List[float] = []
         for epoch in range(args.epoch_starts):
-            took["NumPy `Generator.permutation`"].append(
+            numpy_took.append(
                 seconds(lambda: np.random.default_rng([0, epoch]).permutation(rows)))
-            took["fastst (`deal_rows`, `shuffle_rows`)"].append(seconds(lambda: permutation(rows, 0, epoch)))
-        ours = statistics.median(took["fastst (`deal_rows`, `shuffle_rows`)"])
+            fastst_took.append(seconds(lambda: permutation(rows, 0, epoch)))
+        ours = statistics.median(fastst_took)
+        took = {"NumPy `Generator.permutation`": numpy_took,
+                "fastst (`deal_rows`, `shuffle_rows`)": fastst_took}
         for name, times in took.items():
             print(f"| {shapes[columns]} | {name} | {statistics.median(times) * 1e3:.1f} ms "
                   f"| {statistics.median(times) / ours:.2f}× |", flush=True)

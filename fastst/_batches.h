@@ -58,8 +58,7 @@ typedef struct {
     int64_t first_batch, batch_step, count;   /* place k: batch first_batch + k * batch_step */
     char *const *outs;           /* slots x tensors: each slot's buffer of each tensor */
     int64_t ahead;
-    const int64_t *needs;        /* per place: the reads it waits for; NULL: all wait for `need` */
-    int64_t need;
+    const int64_t *needs;        /* per place: the reads it waits for; NULL: none waits */
     int stream;                  /* copy rows of whole lines with stores that bypass the cache */
     int watch_fd;                /* an inotify instance on the files, or -1 */
     const int *watches;          /* parts: each file's watch (-1: none) */
@@ -207,7 +206,7 @@ static inline void fastst_batches_copy_row(const fastst_batches *ring, int64_t r
 
 /* Whether the reads that place `place` needs are done (under the lock). */
 static int fastst_batches_gate_open(const fastst_batches *ring, int64_t place) {
-    if (ring->needs == NULL) return ring->ready >= ring->need;
+    if (ring->needs == NULL) return 1;
     return place < ring->claimed && ring->ready >= ring->needs[place];
 }
 

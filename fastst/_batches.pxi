@@ -12,7 +12,6 @@ cdef extern from "_batches.h":
         int64_t order_rows, batch_rows, first_batch, batch_step, count, ahead
         char** outs
         const int64_t* needs
-        int64_t need
         int stream
         int watch_fd
         int* file_states
@@ -95,7 +94,7 @@ cdef class BatchRing:
     batch_rows:]`` (at most `batch_rows` of them) and goes into slot k % len(slots)
     once batch k - ahead is taken. With `needs` (one per place), place k waits until
     ``advance`` has said that ``needs[k]`` reads are done and that k's need is set;
-    with `need`, every place waits for `need` reads; with neither, none waits.
+    without, none waits.
 
     The maps stay while the ring does, whatever becomes of the handles; each file is
     held open until ``close``, which lets go of the maps and the buffers too. A batch
@@ -133,8 +132,7 @@ cdef class BatchRing:
 
     def __init__(self, list handles, list starts, tuple names, cnp.ndarray order,
                  int64_t batch_rows, int64_t first, int64_t step, int64_t count,
-                 list slots, int64_t ahead, cnp.ndarray needs=None, int64_t need=0,
-                 watch=None):
+                 list slots, int64_t ahead, cnp.ndarray needs=None, watch=None):
         cdef int parts = len(handles), tensors = len(names), slot_count = len(slots)
         if self.starts != NULL:
             raise ValueError("a ring is set up once")
@@ -155,7 +153,6 @@ cdef class BatchRing:
             if needs.shape[0] < count:
                 raise ValueError("needs: one per batch")
             self.ring.needs = <const int64_t*>cnp.PyArray_DATA(needs)
-        self.ring.need = need
         self.ring.tensors, self.ring.parts, self.ring.slots = tensors, parts, slot_count
         self.ring.batch_rows, self.ring.first_batch, self.ring.batch_step = batch_rows, first, step
         self.ring.count, self.ring.ahead = count, ahead

@@ -793,8 +793,7 @@ class BatchRing:
     batch_rows:]`` (at most `batch_rows` of them) and goes into slot k % len(slots)
     once batch k - ahead is taken. With `needs` (one per place), place k waits until
     ``advance`` has said that ``needs[k]`` reads are done and that k's need is set;
-    with `need`, every place waits for `need` reads; with neither, none waits. The
-    maps stay while the ring does; each file is held open until ``close``. A batch
+    without, none waits. The maps stay while the ring does; each file is held open until ``close``. A batch
     takes rows from a file only while it is no shorter than mapped: over
     WATCH_FROM_FILES files or more (`watch` None; True: any number), a file on a
     local file system is watched (inotify) and checked again only when the kernel
@@ -804,7 +803,7 @@ class BatchRing:
     def __init__(self, handles: list[Reader], starts: list[int], names: tuple[str, ...],
                  order: npt.NDArray[np.int64], batch_rows: int, first: int, step: int,
                  count: int, slots: list[dict[str, npt.NDArray[Any]]], ahead: int,
-                 needs: npt.NDArray[np.int64] | None = None, need: int = 0,
+                 needs: npt.NDArray[np.int64] | None = None,
                  watch: bool | None = None) -> None: ...
     @property
     def streams(self) -> bool:

@@ -277,7 +277,7 @@ class Pipeline:
             needs = np.full(len(self.todo), self.whole, np.int64)
         return BatchRing(handles, starts, self.dataset.names, self.rows, self.batch_size,
                          self.todo.start, self.todo.step, len(self.todo), self.slots,
-                         self.ahead, needs, 0)
+                         self.ahead, needs)
 
     def _lay_out(self) -> None:
         """A full shuffle's order laid out a piece at a time (``EpochRows.ready``), ahead

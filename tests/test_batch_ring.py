@@ -31,13 +31,20 @@ def two_files(tmp_path):
         handle.close()
 
 
-def ring_of(handles, order, batch_rows, slots=4, ahead=2, first=0, step=1, **gate):
+def ring_of(handles, order, batch_rows, slots=4, ahead=2, first=0, step=1, each_needs=None,
+            **gate):
+    """A ring over the two files; `each_needs`: every batch waits for that many reads
+    (its need set at once)."""
     count = len(range(first, -(-len(order) // batch_rows), step))
     buffers = [{"x": np.empty((batch_rows, 3), np.float32),
                 "y": np.empty(batch_rows, np.int64)} for _ in range(slots)]
     starts = [0, 37, 100][:len(handles) + 1]
+    if each_needs is not None:
+        gate["needs"] = np.full(count, each_needs, np.int64)
     ring = BatchRing(handles, starts, ("x", "y"), order, batch_rows, first, step, count,
                      buffers, ahead, **gate)
+    if each_needs is not None:
+        ring.advance(0, claimed=count)
     return ring, buffers, count
 
 
@@ -111,7 +118,7 @@ def test_the_parts_start_at_row_0_and_do_not_go_back(two_files):
 
 def test_a_batch_waits_until_the_reads_it_needs_are_done(two_files):
     _, handles = two_files
-    ring, buffers, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=2)
+    ring, buffers, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, each_needs=2)
     workers = run(ring)
     taken = []
     taker = threading.Thread(target=lambda: taken.append(ring.take(0)))
@@ -147,12 +154,12 @@ def test_each_batch_waits_for_its_own_needs_once_they_are_set(two_files):
 
 def test_a_failed_reading_and_a_stop_end_the_waits(two_files):
     _, handles = two_files
-    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1)
+    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, each_needs=1)
     workers = run(ring)
     ring.reading_failed()
     assert ring.take(0) == READER_FAILED
     end(ring, workers)
-    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1)
+    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, each_needs=1)
     workers = run(ring)
     stopper = threading.Timer(0.05, ring.stop)
     stopper.start()
@@ -170,7 +177,7 @@ class Interrupted(Exception):
 def test_a_signal_while_a_take_waits_is_raised_there(two_files):
     """As Ctrl-C is, while the consumer waits for a batch whose reads never come."""
     _, handles = two_files
-    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1)
+    ring, _, _ = ring_of(handles, np.arange(100, dtype=np.int64), 10, each_needs=1)
     workers = run(ring)
 
     def interrupted(number, frame):
@@ -192,7 +199,8 @@ def test_a_signal_while_a_take_waits_is_raised_there(two_files):
 @pytest.mark.parametrize("watch", [True, False])
 def test_a_file_cut_short_is_an_error_at_its_batch_not_a_fault(two_files, watch):
     paths, handles = two_files
-    ring, _, count = ring_of(handles, np.arange(100, dtype=np.int64), 10, need=1, watch=watch)
+    ring, _, count = ring_of(handles, np.arange(100, dtype=np.int64), 10, each_needs=1,
+                             watch=watch)
     workers = run(ring)
     os.truncate(paths[1], 64)
     ring.advance(1)
@@ -224,7 +232,7 @@ def test_watched_files_are_checked_only_when_the_kernel_says_they_changed(two_fi
     end(ring, workers)
     assert ring.files_checked == sum(len(set((order[k:k + 10] >= 37).tolist()))
                                      for k in range(0, 100, 10))
-    ring, _, count = watched_ring(handles, order, 10, need=0, slots=2, ahead=1)
+    ring, _, count = watched_ring(handles, order, 10, slots=2, ahead=1)
     assert ring.files_watched == 2 and ring.files_checked == 2
     workers = run(ring)
     ring.take(0)
@@ -282,8 +290,9 @@ def test_a_cut_lost_in_an_overflow_of_the_kernels_news_is_still_found(two_files,
         buffers = [{"x": np.empty((10, 3), np.float32), "y": np.empty(10, np.int64)}
                    for _ in range(4)]
         ring = BatchRing(handles + [extra], [0, 37, 100, 150], ("x", "y"),
-                         np.arange(150, dtype=np.int64), 10, 0, 1, 15, buffers, 2, need=1,
-                         watch=True)
+                         np.arange(150, dtype=np.int64), 10, 0, 1, 15, buffers, 2,
+                         needs=np.ones(15, np.int64), watch=True)
+        ring.advance(0, claimed=15)
     if ring.files_watched == 0:
         ring.close()
         pytest.skip("the kernel reports no changes of these files (no inotify here)")

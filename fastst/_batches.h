@@ -60,6 +60,7 @@ typedef struct {
     int64_t ahead;
     const int64_t *needs;        /* per place: the reads it waits for; NULL: none waits */
     int stream;                  /* copy rows of whole lines with stores that bypass the cache */
+    int taker_fills;             /* the consumer fills batches while it waits (fastst_batches_take) */
     int watch_fd;                /* an inotify instance on the files, or -1 */
     const int *watches;          /* parts: each file's watch (-1: none) */
     int *file_states;            /* parts: FASTST_FILE_*, read and set atomically */
@@ -75,6 +76,10 @@ typedef struct {
     int64_t *filled;             /* slots: the place last filled in each */
     int *errors;                 /* slots: how that fill ended */
     int *error_parts;            /* slots: the part of a short file */
+    /* the consumer's own, as a gathering thread's (see fastst_batches_work): where it
+       fills a batch itself while it waits (fastst_batches_take) */
+    int64_t *taker_checked;      /* parts */
+    int *taker_row_parts;        /* batch_rows */
     int stopping, reader_failed;
 } fastst_batches;
 
@@ -88,6 +93,7 @@ static int fastst_batches_init(fastst_batches *ring) {
         ring->errors[k] = FASTST_BATCH_OK;
         ring->error_parts[k] = -1;
     }
+    for (k = 0; k < ring->parts; k++) ring->taker_checked[k] = -1;
     if (pthread_mutex_init(&ring->lock, NULL) != 0) return -1;
     if (pthread_cond_init(&ring->startable, NULL) != 0) goto no_startable;
     if (pthread_cond_init(&ring->gate_moved, NULL) != 0) goto no_gate_moved;
@@ -363,11 +369,28 @@ static int fastst_batches_fill(fastst_batches *ring, int64_t place, int64_t *che
     return FASTST_BATCH_OK;
 }
 
+/* Copy the rows of place `place`, just taken from `next`, into its slot and mark it
+   filled, with how its fill ended: called under `lock`, let go while the rows are
+   copied. `checked` and `row_parts`: the filling thread's own (fastst_batches_fill). */
+static void fastst_batches_fill_place(fastst_batches *ring, int64_t place, int64_t *checked,
+                                      int *row_parts) {
+    int error = ring->reader_failed ? FASTST_BATCH_READER_FAILED : FASTST_BATCH_OK;
+    int error_part = -1, slot = (int)(place % ring->slots);
+    pthread_mutex_unlock(&ring->lock);
+    if (error == FASTST_BATCH_OK)
+        error = fastst_batches_fill(ring, place, checked, row_parts, &error_part);
+    pthread_mutex_lock(&ring->lock);
+    ring->filled[slot] = place;
+    ring->errors[slot] = error;
+    ring->error_parts[slot] = error_part;
+    pthread_cond_broadcast(&ring->filled_one);
+}
+
 /* A gathering thread: fills places until none is left or the ring stops. 0, or ENOMEM. */
 static int fastst_batches_work(fastst_batches *ring) {
     int64_t *checked = (int64_t *)malloc(sizeof(int64_t) * (size_t)ring->parts), place;
     int *row_parts = (int *)malloc(sizeof(int) * (size_t)ring->batch_rows);
-    int k, error, error_part;
+    int k;
     if (checked == NULL || row_parts == NULL) {
         free(checked);
         free(row_parts);
@@ -383,17 +406,7 @@ static int fastst_batches_work(fastst_batches *ring) {
         while (!ring->stopping && !ring->reader_failed && !fastst_batches_gate_open(ring, place))
             pthread_cond_wait(&ring->gate_moved, &ring->lock);
         if (ring->stopping) break;
-        error = ring->reader_failed ? FASTST_BATCH_READER_FAILED : FASTST_BATCH_OK;
-        error_part = -1;
-        pthread_mutex_unlock(&ring->lock);
-        if (error == FASTST_BATCH_OK)
-            error = fastst_batches_fill(ring, place, checked, row_parts, &error_part);
-        pthread_mutex_lock(&ring->lock);
-        k = (int)(place % ring->slots);
-        ring->filled[k] = place;
-        ring->errors[k] = error;
-        ring->error_parts[k] = error_part;
-        pthread_cond_broadcast(&ring->filled_one);
+        fastst_batches_fill_place(ring, place, checked, row_parts);
     }
     pthread_mutex_unlock(&ring->lock);
     free(checked);
@@ -424,9 +437,19 @@ static int fastst_batches_take(fastst_batches *ring, int64_t place, int *error_p
     else if (limit > ring->limit)
         pthread_cond_broadcast(&ring->startable);
     if (limit > ring->limit) ring->limit = limit;
-    while (ring->filled[slot] != place && !ring->stopping)
+    while (ring->filled[slot] != place && !ring->stopping) {
+        /* Rather than sleep until a thread has filled it, the consumer fills the next
+           batch no thread has started, where its rows are ready (see taker_fills). */
+        int64_t next = ring->next;
+        if (ring->taker_fills && next < ring->limit && next < ring->count && !ring->reader_failed
+                && fastst_batches_gate_open(ring, next)) {
+            ring->next++;
+            fastst_batches_fill_place(ring, next, ring->taker_checked, ring->taker_row_parts);
+            continue;
+        }
         if (pthread_cond_timedwait(&ring->filled_one, &ring->lock, &until) == ETIMEDOUT)
             break;
+    }
     if (ring->filled[slot] == place) error = ring->errors[slot];
     else error = ring->stopping ? FASTST_BATCH_STOPPED : FASTST_BATCH_NOT_YET;
     *error_part = ring->error_parts[slot];

@@ -781,6 +781,7 @@ def last_level_cache() -> int:
 READER_FAILED: Final[int]
 STOPPED: Final[int]
 WATCH_FROM_FILES: int
+TAKER_FILLS_BATCH_BYTES: int
 
 class BatchRing:
     """Threads that gather batches of rows of several tensors, from the maps of one
@@ -821,9 +822,10 @@ class BatchRing:
     def work(self) -> None:
         """A gathering thread's loop: returns once no batch is left, or at ``stop``."""
     def take(self, place: int) -> int:
-        """Wait for batch `place` (taken in order) and return its slot; READER_FAILED
-        where the reading it waited for failed, STOPPED where the ring stopped first.
-        A file cut short raises the SafetensorError that says so; a signal's handler
+        """Wait for batch `place` (taken in order) and return its slot, filling the
+        batches no thread has started meanwhile where they are small
+        (TAKER_FILLS_BATCH_BYTES) and their reads are done; READER_FAILED where the
+        reading it waited for failed, STOPPED where the ring stopped first. A file cut short raises the SafetensorError that says so; a signal's handler
         (Ctrl-C's) runs while it waits, and what it raises comes out of the wait."""
     def advance(self, ready: int, claimed: int = 0) -> None:
         """`ready` reads are done, and the needs of the first `claimed` places are set."""

@@ -98,7 +98,8 @@ class Loader:
         with its first rows to a multiple of `world_size`; with it, cut to
         one. Every rank gets the same number of batches.
     threads : int, default 2
-        Threads that gather.
+        Threads that gather. Over mapped files, the thread that waits for a
+        small batch (512 KiB at most) fills the next ones itself meanwhile.
     prefetch : int, default 4
         Batches gathered ahead of the one taken; the ring holds twice as many.
     copy : bool, default False

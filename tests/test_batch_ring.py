@@ -9,8 +9,8 @@ import pytest
 
 import fastst
 from fastst import SafetensorError
-from fastst._core import (READER_FAILED, STOPPED, WATCH_FROM_FILES, BatchRing,
-                          last_level_cache)
+from fastst._core import (READER_FAILED, STOPPED, TAKER_FILLS_BATCH_BYTES, WATCH_FROM_FILES,
+                          BatchRing, last_level_cache)
 
 
 def table(rows, start=0):
@@ -79,6 +79,43 @@ def test_each_batch_holds_its_rows_of_every_tensor_across_files(two_files, batch
         np.testing.assert_array_equal(buffers[slot]["x"][:len(rows)], want["x"][rows])
     end(ring, workers)
     assert not any(worker.is_alive() for worker in workers)
+
+
+def test_a_consumer_that_waits_fills_small_batches_itself_once_their_reads_are_done(
+        two_files):
+    """With no gathering thread at all, each take of a small batch fills it (and the
+    batches after it that may start), where its reads are done; one waits until they
+    are, and a batch over TAKER_FILLS_BATCH_BYTES is left to the threads."""
+    _, handles = two_files
+    order = np.random.default_rng(2).permutation(100).astype(np.int64)
+    ring, buffers, count = ring_of(handles, order, 10, each_needs=1)
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(ring.take(0)))
+    taker.start()
+    taker.join(0.2)
+    assert taker.is_alive() and not taken          # its read is not done: it waits
+    ring.advance(1)
+    taker.join(30)
+    if taker.is_alive():                         # no one fills it: end the wait
+        ring.stop()
+        taker.join()
+    assert taken == [0]
+    want = table(100)
+    for place in range(count):
+        slot = taken[0] if place == 0 else ring.take(place)
+        rows = order[place * 10:(place + 1) * 10]
+        np.testing.assert_array_equal(buffers[slot]["y"], rows)
+        np.testing.assert_array_equal(buffers[slot]["x"], want["x"][rows])
+    ring.close()
+    rows = TAKER_FILLS_BATCH_BYTES // 20 + 1       # a row of "x" and "y": 20 bytes
+    order = np.arange(rows, dtype=np.int64) % 100
+    buffers = [{"x": np.empty((rows, 3), np.float32), "y": np.empty(rows, np.int64)}]
+    ring = BatchRing(handles, [0, 37, 100], ("x", "y"), order, rows, 0, 1, 1, buffers, 0)
+    stopper = threading.Timer(0.3, ring.stop)
+    stopper.start()
+    assert ring.take(0) == STOPPED
+    stopper.join()
+    ring.close()
 
 
 def test_rows_are_found_in_many_files_of_any_length_empty_ones_too(tmp_path):

@@ -60,7 +60,7 @@ typedef struct {
     int64_t ahead;
     const int64_t *needs;        /* per place: the reads it waits for; NULL: none waits */
     int stream;                  /* copy rows of whole lines with stores that bypass the cache */
-    int taker_fills;             /* the consumer fills batches while it waits (fastst_batches_take) */
+    int taker_fills;             /* batches small enough for the consumer to fill (_take) */
     int watch_fd;                /* an inotify instance on the files, or -1 */
     const int *watches;          /* parts: each file's watch (-1: none) */
     int *file_states;            /* parts: FASTST_FILE_*, read and set atomically */
@@ -439,7 +439,8 @@ static int fastst_batches_take(fastst_batches *ring, int64_t place, int *error_p
     if (limit > ring->limit) ring->limit = limit;
     while (ring->filled[slot] != place && !ring->stopping) {
         /* Rather than sleep until a thread has filled it, the consumer fills the next
-           batch no thread has started, where its rows are ready (see taker_fills). */
+           batch no thread has started, where its rows are ready: a sleep and a wake-up
+           cost about as much as copying a small batch (TAKER_FILLS_BATCH_BYTES). */
         int64_t next = ring->next;
         if (ring->taker_fills && next < ring->limit && next < ring->count && !ring->reader_failed
                 && fastst_batches_gate_open(ring, next)) {

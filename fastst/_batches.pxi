@@ -48,9 +48,10 @@ WATCH_FROM_FILES = 8
 # The consumer fills batches of at most this many bytes itself while it waits, rather
 # than sleep until a thread has: a batch handed from thread to thread costs a sleep and
 # a wake-up, 10-20 us of CPU here, and the consumer of small batches waited for each.
-# Epochs of batches of 128 KiB (256 rows of 512 B) took 0.6x-0.85x the time, of
-# 256 KiB 0.7x-0.9x; of 1 MiB about the same, and of 2 MiB 1.06x, where the threads
-# and the consumer share two CPUs and its batch comes later.
+# Epochs of batches of 128 KiB (256 rows of 512 B) took 0.6x-0.7x the time unshuffled,
+# 0.85x-0.95x shuffled, with a fifth to a third of the context switches; of 256 KiB
+# 0.65x-0.9x; of 1 MiB about the same, and of 2 MiB up to 1.05x, where the threads and
+# the consumer share two CPUs and the batch it waits for comes later.
 TAKER_FILLS_BATCH_BYTES = 512 << 10
 
 READER_FAILED = -1      # what BatchRing.take returns for a batch whose reading failed

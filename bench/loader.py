@@ -36,7 +36,8 @@ each shuffle, each from dropped pages:
     python bench/loader.py --cold-epochs 5 --columns 128,1024
 
 `--epoch-starts N` times hot epochs from their start, N rounds: the permutation of the
-rows (NumPy's and fastst's), and the Loader's first batch and whole epoch;
+rows (NumPy's and fastst's), and the Loader's first batch and whole epoch (unshuffled
+and both shuffles), with the epoch's CPU time and context switches;
 `--cold-limits N` what bounds a cold block shuffle: `cat`, the shuffle's reads alone
 and beside two busy processes, and the Loader's cold epochs:
 
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -804,7 +806,8 @@ class busy_processes:
 def epoch_starts(args: argparse.Namespace) -> int:
     """Hot epochs from their start: the permutation of the table's rows drawn by NumPy
     and by fastst, then the Loader's first batch and whole epoch (page cache hot, the
-    maps filled by an epoch before), medians of `--epoch-starts` rounds."""
+    maps filled by an epoch before), with the process's CPU time and context switches
+    in the epoch, medians of `--epoch-starts` rounds."""
     from fastst._order import permutation
     batch = int(args.batch_sizes.split(",")[0])
     print(f"Produced by `python bench/loader.py --epoch-starts {args.epoch_starts} --columns "
@@ -832,17 +835,19 @@ def epoch_starts(args: argparse.Namespace) -> int:
         for name, times in took.items():
             print(f"| {shapes[columns]} | {name} | {statistics.median(times) * 1e3:.1f} ms "
                   f"| {statistics.median(times) / ours:.2f}× |", flush=True)
-    print("\n| table | shuffle | the Loader's first batch | its epoch |")
-    print("| --- | --- | ---: | ---: |")
+    print("\n| table | shuffle | the Loader's first batch | its epoch | the epoch's CPU "
+          "| its context switches |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
     for columns, path in paths.items():
         warm_cache(path)
-        for name, shuffle in (("full", True), ("blocks", "blocks")):
-            firsts, epochs = [], []
+        for name, shuffle in (("none", False), ("full", True), ("blocks", "blocks")):
+            firsts, epochs, cpus, switches = [], [], [], []
             with Loader(path, NAME, batch, shuffle=shuffle, seed=0, threads=2,
                         drop_last=True) as loader:
                 for _ in loader:
                     pass
                 for _ in range(args.epoch_starts):
+                    before = resource.getrusage(resource.RUSAGE_SELF)
                     start = time.perf_counter()
                     batches = iter(loader)
                     next(batches)
@@ -850,8 +855,14 @@ def epoch_starts(args: argparse.Namespace) -> int:
                     for _ in batches:
                         pass
                     epochs.append(time.perf_counter() - start)
+                    after = resource.getrusage(resource.RUSAGE_SELF)
+                    cpus.append(after.ru_utime + after.ru_stime
+                                - before.ru_utime - before.ru_stime)
+                    switches.append(after.ru_nvcsw + after.ru_nivcsw
+                                    - before.ru_nvcsw - before.ru_nivcsw)
             print(f"| {shapes[columns]} | {name} | {statistics.median(firsts) * 1e3:.1f} ms "
-                  f"| {statistics.median(epochs):.3f} s |", flush=True)
+                  f"| {statistics.median(epochs):.3f} s | {statistics.median(cpus):.3f} s "
+                  f"| {statistics.median(switches):,.0f} |", flush=True)
     return 0
 
 
@@ -911,7 +922,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "reads alone and beside busy processes, the Loader's epochs")
     parser.add_argument("--epoch-starts", type=int, default=0,
                         help="hot epochs from their start, this many rounds: the "
-                             "permutation, the first batch, the epoch (with --columns)")
+                             "permutation, the first batch, the epoch, its CPU (with "
+                             "--columns)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.loaders:

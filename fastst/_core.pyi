@@ -794,11 +794,11 @@ class BatchRing:
     batch_rows:]`` (at most `batch_rows` of them) and goes into slot k % len(slots)
     once batch k - ahead is taken. With `needs` (one per place), place k waits until
     ``advance`` has said that ``needs[k]`` reads are done and that k's need is set;
-    without, none waits. The maps stay while the ring does; each file is held open until ``close``. A batch
-    takes rows from a file only while it is no shorter than mapped: over
-    WATCH_FROM_FILES files or more (`watch` None; True: any number), a file on a
-    local file system is watched (inotify) and checked again only when the kernel
-    says it changed; any other file is checked before each batch that takes rows
+    without, none waits. The maps stay while the ring does; each file is held open
+    until ``close``. A batch takes rows from a file only while it is no shorter than
+    mapped: over WATCH_FROM_FILES files or more (`watch` None; True: any number), a
+    file on a local file system is watched (inotify) and checked again only when the
+    kernel says it changed; any other file is checked before each batch that takes rows
     from it.
     """
     def __init__(self, handles: list[Reader], starts: list[int], names: tuple[str, ...],
@@ -825,7 +825,8 @@ class BatchRing:
         """Wait for batch `place` (taken in order) and return its slot, filling the
         batches no thread has started meanwhile where they are small
         (TAKER_FILLS_BATCH_BYTES) and their reads are done; READER_FAILED where the
-        reading it waited for failed, STOPPED where the ring stopped first. A file cut short raises the SafetensorError that says so; a signal's handler
+        reading it waited for failed, STOPPED where the ring stopped first. A file cut
+        short raises the SafetensorError that says so; a signal's handler
         (Ctrl-C's) runs while it waits, and what it raises comes out of the wait."""
     def advance(self, ready: int, claimed: int = 0) -> None:
         """`ready` reads are done, and the needs of the first `claimed` places are set."""

@@ -145,9 +145,9 @@ class Pipeline:
 
     Where every file is mapped, a `BatchRing` does it (`_batch_ring`): its threads
     take the batches in order and copy their rows, and the consumer waits for each,
-    without the GIL, so that a batch costs Python no more than the consumer's take; a
-    batch that waits for reads waits for the count that `CachedBlocks` and the claims
-    below report. Otherwise the consumer hands out the batches to start, in order,
+    without the GIL (filling small ones itself meanwhile), so that a batch costs Python
+    no more than the consumer's take; a batch that waits for reads waits for the count
+    that `CachedBlocks` and the claims below report. Otherwise the consumer hands out the batches to start, in order,
     through a queue (any free thread takes the next); a slot's lock, held while it is
     being filled, is released when its batch is in. With `blocks` (a shuffle), a thread that
     takes a batch first asks for the blocks of the batches up to a window after it,

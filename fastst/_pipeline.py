@@ -143,26 +143,26 @@ class Pipeline:
     claimed (below), the first before its blocks are read, the others while the
     blocks before them are read and gathered.
 
-    Where every file is mapped, a `BatchRing` does it (`_batch_ring`): its threads
-    take the batches in order and copy their rows, and the consumer waits for each,
-    without the GIL (filling small ones itself meanwhile), so that a batch costs Python
-    no more than the consumer's take; a batch that waits for reads waits for the count
-    that `CachedBlocks` and the claims below report. Otherwise the consumer hands out the batches to start, in order,
-    through a queue (any free thread takes the next); a slot's lock, held while it is
-    being filled, is released when its batch is in. With `blocks` (a shuffle), a thread that
-    takes a batch first asks for the blocks of the batches up to a window after it,
-    those not asked yet (a window at a time), which are read ahead while the batches
-    before them are gathered: of local files, `CachedBlocks` reads them into the page
-    cache in whole 2 MiB pieces, asking for the next windows' itself before it has
-    read those asked (at the disk's pace; nothing where the page cache holds the
-    dataset whole), and a batch is gathered once its blocks are in; over a dataset
-    larger than half the memory, a block shuffle only asks the kernel for them, and
-    gathers its batches at once. Of files read by ranges, a block shuffle's
-    `RowBlocks` fetches them whole into memory and gathers the batches from there. A
-    full shuffle's batches take rows from nearly every block: over local files that
-    the page cache holds, `CachedBlocks` reads them whole, a window's rows at a time,
-    in file order, and each batch waits for all; otherwise its rows are read where
-    they lie. The consumer's thread never waits for any of these."""
+    Where every file is mapped, a `BatchRing` does it (`_batch_ring`): its threads take
+    the batches in order and copy their rows, and the consumer waits for each, without
+    the GIL (filling small ones itself meanwhile), so that a batch costs Python no more
+    than the consumer's take; a batch that waits for reads waits for the count that
+    `CachedBlocks` and the claims below report. Otherwise the consumer hands out the
+    batches to start, in order, through a queue (any free thread takes the next); a
+    slot's lock, held while it is being filled, is released when its batch is in. With
+    `blocks` (a shuffle), a thread that takes a batch first asks for the blocks of the
+    batches up to a window after it, those not asked yet (a window at a time), which are
+    read ahead while the batches before them are gathered: of local files,
+    `CachedBlocks` reads them into the page cache in whole 2 MiB pieces, asking for the
+    next windows' itself before it has read those asked (at the disk's pace; nothing
+    where the page cache holds the dataset whole), and a batch is gathered once its
+    blocks are in; over a dataset larger than half the memory, a block shuffle only asks
+    the kernel for them, and gathers its batches at once. Of files read by ranges, a
+    block shuffle's `RowBlocks` fetches them whole into memory and gathers the batches
+    from there. A full shuffle's batches take rows from nearly every block: over local
+    files that the page cache holds, `CachedBlocks` reads them whole, a window's rows at
+    a time, in file order, and each batch waits for all; otherwise its rows are read
+    where they lie. The consumer's thread never waits for any of these."""
 
     def __init__(self, dataset: Rows, order: Callable[[], EpochRows],
                  batch_size: int, todo: range, slots: List[Dict[str, Any]], ahead: int,

@@ -59,11 +59,12 @@ static void fastst_shuffle_rows(bitgen_t *bits, int64_t *rows, uint64_t count) {
    `rows`, a cache miss each over millions; a bucket of a few ten thousand rows is
    shuffled in the cache. */
 static void fastst_deal_rows(bitgen_t *bits, int64_t *rows, uint64_t total,
-                             uint16_t *labels, uint64_t buckets, uint64_t *ends) {
-    uint64_t row, bucket, start = 0, size;
+                             uint16_t *labels, uint64_t buckets, int64_t *ends) {
+    uint64_t row, bucket;
+    int64_t start = 0, size;
     if (buckets == 1) {
         for (row = 0; row < total; row++) rows[row] = (int64_t)row;
-        ends[0] = total;
+        ends[0] = (int64_t)total;
         return;
     }
     for (bucket = 0; bucket < buckets; bucket++) ends[bucket] = 0;

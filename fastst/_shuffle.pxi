@@ -9,7 +9,7 @@ cdef extern from "_shuffle.h":
         pass
     void fastst_shuffle_rows(bitgen_t* bits, int64_t* rows, uint64_t count) noexcept nogil
     void fastst_deal_rows(bitgen_t* bits, int64_t* rows, uint64_t total,
-                          uint16_t* labels, uint64_t buckets, uint64_t* ends) noexcept nogil
+                          uint16_t* labels, uint64_t buckets, int64_t* ends) noexcept nogil
 
 # Rows of a bucket of deal_rows: 256 KiB of them, shuffled in a core's L2 cache.
 SHUFFLE_BUCKET_ROWS = 32768
@@ -31,16 +31,16 @@ def deal_rows(Py_ssize_t total, bit_generator, Py_ssize_t bucket_rows=SHUFFLE_BU
     # (C division here: rounded up by hand)
     cdef uint64_t buckets = <uint64_t>min(max(1, (total + bucket_rows - 1) // bucket_rows), 65536)
     cdef cnp.ndarray rows = np.empty(total, np.int64)
-    cdef cnp.ndarray ends = np.empty(buckets, np.uint64)
+    cdef cnp.ndarray ends = np.empty(buckets, np.int64)
     cdef cnp.ndarray labels = np.empty(total if buckets > 1 else 0, np.uint16)
     cdef bitgen_t* bits = _bits(bit_generator)
     cdef int64_t* out = <int64_t*>cnp.PyArray_DATA(rows)
-    cdef uint64_t* bucket_ends = <uint64_t*>cnp.PyArray_DATA(ends)
+    cdef int64_t* bucket_ends = <int64_t*>cnp.PyArray_DATA(ends)
     cdef uint16_t* dealt = <uint16_t*>cnp.PyArray_DATA(labels)
     with bit_generator.lock:
         with nogil:
             fastst_deal_rows(bits, out, <uint64_t>total, dealt, buckets, bucket_ends)
-    return rows, ends.astype(np.int64)
+    return rows, ends
 
 
 def shuffle_rows(rows, bit_generator):

@@ -11,8 +11,9 @@ stores").
 
 Every answer is held to what ``fastst._ranged.checked_answer`` asks of it, and its
 body is read one socket read at a time, never past the bytes it should hold; every
-wait (connecting, the answer's head, each read) is bounded by the read timeout and by
-the call's deadline, after which the call raises ``TimeoutError``. Redirects are
+wait (connecting, each socket read of an answer, its head and the bodies of redirects
+included) is bounded by the read timeout and by the call's deadline, after which the
+call raises ``TimeoutError``. Redirects are
 followed (10 at most), once at opening for the parts that follow (a signed location
 that expires is looked up again from the URL given); credentials go to the URL's own
 host only.
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import base64
 import errno
+import functools
 import http.client
+import io
 import os
 import re
 import socket
@@ -160,6 +163,46 @@ class Call:
             self.condition.notify_all()
 
 
+class CallReader(io.RawIOBase):
+    """A socket's bytes read for a call: each read waits no longer than the read
+    timeout, nor past the call's deadline, and ends when the call is cancelled (the
+    socket watched while it waits)."""
+
+    def __init__(self, raw: io.RawIOBase, sock: socket.socket, call: Call,
+                 timeout: float) -> None:
+        super().__init__()
+        self.raw, self.sock, self.call, self.timeout = raw, sock, call, timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> Optional[int]:
+        self.call.watch(self.sock)     # before wait_on looks at whether it was cancelled
+        try:
+            self.call.wait_on(self.sock, self.timeout)
+            return self.raw.readinto(buffer)
+        finally:
+            self.call.unwatch(self.sock)
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.raw.close()
+        super().close()
+
+
+class CallResponse(http.client.HTTPResponse):
+    """An answer read for a call, its head as its body (see `CallReader`)."""
+
+    def __init__(self, sock: socket.socket, *args: Any, call: Call, timeout: float,
+                 **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        # the buffered reader over the socket's raw reader, this one between them
+        self.fp = io.BufferedReader(CallReader(self.fp.detach(), sock, call, timeout))
+
+
 class Connections:
     """Connections kept open between requests, by origin, each lent to one thread at a
     time. A process forked with some open forgets them: they are the parent's."""
@@ -218,13 +261,11 @@ class Connections:
 
 
 class Exchange(NamedTuple):
-    """A request answered: where it went, its connection, the head of its answer (the
-    body is the taker's to read or drop), and the socket the body comes from (the
-    connection lets go of it when the server says it will close it)."""
+    """A request answered: where it went, its connection, and the head of its answer
+    (the body is the taker's to read or drop)."""
     target: Target
     connection: http.client.HTTPConnection
     answer: http.client.HTTPResponse
-    sock: socket.socket
 
     def end(self, connections: Optional[Connections] = None) -> None:
         """Be done with an answer whose body is not wanted: a small one of declared
@@ -419,7 +460,7 @@ class HttpRanges(RangedObject):
             exchange = self._request(call, "GET", self.location, headers)
         progress(0)     # its head: the part's time to its first byte
         try:
-            got, whole = self._read_answer(call, exchange, offset, length, into, progress)
+            got, whole = self._read_answer(exchange, offset, length, into, progress)
         except BaseException:
             exchange.connection.close()
             raise
@@ -431,12 +472,12 @@ class HttpRanges(RangedObject):
             self.connections.give(exchange.target, exchange.connection)
         return got
 
-    def _read_answer(self, call: Call, exchange: Exchange, offset: int, length: int,
-                     into: memoryview, progress: Callable[[int], None]) -> Tuple[int, bool]:
+    def _read_answer(self, exchange: Exchange, offset: int, length: int, into: memoryview,
+                     progress: Callable[[int], None]) -> Tuple[int, bool]:
         """Check an answer to a ranged GET and read its body into `into`: the bytes
         read, and whether the body goes on (the whole object: left unread)."""
         asked = f"bytes [{offset}, {offset + length})"
-        answer, sock = exchange.answer, exchange.sock
+        answer = exchange.answer
         if answer.status == 412:
             raise precondition_failed(self.url, f"reading {asked}")
         _refuse_failure(self.url, answer, f"reading {asked}")
@@ -446,23 +487,17 @@ class HttpRanges(RangedObject):
         body, whole = checked_answer(self.version, offset, length, answer.status,
                                      said.get("Content-Range"), declared, said.get("ETag"),
                                      said.get("Last-Modified"))
-        call.watch(sock)
-        try:
-            if declared is not None:
-                got = _read_declared(call, sock, answer, into, min(body, declared),
-                                     self.read_timeout, progress)
-                if got == declared:
-                    answer.close()    # read whole: the connection serves the next request
-                return got, whole
-            got = _read_undeclared(call, sock, answer, into, body, self.read_timeout, progress)
-            if not whole and got == body:
-                call.wait_on(sock, self.read_timeout)
-                if answer.read1(1):
-                    raise too_long(self.url, offset, length, body)
-                answer.close()
+        if declared is not None:
+            got = _read_declared(answer, into, min(body, declared), progress)
+            if got == declared:
+                answer.close()    # read whole: the connection serves the next request
             return got, whole
-        finally:
-            call.unwatch(sock)
+        got = _read_undeclared(answer, into, body, progress)
+        if not whole and got == body:
+            if answer.read1(1):
+                raise too_long(self.url, offset, length, body)
+            answer.close()
+        return got, whole
 
     # -- requests -------------------------------------------------------------
 
@@ -511,14 +546,11 @@ class HttpRanges(RangedObject):
                 raise TimeoutError("the call's deadline passed")
             connection.timeout = min(self.connect_timeout, left)
             connection.connect()
-        sock = connection.sock
-        call.watch(sock)
-        try:
-            call.wait_on(sock, self.read_timeout)
-            connection.request(method, target.path, headers=headers)
-            return Exchange(target, connection, connection.getresponse(), sock)
-        finally:
-            call.unwatch(sock)
+        call.wait_on(connection.sock, self.read_timeout)    # sending the request
+        connection.response_class = functools.partial(  # type: ignore[assignment]
+            CallResponse, call=call, timeout=self.read_timeout)
+        connection.request(method, target.path, headers=headers)
+        return Exchange(target, connection, connection.getresponse())
 
     # -- looking the object up ----------------------------------------------
 
@@ -626,8 +658,7 @@ def _refuse_encoding(url: str, answer: http.client.HTTPResponse, asked: str) -> 
                               f"the object holds them")
 
 
-def _read_declared(call: Call, sock: socket.socket, answer: http.client.HTTPResponse,
-                   into: memoryview, count: int, timeout: float,
+def _read_declared(answer: http.client.HTTPResponse, into: memoryview, count: int,
                    progress: Callable[[int], None]) -> int:
     """The first `count` bytes of a body of declared length, read into `into` one
     socket read at a time (straight from the socket: ``readinto1`` of the answer's
@@ -635,7 +666,6 @@ def _read_declared(call: Call, sock: socket.socket, answer: http.client.HTTPResp
     stream = answer.fp
     done = 0
     while done < count:
-        call.wait_on(sock, timeout)
         got = stream.readinto1(into[done:done + min(READ_PIECE, count - done)])
         if not got:
             break
@@ -644,14 +674,12 @@ def _read_declared(call: Call, sock: socket.socket, answer: http.client.HTTPResp
     return done
 
 
-def _read_undeclared(call: Call, sock: socket.socket, answer: http.client.HTTPResponse,
-                     into: memoryview, count: int, timeout: float,
+def _read_undeclared(answer: http.client.HTTPResponse, into: memoryview, count: int,
                      progress: Callable[[int], None]) -> int:
     """The first `count` bytes of a chunked body, or one that ends with its
     connection, read a piece at a time; fewer where it ends early."""
     done = 0
     while done < count:
-        call.wait_on(sock, timeout)
         piece = answer.read1(min(READ_PIECE, count - done))
         if not piece:
             break

@@ -65,7 +65,13 @@ class RangeServer:
     ``drop_kept = True`` closes each connection once it has answered, while
     saying it is kept. ``connections`` counts the connections accepted, and
     ``authorizations`` the Authorization header of each request (None
-    without one)."""
+    without one).
+
+    What a client must bound: ``trickle_heads`` holds the methods (``"HEAD"``,
+    ``"GET"``) whose answers' heads are trickled, a byte of a header every
+    ``trickle_pause`` seconds, ``TRICKLED_HEAD`` bytes at most, after which the
+    connection is closed; ``redirect_body`` is the body of each redirect, trickled
+    in mode ``"trickle"``."""
 
     def __init__(self, objects=None):
         self.objects = dict(objects or {})
@@ -114,6 +120,8 @@ class RangeServer:
         self.encoding = None
         self.trickle_pause = 0.05
         self.drop_kept = False
+        self.trickle_heads = ()
+        self.redirect_body = b""
 
     def reset_counts(self):
         with self.lock:
@@ -154,7 +162,7 @@ class RangeServer:
             def do_HEAD(self):
                 store.record("HEAD", self.path, None, self.headers.get("Authorization"))
                 self.mode = None
-                if self.sent_elsewhere(head=True):
+                if not self.began_answer("200 OK") or self.sent_elsewhere(head=True):
                     return
                 data = store.objects.get(self.path)
                 if data is None:
@@ -169,10 +177,24 @@ class RangeServer:
                 with store.counting() as self.request_ends:
                     store.record("GET", self.path, asked, self.headers.get("Authorization"))
                     self.mode = store.hostile_mode()
-                    if not self.sent_elsewhere():
+                    if self.began_answer("206 Partial Content") and not self.sent_elsewhere():
                         self.get(asked)
                 if store.drop_kept:
                     self.close_connection = True     # without a word to the client
+
+            def began_answer(self, status):
+                """For a method whose heads are trickled, send the head of an answer
+                of `status` trickled until the connection is closed: False when it
+                was."""
+                try:
+                    if self.command not in store.trickle_heads:
+                        return True
+                    self.wfile.write(f"HTTP/1.1 {status}\r\nX-Slow: ".encode())
+                    self.trickle(memoryview(b"z" * TRICKLED_HEAD))
+                except OSError:    # the client hung up
+                    pass
+                self.close_connection = True
+                return False
 
             def sent_elsewhere(self, head=False):
                 """Answer a redirected or refused path: True when it was."""
@@ -184,8 +206,10 @@ class RangeServer:
                     return False
                 self.send_response(302)
                 self.send_header("Location", location)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Length", str(len(store.redirect_body)))
                 self.end_headers()
+                if not head:
+                    self.send_body(memoryview(store.redirect_body))
                 return True
 
             def get(self, asked):
@@ -267,9 +291,14 @@ class RangeServer:
                 if self.mode == "short" and len(body) > 1:
                     body = body[:len(body) // 2]
                     self.close_connection = True
+                self.send_body(memoryview(body))
+
+            def send_body(self, body):
+                """`body` a byte at a time in mode "trickle", else in pieces, paced
+                where `rate` is set."""
                 if self.mode == "trickle":
-                    return self.trickle(memoryview(body))
-                body, rate = memoryview(body), store.rate
+                    return self.trickle(body)
+                rate = store.rate
                 step = SEND_PIECE if rate is None else THROTTLED_PIECE
                 started = time.monotonic()
                 for start in range(0, len(body), step):
@@ -392,6 +421,7 @@ def _serve_in_process(objects, rate, delay, pipe):
 
 SEND_PIECE = 1 << 20
 THROTTLED_PIECE = 64 << 10   # a paced answer's pieces: small, so that its rate is smooth
+TRICKLED_HEAD = 200          # bytes of a trickled head: 10 s at the usual pause
 
 
 class QuietServer(http.server.ThreadingHTTPServer):

@@ -3,6 +3,7 @@ one request to the next, redirects and where credentials go, signed locations th
 expire, servers that refuse HEAD or give weak ETags, bounded waits, threads, forks.
 What every transport must do with hostile answers is tested in test_remote.py."""
 import concurrent.futures
+import io
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from fastst import SafetensorError
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
-from fastst._http import HttpRanges  # noqa: E402
+from fastst._http import CallReader, HttpRanges  # noqa: E402
 from servers import RangeServer, http_store, putter, served  # noqa: E402,F401
 
 MiB = 1 << 20
@@ -295,6 +296,74 @@ def test_a_trickling_server_gives_a_timeout_within_the_deadline(monkeypatch):
             fastst.safe_open(f"{server.url}/slow.safetensors")
         assert time.monotonic() - started < 10    # the deadline: 1 s + 64 KiB at 256 KiB/s
         assert server.bytes_sent < 100
+
+
+@pytest.fixture
+def one_second_deadline(monkeypatch):
+    """Timeouts of 0.5 s to connect and 0.5 s to read: a call's deadline of 1 s, and
+    256 KiB a second of what it asks."""
+    monkeypatch.setattr(fastst.remote, "CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr(fastst.remote, "READ_TIMEOUT", 0.5)
+
+
+@pytest.mark.parametrize("trickled", ["HEAD", "GET of byte 0", "ranged GET"])
+def test_a_server_that_trickles_its_head_times_out_within_the_deadline(
+        one_second_deadline, trickled):
+    """A byte of a header every 50 ms (for 10 s, then the connection closed) never
+    trips the read timeout; the call's deadline ends the wait for the head, at
+    opening (a HEAD, or a GET of the first byte where HEAD is refused) as in a read
+    (1 s + 156 KiB at 256 KiB/s)."""
+    with RangeServer({"/slow.safetensors": DATA}) as server:
+        url = f"{server.url}/slow.safetensors"
+        server.head_status = 405 if trickled == "GET of byte 0" else None
+        server.trickle_heads = {"HEAD": ("HEAD",), "GET of byte 0": ("GET",)}.get(trickled,
+                                                                                  ())
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no answer in time while (opening it|"
+                                               "reading bytes)"):
+            with fastst.safe_open(url) as f:
+                server.trickle_heads = ("GET",)
+                server.reset_counts()
+                started = time.monotonic()
+                f.get_tensor("t1")
+        assert time.monotonic() - started < 1 + 0.6 + 3
+        assert server.bytes_sent < 100
+
+
+def test_a_redirect_whose_body_trickles_times_out_within_the_deadline(one_second_deadline):
+    """The body of a redirect, read to keep its connection, is read within the
+    deadline too (a GET of the first byte, where HEAD is refused)."""
+    with RangeServer({"/blob": DATA}) as server:
+        server.redirects["/model.safetensors"] = "/blob"
+        server.head_status, server.mode = 405, "trickle"
+        server.redirect_body = b"r" * 200
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no answer in time while opening it"):
+            fastst.safe_open(f"{server.url}/model.safetensors")
+        assert time.monotonic() - started < 1 + 3
+        assert server.bytes_sent < 100
+
+
+def test_bodies_are_read_from_the_socket_straight_into_the_arrays(served, monkeypatch):
+    """A large body's socket reads fill the arrays themselves, not the answer's
+    buffer (8 KiB) to be copied from: what goes through that buffer is the heads and
+    the file's header."""
+    server, put = served
+    tensors = {f"big{k}": np.full(2 * MiB, k, np.float32) for k in range(6)}   # 48 MiB
+    url = put("straight.safetensors", fastst.save(tensors))
+    into = {"the arrays": 0, "the buffer": 0}
+    read = CallReader.readinto
+
+    def counted(reader, buffer):
+        got = read(reader, buffer)
+        into["the arrays" if memoryview(buffer).nbytes > io.DEFAULT_BUFFER_SIZE
+             else "the buffer"] += got or 0
+        return got
+
+    monkeypatch.setattr(CallReader, "readinto", counted)
+    loaded = fastst.load_file(url)
+    assert all((loaded[name] == array).all() for name, array in tensors.items())
+    assert into["the arrays"] >= 48 * MiB - (64 << 10) and into["the buffer"] < 256 << 10
 
 
 def test_a_handle_on_a_url_names_its_version_and_its_transport_keeps_it(served):

@@ -13,7 +13,8 @@ Every answer is held to what ``fastst._ranged.checked_answer`` asks of it, and i
 body is read one socket read at a time, never past the bytes it should hold; every
 wait (connecting, each socket read of an answer, its head and the bodies of redirects
 included) is bounded by the read timeout and by the call's deadline, after which the
-call raises ``TimeoutError``. Redirects are
+call raises ``TimeoutError``. Informational answers (1xx: ``100 Continue``, ``103
+Early Hints``...) before an answer are skipped, 16 in a row at most. Redirects are
 followed (10 at most), once at opening for the parts that follow (a signed location
 that expires is looked up again from the URL given); credentials go to the URL's own
 host only.
@@ -45,6 +46,7 @@ REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 10
 EXPIRED = (401, 403, 404, 410)   # what a signed location answers once it has expired
 SMALL_BODY = 64 << 10            # a redirect's or an error's body read to keep its connection
+MAX_INFORMATIONAL = 16           # informational answers (1xx) skipped in a row, at most
 # fsspec's HTTP options that shape its own caching and listings: nothing to this client
 IGNORED_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time",
                    "block_size", "cache_type", "cache_options", "simple_links", "same_scheme",
@@ -194,13 +196,25 @@ class CallReader(io.RawIOBase):
 
 
 class CallResponse(http.client.HTTPResponse):
-    """An answer read for a call, its head as its body (see `CallReader`)."""
+    """An answer read for a call, its head and its body through a `CallReader`; the
+    informational answers (1xx but 101) before it skipped, MAX_INFORMATIONAL in a row
+    at most."""
 
     def __init__(self, sock: socket.socket, *args: Any, call: Call, timeout: float,
-                 **kwargs: Any) -> None:
+                 object_url: str, **kwargs: Any) -> None:
         super().__init__(sock, *args, **kwargs)
         # the buffered reader over the socket's raw reader, this one between them
         self.fp = io.BufferedReader(CallReader(self.fp.detach(), sock, call, timeout))
+        self.object_url = object_url
+
+    def _read_status(self) -> Tuple[str, int, str]:
+        for _ in range(MAX_INFORMATIONAL + 1):
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if not 100 <= status < 200 or status == 101:
+                return version, status, reason
+            http.client.parse_headers(self.fp)    # its head, skipped
+        raise SafetensorError(f"{self.object_url}: the server sent more than "
+                              f"{MAX_INFORMATIONAL} informational answers (1xx) in a row")
 
 
 class Connections:
@@ -548,7 +562,7 @@ class HttpRanges(RangedObject):
             connection.connect()
         call.wait_on(connection.sock, self.read_timeout)    # sending the request
         connection.response_class = functools.partial(  # type: ignore[assignment]
-            CallResponse, call=call, timeout=self.read_timeout)
+            CallResponse, call=call, timeout=self.read_timeout, object_url=self.url)
         connection.request(method, target.path, headers=headers)
         return Exchange(target, connection, connection.getresponse())
 

@@ -67,11 +67,12 @@ class RangeServer:
     ``authorizations`` the Authorization header of each request (None
     without one).
 
-    What a client must bound: ``trickle_heads`` holds the methods (``"HEAD"``,
-    ``"GET"``) whose answers' heads are trickled, a byte of a header every
-    ``trickle_pause`` seconds, ``TRICKLED_HEAD`` bytes at most, after which the
-    connection is closed; ``redirect_body`` is the body of each redirect, trickled
-    in mode ``"trickle"``."""
+    What a client must bound: ``informational`` holds the statuses of informational
+    answers (1xx) sent before each answer to a HEAD or a GET (``103 Early Hints``...);
+    ``trickle_heads`` the methods (``"HEAD"``, ``"GET"``) whose answers' heads are
+    trickled, a byte of a header every ``trickle_pause`` seconds, ``TRICKLED_HEAD``
+    bytes at most, after which the connection is closed; ``redirect_body`` is the
+    body of each redirect, trickled in mode ``"trickle"``."""
 
     def __init__(self, objects=None):
         self.objects = dict(objects or {})
@@ -120,6 +121,7 @@ class RangeServer:
         self.encoding = None
         self.trickle_pause = 0.05
         self.drop_kept = False
+        self.informational = ()
         self.trickle_heads = ()
         self.redirect_body = b""
 
@@ -183,10 +185,14 @@ class RangeServer:
                     self.close_connection = True     # without a word to the client
 
             def began_answer(self, status):
-                """For a method whose heads are trickled, send the head of an answer
-                of `status` trickled until the connection is closed: False when it
-                was."""
+                """Send the informational answers, then, for a method whose heads
+                are trickled, the head of an answer of `status` trickled until the
+                connection is closed: False when it was."""
                 try:
+                    for start in range(0, len(store.informational), 1000):
+                        self.wfile.write(b"".join(
+                            f"HTTP/1.1 {code} Informational\r\nLink: </a>\r\n\r\n".encode()
+                            for code in store.informational[start:start + 1000]))
                     if self.command not in store.trickle_heads:
                         return True
                     self.wfile.write(f"HTTP/1.1 {status}\r\nX-Slow: ".encode())

@@ -344,6 +344,32 @@ def test_a_redirect_whose_body_trickles_times_out_within_the_deadline(one_second
         assert server.bytes_sent < 100
 
 
+@pytest.mark.parametrize("informational", [(103,), (100, 102, 103), (103,) * 16])
+def test_informational_answers_before_an_answer_are_skipped(served, informational):
+    server, put = served
+    url = put("hinted.safetensors", DATA)
+    server.informational = informational
+    server.reset_counts()
+    assert_tensors(fastst.load_file(url))
+    assert requests_of(server)[0] == ("HEAD", "/hinted.safetensors")
+    assert len(server.gets()) == 2     # no GET of the first byte: the HEAD gave a size
+
+
+@pytest.mark.parametrize("count", [17, 100_000])
+def test_more_informational_answers_in_a_row_than_16_are_refused(count):
+    """At the 17th, within the deadline and a bounded CPU time, however many the
+    server would send."""
+    with RangeServer({"/hinted.safetensors": DATA}) as server:
+        server.informational = (100,) * count
+        cpu = time.thread_time()
+        with pytest.raises(SafetensorError, match=r"hinted.safetensors: the server sent more "
+                                                  r"than 16 informational answers \(1xx\) "
+                                                  r"in a row"):
+            fastst.safe_open(f"{server.url}/hinted.safetensors")
+        assert time.thread_time() - cpu < 0.5
+        assert len(server.requests) == 1
+
+
 def test_bodies_are_read_from_the_socket_straight_into_the_arrays(served, monkeypatch):
     """A large body's socket reads fill the arrays themselves, not the answer's
     buffer (8 KiB) to be copied from: what goes through that buffer is the heads and

@@ -63,9 +63,10 @@ class RangeServer:
     Content-Encoding of GET answers (whose bodies stay as they are); mode
     ``"trickle"`` sends a body a byte every ``trickle_pause`` seconds;
     ``drop_kept = True`` closes each connection once it has answered, while
-    saying it is kept. ``connections`` counts the connections accepted, and
-    ``authorizations`` the Authorization header of each request (None
-    without one).
+    saying it is kept. ``connections`` counts the connections accepted,
+    ``authorizations`` holds the Authorization header of each request (None
+    without one), and ``ports`` the client's port of each, which tells its
+    connection.
 
     What a client must bound: ``informational`` holds the statuses of informational
     answers (1xx) sent before each answer to a HEAD or a GET (``103 Early Hints``...);
@@ -83,6 +84,7 @@ class RangeServer:
         self.bytes_sent = 0
         self.connections = 0
         self.authorizations = []
+        self.ports = []
         self.in_flight = 0
         self.most_in_flight = 0
         self.lock = threading.Lock()
@@ -129,6 +131,7 @@ class RangeServer:
         with self.lock:
             self.requests.clear()
             self.authorizations.clear()
+            self.ports.clear()
             self.bytes_sent = 0
             self.connections = 0
             self.most_in_flight = 0
@@ -162,7 +165,7 @@ class RangeServer:
                     store.connections += 1
 
             def do_HEAD(self):
-                store.record("HEAD", self.path, None, self.headers.get("Authorization"))
+                store.record(self, "HEAD", None)
                 self.mode = None
                 if not self.began_answer("200 OK") or self.sent_elsewhere(head=True):
                     return
@@ -177,7 +180,7 @@ class RangeServer:
             def do_GET(self):
                 asked = self.headers.get("Range")
                 with store.counting() as self.request_ends:
-                    store.record("GET", self.path, asked, self.headers.get("Authorization"))
+                    store.record(self, "GET", asked)
                     self.mode = store.hostile_mode()
                     if self.began_answer("206 Partial Content") and not self.sent_elsewhere():
                         self.get(asked)
@@ -357,10 +360,11 @@ class RangeServer:
                 return None
             return self.mode
 
-    def record(self, method, path, asked, authorization=None):
+    def record(self, handler, method, asked):
         with self.lock:
-            self.requests.append((method, path, asked))
-            self.authorizations.append(authorization)
+            self.requests.append((method, handler.path, asked))
+            self.ports.append(handler.client_address[1])
+            self.authorizations.append(handler.headers.get("Authorization"))
 
     @contextlib.contextmanager
     def counting(self):

@@ -160,33 +160,94 @@ def test_threads_reading_one_handle_at_once_each_get_their_bytes(served):
                 assert (rows == TENSORS[name][start:start + 50]).all()
 
 
-FORKED = """
-import os, sys
+# run by the scripts of the tests that fork: fork(child) gives the child's exit code
+FORKING = """
+import multiprocessing, os, signal, sys, threading, time
 import numpy as np
-import fastst
-url, expected = sys.argv[1], np.arange(40_000, 80_000, dtype=np.float32)
+import fastst, fastst.remote
+
+def tensor(k):
+    return np.arange(k * 40_000, (k + 1) * 40_000, dtype=np.float32)
+
+def fork(child, how="os.fork"):
+    \"\"\"child() in a process forked by os.fork or multiprocessing: its exit code, or
+    "hung" where it has not ended within 10 s.\"\"\"
+    if how == "multiprocessing":
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            return "hung"
+        return process.exitcode
+    pid = os.fork()
+    if pid == 0:
+        child()
+    for _ in range(200):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "hung"
+"""
+
+FORKED = FORKING + """
+url, how = sys.argv[1:]
 with fastst.safe_open(url) as f:
+    def child():
+        same = (f.get_tensor("t1") == tensor(1)).all()
+        if how == "os.fork, os._exit":
+            os._exit(0 if same else 1)
+        sys.exit(0 if same else 1)     # the handle closed, atexit and finalizers run
+
     f.get_tensor("t0")                  # the parent keeps a connection open
     print("forking", flush=True)
-    sys.stdin.readline()                # the test counts connections from here
-    child = os.fork()
-    if child == 0:
-        os._exit(0 if (f.get_tensor("t1") == expected).all() else 1)
-    _, status = os.waitpid(child, 0)
-    print(os.waitstatus_to_exitcode(status), (f.get_tensor("t1") == expected).all())
+    sys.stdin.readline()                # the test counts requests from here
+    code = fork(child, how)
+    print(code, (f.get_tensor("t2") == tensor(2)).all())
 """
 
 
-def test_a_process_forked_with_a_handle_open_reads_on_connections_of_its_own(served):
+@pytest.mark.parametrize("how", ["os.fork, os._exit", "os.fork, sys.exit", "multiprocessing"])
+def test_a_process_forked_with_a_handle_open_reads_on_connections_of_its_own(served, how):
     server, put = served
     url = put("forked.safetensors", DATA)
-    with subprocess.Popen([sys.executable, "-c", FORKED, url], stdin=subprocess.PIPE,
+    with subprocess.Popen([sys.executable, "-c", FORKED, url, how], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, text=True) as process:
         assert process.stdout.readline() == "forking\n"
+        parents = set(server.ports)
         server.reset_counts()
         said, _ = process.communicate("go\n", timeout=60)
     assert said.split() == ["0", "True"]
+    child, parent = server.ports      # a GET each: the child's of t1, then the parent's of t2
+    assert child not in parents and parent in parents
     assert server.connections == 1    # the child's own; the parent's kept one still serves
+
+
+FORKED_IN_FLIGHT = FORKING + """
+with fastst.safe_open(sys.argv[1], storage_options={"part_size": 4 << 20}) as f:
+    got = {}
+    reading = threading.Thread(target=lambda: got.update(big=f.get_tensor("big")))
+    reading.start()
+    time.sleep(0.3)                     # its parts in flight, on connections of their own
+    in_flight = reading.is_alive()
+    code = fork(lambda: os._exit(0 if (f.get_tensor("t1") == tensor(1)).all() else 1))
+    reading.join()
+    print(in_flight, code, (got["big"] == 7).all(), (f.get_tensor("t2") == tensor(2)).all())
+"""
+
+
+def test_a_read_in_flight_when_its_process_forks_goes_on_and_the_child_reads_too(served):
+    server, put = served
+    url = put("in-flight.safetensors", fastst.save({**TENSORS, "big": np.full(4 * MiB, 7,
+                                                                              np.float32)}))
+    server.rate = 8 * MiB     # a second or so for the 16 MiB tensor
+    done = subprocess.run([sys.executable, "-c", FORKED_IN_FLIGHT, url], capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.split() == ["True", "0", "True", "True"], done.stderr[-2000:]
 
 
 # ---------------------------------------------------------------------------

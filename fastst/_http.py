@@ -352,6 +352,7 @@ class HttpRanges(RangedObject):
         self.connections = Connections(self.connect_timeout, limits.max_requests)
         weakref.finalize(self, self.connections.close)
         self.lock = threading.Lock()    # the pace, a call's tally, the location
+        _OPEN.add(self)
         head = self._look_up("opening it")
         if head.size is None:
             raise SafetensorError(f"{url}: the store gives no size for the object (it is "
@@ -612,6 +613,19 @@ class HttpRanges(RangedObject):
         with self.lock:
             self.location = head.location
 
+
+_OPEN: weakref.WeakSet[HttpRanges] = weakref.WeakSet()    # given new locks in a fork's child
+
+
+def _new_locks_in_a_forked_child() -> None:
+    """Give each object locks of its own in a forked child: a thread of the parent may
+    have held one when it forked, and no thread of the child would release it."""
+    for ranges in _OPEN:
+        ranges.lock = threading.Lock()
+        ranges.connections.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_in_a_forked_child)
 
 _TOTAL = re.compile(r"^\s*bytes\s+(?:\d+-\d+|\*)/(\d+|\*)\s*$", re.IGNORECASE)
 

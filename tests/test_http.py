@@ -250,6 +250,37 @@ def test_a_read_in_flight_when_its_process_forks_goes_on_and_the_child_reads_too
     assert done.stdout.split() == ["True", "0", "True", "True"], done.stderr[-2000:]
 
 
+FORKED_LOCKED = FORKING + """
+url, which = sys.argv[1:]
+ranges = fastst.remote.open_object(url, None)
+expected = bytes(ranges([(100, 1000)])[0])      # a connection kept
+lock = ranges.lock if which == "the object's" else ranges.connections.lock
+held, release = threading.Event(), threading.Event()
+
+def hold():     # as a read's threads do, briefly, to count bytes or start one another
+    with lock:
+        held.set()
+        release.wait()
+
+threading.Thread(target=hold).start()
+held.wait()
+code = fork(lambda: os._exit(0 if bytes(ranges([(100, 1000)])[0]) == expected else 1))
+release.set()
+print(code, bytes(ranges([(100, 1000)])[0]) == expected)
+"""
+
+
+@pytest.mark.parametrize("which", ["the object's", "its connections'"])
+def test_a_process_forked_while_a_thread_holds_a_lock_of_the_object_reads_it(served, which):
+    """No thread of the child releases a lock that a thread of the parent held when it
+    forked: the child takes locks of its own."""
+    server, put = served
+    url = put("locked.safetensors", DATA)
+    done = subprocess.run([sys.executable, "-c", FORKED_LOCKED, url, which],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["0", "True"], done.stderr[-2000:]
+
+
 # ---------------------------------------------------------------------------
 # Redirects, credentials, signed locations
 # ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import re
 import selectors
+import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +26,8 @@ RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
 
 class RangeServer:
-    """A threaded HTTP server on 127.0.0.1 serving `objects` (path -> bytes).
+    """A threaded HTTP server on 127.0.0.1 (or `host`, ``"::1"`` say) serving `objects`
+    (path -> bytes).
 
     It answers HEAD and GET, honours ``Range: bytes=a-b`` (206 and Content-Range)
     and ``If-Match`` (412 when the ETag differs), and counts requests, body bytes
@@ -65,8 +67,8 @@ class RangeServer:
     ``drop_kept = True`` closes each connection once it has answered, while
     saying it is kept. ``connections`` counts the connections accepted,
     ``authorizations`` holds the Authorization header of each request (None
-    without one), and ``ports`` the client's port of each, which tells its
-    connection.
+    without one), ``hosts`` its Host header, and ``ports`` the client's port of
+    each, which tells its connection.
 
     What a client must bound: ``informational`` holds the statuses of informational
     answers (1xx) sent before each answer to a HEAD or a GET (``103 Early Hints``...);
@@ -75,7 +77,7 @@ class RangeServer:
     bytes at most, after which the connection is closed; ``redirect_body`` is the
     body of each redirect, trickled in mode ``"trickle"``."""
 
-    def __init__(self, objects=None):
+    def __init__(self, objects=None, host="127.0.0.1"):
         self.objects = dict(objects or {})
         self.be_honest()
         self.endless_limit = 2 << 30
@@ -84,17 +86,20 @@ class RangeServer:
         self.bytes_sent = 0
         self.connections = 0
         self.authorizations = []
+        self.hosts = []
         self.ports = []
         self.in_flight = 0
         self.most_in_flight = 0
         self.lock = threading.Lock()
         self.released = threading.Event()   # ends stalls
-        self.server = QuietServer(("127.0.0.1", 0), self.handler())
+        serving = QuietServer6 if ":" in host else QuietServer
+        self.server = serving((host, 0), self.handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        host, port = self.server.server_address[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def modified(self, path, data):
         """When the content `data` of `path` was last modified (whole seconds, as
@@ -131,6 +136,7 @@ class RangeServer:
         with self.lock:
             self.requests.clear()
             self.authorizations.clear()
+            self.hosts.clear()
             self.ports.clear()
             self.bytes_sent = 0
             self.connections = 0
@@ -363,6 +369,7 @@ class RangeServer:
     def record(self, handler, method, asked):
         with self.lock:
             self.requests.append((method, handler.path, asked))
+            self.hosts.append(handler.headers.get("Host"))
             self.ports.append(handler.client_address[1])
             self.authorizations.append(handler.headers.get("Authorization"))
 
@@ -444,6 +451,11 @@ class QuietServer(http.server.ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
+
+
+class QuietServer6(QuietServer):
+    """A QuietServer on an IPv6 address."""
+    address_family = socket.AF_INET6
 
 
 @functools.lru_cache(maxsize=64)

@@ -4,6 +4,7 @@ expire, servers that refuse HEAD or give weak ETags, bounded waits, threads, for
 What every transport must do with hostile answers is tested in test_remote.py."""
 import concurrent.futures
 import io
+import socket
 import subprocess
 import sys
 import threading
@@ -286,17 +287,23 @@ def test_a_process_forked_while_a_thread_holds_a_lock_of_the_object_reads_it(ser
 # ---------------------------------------------------------------------------
 
 
+def assert_redirected_once(server, url, path):
+    """Read every tensor of `url`, whose `path` `server` redirects to
+    /blobs/b.safetensors, then one again: the redirect is followed at opening only."""
+    with fastst.safe_open(url) as f:
+        assert_tensors(f.get_tensors())
+        f.get_tensor("t3")
+    assert requests_of(server) == [("HEAD", path), ("HEAD", "/blobs/b.safetensors")] + \
+        [("GET", "/blobs/b.safetensors")] * 3
+
+
 def test_redirects_are_followed_once_at_opening(served):
     server, put = served
     put("blobs/b.safetensors", DATA)
     server.redirects["/models/a.safetensors"] = "/blobs/b.safetensors"
     server.reset_counts()
-    with fastst.safe_open(f"{server.url}/models/a.safetensors") as f:
-        assert_tensors(f.get_tensors())
-        f.get_tensor("t3")
-    assert requests_of(server) == [("HEAD", "/models/a.safetensors"),
-                                   ("HEAD", "/blobs/b.safetensors")] + \
-        [("GET", "/blobs/b.safetensors")] * 3
+    assert_redirected_once(server, f"{server.url}/models/a.safetensors",
+                           "/models/a.safetensors")
 
 
 def test_credentials_go_to_the_urls_own_host_only(served):
@@ -310,6 +317,31 @@ def test_credentials_go_to_the_urls_own_host_only(served):
             f"http://me:pass@127.0.0.1:{server.server.server_address[1]}/model.safetensors"))
         assert len(elsewhere.requests) >= 4 and set(elsewhere.authorizations) == {None}
     assert server.authorizations == ["Bearer s3cret", "Basic bWU6cGFzcw=="]
+
+
+def ipv6_loopback():
+    """Whether this machine has an IPv6 loopback address (::1) to serve on."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback address (::1) here")
+def test_an_ipv6_literal_url_is_read_with_its_redirects_and_credentials():
+    with RangeServer({"/blobs/b.safetensors": DATA}, host="::1") as server, \
+            RangeServer({"/blob": DATA}) as elsewhere:
+        port = server.server.server_address[1]
+        server.redirects.update({"/a.safetensors": "/blobs/b.safetensors",
+                                 "/away.safetensors": f"{elsewhere.url}/blob"})
+        assert_redirected_once(server, f"http://me:pass@[::1]:{port}/a.safetensors",
+                               "/a.safetensors")
+        assert set(server.hosts) == {f"[::1]:{port}"}
+        assert set(server.authorizations) == {"Basic bWU6cGFzcw=="}
+        assert_tensors(fastst.load_file(f"http://me:pass@[::1]:{port}/away.safetensors"))
+        assert elsewhere.gets() and set(elsewhere.authorizations) == {None}
 
 
 def test_an_expired_location_is_looked_up_again_from_the_url(served):

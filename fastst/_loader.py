@@ -86,7 +86,7 @@ class Loader:
         cache holds reads them so too, whole, in order, before its first batch
         (which takes rows from nearly everywhere).
     seed : int, optional
-        The seed of the shuffled orders; None draws one (saved in
+        The seed of the shuffled orders, from 0; None draws one (saved in
         ``state_dict()``). Needed when there are several ranks.
     drop_last : bool, default False
         Leave out each rank's last batch when it is shorter.
@@ -139,8 +139,10 @@ class Loader:
         tensors of a file (each message names the file); when a pattern or a
         directory has no file.
     ValueError
-        For a `batch_size`, `threads`, `prefetch`, `rank` or `world_size`
-        out of range, or several ranks with no seed.
+        For a `batch_size`, `threads`, `prefetch`, `block_rows`,
+        `window_blocks`, `seed`, `rank` or `world_size` that is not an integer
+        (a bool, a float, a str) or is out of range; for several ranks with no
+        seed.
 
     Examples
     --------
@@ -168,10 +170,10 @@ class Loader:
                  framework: str = "np", device: Any = "cpu", pin_memory: bool = False,
                  block_rows: int = 4096, window_blocks: int = 16, backend: Backend = "mmap",
                  storage_options: Optional[Dict[str, Any]] = None) -> None:
-        for what, value in (("batch_size", batch_size), ("threads", threads),
-                            ("prefetch", prefetch), ("block_rows", block_rows),
-                            ("window_blocks", window_blocks)):
-            _check_positive(what, value)
+        self.batch_size, self.threads, self.prefetch, self.block_rows, self.window_blocks = (
+            _integer(what, value, 1) for what, value in (
+                ("batch_size", batch_size), ("threads", threads), ("prefetch", prefetch),
+                ("block_rows", block_rows), ("window_blocks", window_blocks)))
         if shuffle not in (False, True, "blocks"):
             raise ValueError(f"shuffle must be False, True or 'blocks', got {shuffle!r}")
         if pin_memory and framework not in ("pt", "torch", "pytorch"):
@@ -183,10 +185,9 @@ class Loader:
                                  "so that they share one order")
             seed = int(np.random.SeedSequence().entropy) if shuffle else 0
         self.names: Tuple[str, ...] = (names,) if isinstance(names, str) else tuple(names)
-        self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, int(seed)
-        self.drop_last, self.threads, self.prefetch = drop_last, threads, prefetch
+        self.shuffle, self.seed, self.drop_last = shuffle, _integer("seed", seed, 0), drop_last
         self.copy, self.framework, self.device = copy, framework, device
-        self.pin_memory, self.block_rows, self.window_blocks = pin_memory, block_rows, window_blocks
+        self.pin_memory = pin_memory
         if pin_memory:
             _check_pinned_memory()
         self._dataset = _Dataset(source, self.names, backend, storage_options)
@@ -240,10 +241,9 @@ class Loader:
         >>> first == again
         True
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be an integer from 0, got {epoch!r}")
+        epoch = _integer("epoch", epoch, 0)
         if epoch != self._epoch:
-            self._epoch, self._batch = int(epoch), 0
+            self._epoch, self._batch = epoch, 0
 
     # -- iterating ------------------------------------------------------------
 
@@ -376,7 +376,9 @@ class Loader:
         ValueError
             When the state's order was made with other settings (batch size,
             shuffle, ranks...) or drawn by an earlier version of fastst whose
-            orders differ, or it is not a loader's state.
+            orders differ; when its ``seed``, ``epoch`` or ``batch`` is not an
+            integer (a bool, a float, a str) or is out of range, or it is not a
+            loader's state. Nothing is changed then.
 
         Examples
         --------
@@ -392,6 +394,8 @@ class Loader:
         if not isinstance(state, dict) or not {"epoch", "batch", "seed", "settings",
                                                 "fingerprint"} <= set(state):
             raise ValueError("not a Loader's state_dict()")
+        seed = _integer("the state's seed", state["seed"], 0)
+        epoch = _integer("the state's epoch", state["epoch"], 0)
         settings = self._settings()
         if state["settings"] != settings:
             if (isinstance(state["settings"], dict) and {**state["settings"], **_ORDER_VERSIONS}
@@ -402,10 +406,9 @@ class Loader:
             raise ValueError(f"the state's order was made with {state['settings']}, this "
                              f"loader's with {settings}: make the loader as it was")
         self._dataset.check_fingerprint(state["fingerprint"])
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if epoch < 0 or not 0 <= batch <= len(self):
-            raise ValueError(f"no batch {batch} of epoch {epoch}: {len(self)} batches an epoch")
-        self.seed, self._epoch, self._batch = int(state["seed"]), epoch, batch
+        # the state's settings are this loader's: its epochs had as many batches
+        batch = _integer("the state's batch", state["batch"], 0, len(self))
+        self.seed, self._epoch, self._batch = seed, epoch, batch
 
     def _settings(self) -> Dict[str, Any]:
         settings = {"batch_size": self.batch_size, "shuffle": self.shuffle,
@@ -663,9 +666,14 @@ def _check_pinned_memory() -> None:
                            f"give ({error}); leave pin_memory out") from None
 
 
-def _check_positive(what: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+def _integer(what: str, value: Any, least: int, most: Optional[int] = None) -> int:
+    """`value`, an integer (not a bool, a float or a str) from `least` to `most`, as
+    an int; else the ValueError that names it `what`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or value < least or (most is not None and value > most):
+        span = f"from {least}" if most is None else f"from {least} to {most}"
+        raise ValueError(f"{what} must be an integer {span}, got {value!r}")
+    return int(value)
 
 
 def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -678,11 +686,8 @@ def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
         return 0, 1
     if rank is None or world_size is None:
         raise ValueError("give both rank and world_size, or neither")
-    _check_positive("world_size", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
-            or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
-    return int(rank), int(world_size)
+    world_size = _integer("world_size", world_size, 1)
+    return _integer("rank", rank, 0, world_size - 1), world_size
 
 
 def _dataset_files(source: Any, storage_options: Optional[Dict[str, Any]]) -> List[Any]:

@@ -37,7 +37,7 @@ from ._core import SafetensorError
 from ._files import PathLike
 from ._api import safe_open
 from ._handle import Backend
-from ._loader import Loader, Names, _common_length
+from ._loader import Loader, Names, _common_length, _integer
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -401,9 +401,7 @@ def _order(length: int, shuffle: bool, seed: Any) -> npt.NDArray[Any]:
 
 def _batched(order: npt.NDArray[Any], batch_size: int, drop_last: bool
              ) -> Iterator[npt.NDArray[Any]]:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-            or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = _integer("batch_size", batch_size, 1)
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     for start in range(0, stop, batch_size):
         yield order[start:start + batch_size]

@@ -902,6 +902,23 @@ def test_a_state_is_refused_for_other_files_or_settings(three_files, one_file):
             other.load_state_dict({"epoch": 0})
 
 
+@pytest.mark.parametrize("field,value", [("seed", -1), ("seed", "3"), ("seed", 2.5),
+                                         ("seed", True), ("seed", None), ("epoch", "1"),
+                                         ("epoch", 1.0), ("epoch", -1), ("batch", "2"),
+                                         ("batch", 2.0), ("batch", True), ("batch", 99)])
+def test_a_state_with_a_field_of_another_type_or_out_of_range_is_refused_naming_it(
+        one_file, field, value):
+    """Checked whole when loaded, not by ``int()`` nor at the first batch: the loader
+    stays where it was."""
+    with Loader(one_file, "y", 10, shuffle=True, seed=3) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+        with pytest.raises(ValueError, match=f"^the state's {field} must be .*, got {value!r}$"):
+            loader.load_state_dict({**state, field: value})
+        assert loader.state_dict() == state
+        assert rows_of(taken(loader)).tolist() == permutation(ROWS, 3, 0)[10:].tolist()
+
+
 @pytest.mark.parametrize("shuffle,versions", [("blocks", ["block_edges", "draws"]),
                                                (True, ["draws"])])
 def test_a_state_of_an_order_drawn_by_an_earlier_version_is_refused(three_files, shuffle,
@@ -984,6 +1001,17 @@ def test_rows_of_another_dtype_or_shape_are_refused_by_file(three_files, changed
     with pytest.raises(SafetensorError, match=r"train-00002.safetensors: tensor 'x' has rows "
                                               r"of .* where .*train-00000.safetensors"):
         Loader(three_files, ["x", "y"], 8)
+
+
+@pytest.mark.parametrize("argument,value", [("seed", -1), ("seed", "3"), ("seed", 2.5),
+                                            ("seed", True), ("batch_size", 2.5),
+                                            ("batch_size", True), ("batch_size", "2"),
+                                            ("prefetch", 2.0), ("threads", False),
+                                            ("block_rows", 0)])
+def test_an_argument_of_another_type_or_out_of_range_is_refused_naming_it(one_file, argument,
+                                                                          value):
+    with pytest.raises(ValueError, match=f"^{argument} must be .*, got {value!r}$"):
+        Loader(one_file, "y", **{"batch_size": 10, "shuffle": True, argument: value})
 
 
 def test_patterns_and_folders_with_no_file_are_refused(tmp_path):

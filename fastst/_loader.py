@@ -68,7 +68,8 @@ class Loader:
         The tensors, of equal length along their first axis in each file.
         Every file must hold them all, with the same dtype and row shape.
     batch_size : int
-        Rows a batch, at least 1.
+        Rows a batch, at least 1. The buffers hold no more than this rank's
+        rows of an epoch, whatever the number.
     shuffle : bool or "blocks", default False
         ``True``: a permutation of all the rows, drawn from ``(seed, epoch)``.
         ``"blocks"``: rows in blocks of `block_rows` adjacent rows, the blocks
@@ -98,10 +99,12 @@ class Loader:
         with its first rows to a multiple of `world_size`; with it, cut to
         one. Every rank gets the same number of batches.
     threads : int, default 2
-        Threads that gather. Over mapped files, the thread that waits for a
+        Threads that gather; no more are started than batches may be in
+        flight (`prefetch` + 1). Over mapped files, the thread that waits for a
         small batch (512 KiB at most) fills the next ones itself meanwhile.
     prefetch : int, default 4
-        Batches gathered ahead of the one taken; the ring holds twice as many.
+        Batches gathered ahead of the one taken; the ring holds twice as many,
+        and no more than the batches of an epoch.
     copy : bool, default False
         Give each batch fresh arrays instead of the ring's.
     framework : str, default "np"
@@ -265,7 +268,7 @@ class Loader:
                          scattered=self.shuffle is True)
                   if self.shuffle else None)
         pipeline = Pipeline(self._dataset, lambda: self._rank_rows(epoch),
-                            self.batch_size, todo, slots, self.prefetch, self.threads, blocks)
+                            self._batch_rows(), todo, slots, self.prefetch, self.threads, blocks)
         delivered: Dict[int, Dict[str, Any]] = {}
         try:
             for position, index in enumerate(todo):
@@ -278,6 +281,12 @@ class Loader:
             pipeline.stop()
             self._ring = slots
 
+    def _batch_rows(self) -> int:
+        """The rows a batch can hold: `batch_size`, or this rank's share of an epoch
+        where that is fewer (its one batch), so that no buffer is sized by a
+        `batch_size` past the rows."""
+        return max(1, min(self.batch_size, self._share()))
+
     def _window_batches(self, workers: int) -> int:
         """The batches of an iteration that a window of a block shuffle fills: this
         rank's share of its rows, and this worker's of their batches."""
@@ -289,13 +298,14 @@ class Loader:
         iteration under way holds its own."""
         ring, self._ring = self._ring, None
         if ring is None or len(ring) != size:
-            ring = [self._dataset.buffers(self.batch_size, self._allocate) for _ in range(size)]
+            ring = [self._dataset.buffers(self._batch_rows(), self._allocate)
+                    for _ in range(size)]
         return ring
 
     def _deliver(self, slots: List[Dict[str, Any]], slot: int, size: int,
                  delivered: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
         buffers = slots[slot]
-        if self.copy or self.framework in ("jax", "flax") or size < self.batch_size:
+        if self.copy or self.framework in ("jax", "flax") or size < self._batch_rows():
             arrays = {name: buffer[:size] for name, buffer in buffers.items()}
             if self.copy or self.framework in ("jax", "flax"):
                 arrays = {name: array.copy() for name, array in arrays.items()}

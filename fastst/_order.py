@@ -60,9 +60,10 @@ class EpochRows:
             self.order, ends = deal_rows(total, self.bits)
             self._lay_out_in_pieces(ends.tolist())
         else:
-            order = np.arange(total, dtype=np.int64)
-            order = np.resize(order, every) if every > total else order[:every]
-            self.rows = np.ascontiguousarray(order[rank::world])
+            # positions rank, rank + world... of the rows in turn, repeated from the
+            # first: not the order of `every` positions, where `world` is past the rows
+            places = np.arange(rank, every, world, dtype=np.int64)
+            self.rows = places % total if every > total else places
             self.done = len(self.rows)          # positions of `rows` that hold their rows
 
     def _lay_out_blocks(self, seed: int, epoch: int, block_rows: int,

@@ -200,10 +200,11 @@ class Pipeline:
         if self.ring is None:
             for position in range(min(self.ahead, len(todo))):
                 self._start(position)
+        # no more than the batches in flight: the one taken, and `ahead` after it
         self.workers = [threading.Thread(target=self._work if self.ring is None
                                          else self._gather, daemon=True,
                                          name=f"fastst-loader-{k}")
-                        for k in range(min(threads, len(todo)))]
+                        for k in range(min(threads, self.ahead + 1, len(todo)))]
         _PIPELINES.add(self)
         for worker in self.workers:
             worker.start()

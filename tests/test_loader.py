@@ -27,7 +27,7 @@ from fastst._rowblocks import BlockEdges
 from fastst.data import Loader
 
 from conftest import modules_loaded_by
-from helpers import wait_until
+from helpers import run_bounded, wait_until
 from pages import (cached_pages, drop_or_skip, map_flags, open_descriptors, opened_since,
                    read_bytes)
 from servers import RangeServer
@@ -974,6 +974,43 @@ def test_copy_gives_each_batch_its_own_arrays(one_file):
     assert_same_batches(batches, expected_batches(np.arange(ROWS), 5))
     assert not any(np.shares_memory(a["x"], b["x"]) for a in batches for b in batches
                    if a is not b)
+
+
+@pytest.mark.parametrize("options,batches,most_threads", [
+    (dict(batch_size=10**12), 1, 2),
+    (dict(batch_size=10**12, shuffle=True, seed=1), 1, 2),
+    (dict(batch_size=10**12, shuffle="blocks", seed=1, backend="pread"), 1, 2),
+    (dict(batch_size=100, prefetch=10**9, threads=10**9), 40, 41),
+    (dict(batch_size=1, threads=10**9), 4000, 5),
+    (dict(batch_size=1, threads=10**9, backend="pread"), 4000, 5),
+    (dict(batch_size=100, rank=7, world_size=10**9), 1, 1),
+])
+def test_no_buffer_order_or_thread_is_sized_by_a_number_past_what_the_rows_need(
+        tmp_path, options, batches, most_threads):
+    """A batch holds at most this rank's share of the rows, the ring at most the
+    epoch's batches, the gathering threads at most the batches that may be in flight
+    (`prefetch` beyond the one taken), a rank's order its share: nothing is sized by
+    the number given alone."""
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file(table(4000), path)
+    out = run_bounded(f"""
+        import threading
+        from fastst.data import Loader
+        most = 0
+        with Loader({str(path)!r}, ["x", "y"], **{options!r}) as loader:
+            sizes = []
+            for batch in loader:
+                sizes.append(len(batch["y"]))
+                gathering = [thread for thread in threading.enumerate()
+                             if thread.name.startswith("fastst-loader-")
+                             and thread.name[len("fastst-loader-"):].isdigit()]
+                most = max(most, len(gathering))
+        print(len(sizes), sum(sizes), most)
+    """, memory=1 << 30, timeout=60)
+    count, rows, threads = map(int, out.split())
+    rows_needed = 1 if "world_size" in options else 4000
+    assert (count, rows) == (batches, rows_needed)
+    assert threads <= most_threads
 
 
 # ---------------------------------------------------------------------------

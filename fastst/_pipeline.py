@@ -182,13 +182,13 @@ class Pipeline:
         self.rows = self.order.rows
         # a full shuffle's order is laid out as its batches are gathered (`_lay_out`)
         self.scattered = blocks is not None and blocks.scattered
-        if blocks is not None and not blocks.scattered:
-            self._read_blocks(blocks)
         self.slots, self.ahead = slots, min(ahead, len(slots))
         self.stopping = False
         self.failure: Optional[BaseException] = None     # of a thread of the ring
         self.pid = os.getpid()
         try:
+            if blocks is not None and not blocks.scattered:
+                self._read_blocks(blocks)
             self.ring = self._batch_ring()
         except BaseException:
             self._stop_readers()
@@ -206,6 +206,14 @@ class Pipeline:
                                          name=f"fastst-loader-{k}")
                         for k in range(min(threads, self.ahead + 1, len(todo)))]
         _PIPELINES.add(self)
+        try:
+            self._start_threads()
+        except BaseException:      # a thread the system would not start: the others end
+            self.stop()
+            raise
+
+    def _start_threads(self) -> None:
+        """Start the gathering threads, and tell the ring of the reading ahead."""
         for worker in self.workers:
             worker.start()
         if self.ring is not None and self.cached_blocks is not None:
@@ -418,8 +426,8 @@ class Pipeline:
                 self.to_start.put(None)
         self._stop_readers()
         for worker in self.workers:
-            if worker is not threading.current_thread():
-                worker.join()
+            if worker.ident is not None and worker is not threading.current_thread():
+                worker.join()       # a thread that was started
         if self.ring is not None:
             self.ring.close()
         _PIPELINES.discard(self)

@@ -297,8 +297,12 @@ class CachedBlocks:
         self.threads = [threading.Thread(target=self._read_blocks, daemon=True,
                                          name="fastst-loader-blocks") for _ in range(threads)]
         self.reading = threads
-        for thread in self.threads:
-            thread.start()
+        try:
+            for thread in self.threads:
+                thread.start()
+        except BaseException:      # a thread the system would not start: the others end
+            self.stop()
+            raise
 
     def ask_more(self, more: Callable[[], bool]) -> None:
         """Call ``more()`` for more blocks, on a thread of its own, whenever fewer than
@@ -350,8 +354,8 @@ class CachedBlocks:
             self.stopping = True
             self._wake_all()
         for thread in self.threads:
-            if thread is not threading.current_thread():
-                thread.join()
+            if thread.ident is not None and thread is not threading.current_thread():
+                thread.join()       # a thread that was started
 
     def _read_blocks(self) -> None:
         while True:

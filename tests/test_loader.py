@@ -1147,6 +1147,34 @@ def test_threads_end_on_break_on_an_exception_and_when_collected(one_file, shuff
     assert opened_since(fds) == {}
 
 
+@pytest.mark.usefixtures("every_block_read")
+@pytest.mark.parametrize("shuffle,failing,before", [   # the second gatherer, reader; the asker
+    (False, "fastst-loader-1", 0), (True, "fastst-loader-1", 0), ("blocks", "fastst-loader-1", 0),
+    (True, "fastst-loader-blocks", 1), ("blocks", "fastst-loader-blocks", 1),
+    ("blocks", "fastst-loader-claims", 0)])
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_threads_started_end_when_the_next_cannot_start(one_file, monkeypatch, shuffle,
+                                                        failing, before, backend):
+    """A thread the system will not start (its limit of threads, of memory) is an
+    error at the first batch; those started before it end, and the loader goes on."""
+    start, started = threading.Thread.start, []
+
+    def fails(thread):
+        if thread.name == failing and started.count(failing) == before:
+            raise RuntimeError("can't start new thread")
+        started.append(thread.name)
+        start(thread)
+
+    with Loader(one_file, "y", 10, shuffle=shuffle, seed=0, threads=2,
+                backend=backend) as loader:
+        monkeypatch.setattr(threading.Thread, "start", fails)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            next(iter(loader))
+        assert wait_until(lambda: not loader_threads(), timeout=10)
+        monkeypatch.undo()
+        assert sorted(rows_of(taken(loader)).tolist()) == list(range(ROWS))
+
+
 def test_threads_end_at_interpreter_exit(one_file):
     code = textwrap.dedent(f"""
         import os, threading, numpy as np

@@ -6,6 +6,8 @@ an iteration in ``fastst._pipeline``. ``fastst.data`` is its public face."""
 from __future__ import annotations
 
 import glob
+import hashlib
+import json
 import os
 import sys
 from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optional,
@@ -346,8 +348,9 @@ class Loader:
         -------
         dict
             ``epoch`` and ``batch`` (the next batch), ``seed``, the order's
-            settings, and the dataset's ``fingerprint`` (its files' versions,
-            its tensors, their rows).
+            settings, and the dataset's ``fingerprint``: its files in order,
+            each by a digest of what its header says (tensors, dtypes, shapes,
+            offsets, metadata) and its rows, and the tensors read.
 
         Examples
         --------
@@ -381,8 +384,12 @@ class Loader:
         Raises
         ------
         SafetensorError
-            When the state is of another dataset: a file changed (or another
-            file), other tensors, other lengths.
+            When the state is of another dataset: other tensors read, files
+            whose headers or rows differ, or the same files in another order
+            (each message names the file). Where the files are does not count:
+            a copy of them at another path, or copied back, is the same dataset.
+            A file whose tensors' bytes changed under the same header is not
+            told apart (checksums are: ``fastst verify``).
         ValueError
             When the state's order was made with other settings (batch size,
             shuffle, ranks...) or drawn by an earlier version of fastst whose
@@ -490,10 +497,12 @@ _ORDER_VERSIONS = {"block_edges": None, "draws": None}
 
 
 class _Part(NamedTuple):
-    """A file (or checkpoint) of a dataset: its handle, its first row's number."""
+    """A file (or checkpoint) of a dataset: its handle, its first row's number, its
+    rows, and the digest of what its header says (``_Dataset.header_digest``)."""
     handle: Any
     start: int
     rows: int
+    header: str = ""
 
 
 class _Dataset:
@@ -538,7 +547,7 @@ class _Dataset:
                     f"{handle.source}: tensor {name!r} has rows of {layout[0]} {layout[1]}, "
                     f"where {self.parts[0].handle.source} has rows of {first[0]} {first[1]}: "
                     f"every file of a dataset needs the same")
-        self.parts[-1] = _Part(handle, start, rows)
+        self.parts[-1] = _Part(handle, start, rows, self.header_digest(handle))
 
     def buffers(self, batch_size: int, allocate: Any) -> Dict[str, Any]:
         return {name: allocate((batch_size, *shape), dtype)
@@ -626,11 +635,77 @@ class _Dataset:
                         for dtype, shape in self.layouts.values())
         return self.rows * row_bytes <= read_ahead_limit()
 
+    def header_digest(self, handle: Any) -> str:
+        """The SHA-256 of what the header of `handle`'s file says (of a checkpoint, the
+        headers of the shards of the tensors read, and its index's metadata): each
+        tensor's name, dtype, shape and offsets, the metadata (a file's checksums
+        among it), the header's length. A file holds no byte past its last tensor,
+        so that this tells its size too; what it does not tell is its tensors'
+        bytes."""
+        index = getattr(handle, "index", None)
+        if index is None:
+            tensors = [("", name) for name in handle.offset_keys()]
+            header_length = handle.data_start
+        else:
+            tensors = [(shard, name) for shard in self._shards_read(index)
+                       for name in index.shards[shard]]
+            header_length = None      # each shard's own, not given by a checkpoint
+        described = [[shard, name, info.dtype, info.shape, list(info.data_offsets)]
+                     for shard, name in tensors for info in [handle.info(name)]]
+        said = [header_length, handle.metadata(), described]
+        return hashlib.sha256(json.dumps(said, sort_keys=True).encode()).hexdigest()
+
     def fingerprint(self) -> Dict[str, Any]:
+        """What a state says its dataset is: its files' headers (their digests) and
+        rows, in order, and the tensors read; their paths name them in messages."""
+        return {"sources": [part.handle.source for part in self.parts],
+                "headers": [part.header for part in self.parts],
+                "rows": [part.rows for part in self.parts], "names": list(self.names)}
+
+    def check_fingerprint(self, seen: Any) -> None:
+        """Refuse a state's `seen` fingerprint where it is of another dataset: other
+        tensors, or files whose headers or rows differ, or in another order. Where
+        the files are does not count: a copy of them at another path (or the same
+        copied back) is the same dataset."""
+        if isinstance(seen, dict) and "files" in seen and "headers" not in seen:
+            self._check_earlier_fingerprint(seen)
+            return
+        now = self.fingerprint()
+        if not _is_fingerprint(seen):
+            raise SafetensorError("the state's fingerprint is not a Loader's")
+        difference = _difference(seen, now)
+        if difference is not None:
+            raise SafetensorError(
+                f"the state is of another dataset: {difference}; give the loader the "
+                f"files the state was saved over (a copy of them anywhere will do), or "
+                f"start a new run")
+
+    def _check_earlier_fingerprint(self, seen: Dict[str, Any]) -> None:
+        """A state of an earlier fastst, which names each file by its path and version
+        (device, inode, size, mtime): taken over those files unchanged, as it was then,
+        and refused otherwise."""
         files = [[identity.location, list(identity.version)]
                  for part in self.parts for identity in self._identities(part.handle)]
-        return {"files": files, "names": list(self.names),
-                "rows": [part.rows for part in self.parts]}
+        now: Dict[str, Any] = {"files": files, "names": list(self.names),
+                               "rows": [part.rows for part in self.parts]}
+        if seen == now:
+            return
+        remedy = ("the state names its files by path and inode (an earlier fastst's): "
+                  "continue over those files as they were, or start a new run")
+        if not isinstance(seen.get("files"), list) or not all(
+                isinstance(file, list) and len(file) == 2 for file in seen["files"]):
+            raise SafetensorError("the state's fingerprint is not a Loader's")
+        then_files = {str(location): version for location, version in seen["files"]}
+        for location, version in now["files"]:
+            before = then_files.get(location)
+            if isinstance(before, list) and before != version:
+                raise Identity(location, tuple(before)).changed(
+                    Identity(location, tuple(version)), "file", "the state was saved", remedy)
+        raise SafetensorError(
+            f"the state is of another dataset: files {list(then_files)}, tensors "
+            f"{seen.get('names')}, rows {seen.get('rows')}; this loader reads files "
+            f"{[f for f, _ in now['files']]}, tensors {now['names']}, rows {now['rows']}; "
+            f"{remedy}")
 
     def _identities(self, handle: Any) -> List[Identity]:
         """The versions of the files `handle` reads: a file's, or a checkpoint's
@@ -640,31 +715,51 @@ class _Dataset:
             seen = identity_of(handle)
             return [] if seen is None else [seen]
         place = as_source(index.path, self.storage_options)
-        shards = sorted({index.weight_map[name] for name in self.names})
-        found = [place.identity()] + [place.sibling(shard).identity() for shard in shards]
+        found = [place.identity()] + [place.sibling(shard).identity()
+                                      for shard in self._shards_read(index)]
         return [identity for identity in found if identity is not None]
 
-    def check_fingerprint(self, seen: Any) -> None:
-        now = self.fingerprint()
-        if seen == now:
-            return
-        if not isinstance(seen, dict) or not isinstance(seen.get("files"), list):
-            raise SafetensorError("the state's fingerprint is not a Loader's")
-        then_files = {location: version for location, version in seen["files"]}
-        for location, version in now["files"]:
-            before = then_files.get(location)
-            if before is not None and before != version:
-                raise Identity(location, tuple(before)).changed(
-                    Identity(location, tuple(version)), "file", "the state was saved",
-                    "the state is of the dataset as it was; start a new run")
-        raise SafetensorError(
-            f"the state is of another dataset: files {[f for f, _ in seen['files']]}, tensors "
-            f"{seen.get('names')}, rows {seen.get('rows')}; this loader reads files "
-            f"{[f for f, _ in now['files']]}, tensors {now['names']}, rows {now['rows']}")
+    def _shards_read(self, index: Any) -> List[str]:
+        """The shards of a checkpoint (its `index`) that hold the tensors read."""
+        return sorted({index.weight_map[name] for name in self.names})
 
     def close(self) -> None:
         for part in self.parts:
             part.handle.close()
+
+
+def _is_fingerprint(seen: Any) -> bool:
+    """Whether `seen` is a fingerprint as ``_Dataset.fingerprint`` makes them."""
+    if not isinstance(seen, dict) or not all(
+            isinstance(seen.get(key), list) for key in ("sources", "headers", "rows", "names")):
+        return False
+    parts = len(seen["headers"])
+    return (len(seen["sources"]) == len(seen["rows"]) == parts
+            and all(isinstance(header, str) for header in seen["headers"])
+            and all(isinstance(rows, int) for rows in seen["rows"]))
+
+
+def _difference(then: Dict[str, Any], now: Dict[str, Any]) -> Optional[str]:
+    """What differs between the dataset of fingerprint `then` and that of `now`, in
+    words (naming the files); None where they are the same."""
+    if then["names"] != now["names"]:
+        return f"tensors {then['names']}, where this loader reads {now['names']}"
+    held_then = list(zip(then["headers"], then["rows"]))
+    held_now = list(zip(now["headers"], now["rows"]))
+    if held_then == held_now:
+        return None
+    if len(held_then) != len(held_now):
+        return (f"{len(held_then)} files {then['sources']}, where this loader reads "
+                f"{len(held_now)}: {now['sources']}")
+    if sorted(held_then) == sorted(held_now):
+        return (f"its files {then['sources']} are in another order here: "
+                f"{now['sources']}")
+    k = next(k for k, (was, held) in enumerate(zip(held_then, held_now)) if was != held)
+    source, was = now["sources"][k], f"file {k + 1} of the state's, {then['sources'][k]}"
+    if held_now[k][1] != held_then[k][1]:
+        return f"{source} has {held_now[k][1]} rows, where {was}, had {held_then[k][1]}"
+    return (f"{source} has another header than {was} (other tensors, dtypes, shapes, "
+            f"offsets or metadata)")
 
 
 def _check_pinned_memory() -> None:

@@ -4,6 +4,7 @@ import gc
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -873,16 +874,122 @@ def test_set_epoch_keeps_a_resumed_position_in_that_epoch(one_file):
         assert again.epoch == 3
 
 
-def test_a_state_is_refused_for_a_changed_file(three_files):
-    with Loader(three_files, "y", 10) as loader:
-        next(iter(loader))
+def stopped_after(made, batches):
+    """The state of a Loader made with `made` after `batches` batches, and the batches
+    that an uninterrupted run takes after them, to the end of the next epoch."""
+    with Loader(**made) as loader:
+        iterator = iter(loader)
+        for _ in range(batches):
+            next(iterator)
         state = loader.state_dict()
-    shard = three_files / "train-00001.safetensors"
-    fastst.save_file(table(23, 40), shard)     # the same rows, written again
+        iterator.close()
+        return state, taken(loader) + taken(loader)
+
+
+def fresh_copy(path):
+    """`path` removed and copied back: the same bytes, another inode."""
+    inode, kept = os.stat(path).st_ino, path.with_name(path.name + ".kept")
+    shutil.copyfile(path, kept)
+    os.replace(kept, path)
+    assert os.stat(path).st_ino != inode
+
+
+@pytest.mark.parametrize("layout", ["files", "checkpoint"])
+@pytest.mark.parametrize("staged", ["elsewhere", "copied back"])
+def test_a_state_continues_over_its_files_copied_to_another_path_or_back(tmp_path, three_files,
+                                                                          layout, staged):
+    """Each restart of a cluster job stages its data to local scratch again: the same
+    files, another path or inode. A state names its files by what their headers say."""
+    if layout == "checkpoint":
+        source = tmp_path / "checkpoint"
+        fastst.save_file(table(), source, max_shard_size=1000)
+        assert len(list(source.glob("*.safetensors"))) == 2     # x's and y's
+    else:
+        source = three_files
+    made = dict(names=["x", "y"], batch_size=15, shuffle=True, seed=11)
+    state, rest = stopped_after(dict(source=source, **made), 3)
+    if staged == "elsewhere":
+        source = shutil.copytree(source, tmp_path / "scratch" / "staged")
+    else:
+        for path in source.iterdir():
+            fresh_copy(path)
+    with Loader(source, **made) as restarted:
+        restarted.load_state_dict(state)
+        assert_same_batches(taken(restarted) + taken(restarted), rest)
+
+
+@pytest.mark.parametrize("changed,difference", [
+    (table(24, 40), r"train-00001.safetensors has 24 rows, where file 2 of the state's, "
+                    r".*train-00001.safetensors, had 23"),
+    ({"features": table(23, 40)["x"], "y": table(23, 40)["y"]},
+     r"train-00001.safetensors has another header than file 2 of the state's")],
+    ids=["one more row", "a tensor renamed"])
+def test_a_state_is_refused_over_a_file_whose_header_differs_naming_it(three_files, changed,
+                                                                       difference):
+    """A tensor renamed is one not read (the loader reads "y")."""
+    state, _ = stopped_after(dict(source=three_files, names="y", batch_size=10), 1)
+    fastst.save_file(changed, three_files / "train-00001.safetensors")
+    with Loader(three_files, "y", 10) as again:
+        with pytest.raises(SafetensorError, match=f"^the state is of another dataset: .*"
+                                                  f"{difference}.*start a new run$"):
+            again.load_state_dict(state)
+        assert again.state_dict()["batch"] == 0
+
+
+@pytest.mark.parametrize("checksum", [None, "xxh3_64"])
+def test_a_state_sees_rows_changed_under_the_same_header_only_by_their_checksums(
+        tmp_path, checksum):
+    """What the documentation says a state does not see, and how a file saved with
+    checksums (they are in its header) is told apart."""
+    if checksum is not None:
+        pytest.importorskip("xxhash")
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file(table(), path, checksum=checksum)
+    state, _ = stopped_after(dict(source=path, names="y", batch_size=10), 1)
+    fastst.save_file({name: rows[::-1].copy() for name, rows in table().items()}, path,
+                     checksum=checksum)
+    with Loader(path, "y", 10) as again:
+        if checksum is None:
+            again.load_state_dict(state)
+            assert again.state_dict()["batch"] == 1
+        else:
+            with pytest.raises(SafetensorError, match="rows.safetensors has another header"):
+                again.load_state_dict(state)
+
+
+def test_a_state_is_refused_over_its_files_in_another_order(three_files):
+    files = sorted(three_files.iterdir())
+    state, _ = stopped_after(dict(source=files, names="y", batch_size=10), 1)
+    with Loader([files[1], files[0], files[2]], "y", 10) as again:
+        with pytest.raises(SafetensorError, match=r"another dataset: its files \[.*\] are "
+                                                  r"in another order here"):
+            again.load_state_dict(state)
+
+
+def test_a_state_of_an_earlier_fastst_is_taken_over_the_files_it_names(tmp_path, three_files):
+    """Its fingerprint names each file by path, device, inode, size and mtime: taken
+    over those files unchanged, as it was, and refused, saying why, over a copy."""
+    state, rest = stopped_after(dict(source=three_files, names="y", batch_size=10), 2)
+    files = []
+    for path in sorted(three_files.iterdir()):
+        with fastst.safe_open(path) as handle:
+            identity = handle.file_identity
+        files.append([os.fsdecode(identity[0]), list(identity[1:])])
+    earlier = {**state, "fingerprint": {"files": files, "names": ["y"],
+                                        "rows": [40, 23, 40]}}
+    with Loader(three_files, "y", 10) as again:
+        again.load_state_dict(earlier)
+        assert_same_batches(taken(again) + taken(again), rest)
+    staged = shutil.copytree(three_files, tmp_path / "staged")
+    with Loader(staged, "y", 10) as again:
+        with pytest.raises(SafetensorError, match="another dataset: .* names its files by "
+                                                  "path and inode .* start a new run"):
+            again.load_state_dict(earlier)
+    fresh_copy(three_files / "train-00001.safetensors")
     with Loader(three_files, "y", 10) as again:
         with pytest.raises(SafetensorError, match="train-00001.safetensors: file changed "
                                                   "since the state was saved"):
-            again.load_state_dict(state)
+            again.load_state_dict(earlier)
 
 
 def test_a_state_is_refused_for_other_files_or_settings(three_files, one_file):

@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 from ._core import SafetensorError
 from ._ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range,
                       RangedObject, Span, Tally, changed, checked_answer,
-                      precondition_failed, too_long, translated)
+                      precondition, precondition_failed, too_long, translated)
 
 SCHEMES = {"http": 80, "https": 443}
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -363,7 +363,7 @@ class HttpRanges(RangedObject):
         self.version = ObjectVersion(url, head.size, head.etag, head.modified)
         self.identity = tuple(self.version)
         self.ranges_ignored = head.ranges_ignored
-        self.condition = _precondition(head.etag, head.modified)
+        self.condition = precondition(head.etag, head.modified)
 
     # -- reading ------------------------------------------------------------
 
@@ -640,16 +640,6 @@ def _size_said(answer: http.client.HTTPResponse) -> Optional[int]:
     said = (answer.getheader("Content-Length") or "").strip()
     encoding = (answer.getheader("Content-Encoding") or "identity").strip().lower()
     return int(said) if said.isdigit() and encoding == "identity" else None
-
-
-def _precondition(etag: Optional[str], modified: Optional[str]) -> Dict[str, str]:
-    """The headers that hold each read to the version opened: If-Match on a strong
-    ETag (a weak one never matches: RFC 9110), else If-Unmodified-Since."""
-    if etag and not etag.startswith("W/"):
-        return {"If-Match": etag}
-    if modified:
-        return {"If-Unmodified-Since": modified}
-    return {}
 
 
 def _timeouts(timeout: Any, limits: Limits) -> Tuple[float, float]:

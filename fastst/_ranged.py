@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -360,6 +360,17 @@ def range_answered(version: ObjectVersion, offset: int, length: int,
         raise SafetensorError(f"{version.url}: the server answered {held} to the request "
                               f"for {asked}: more than asked (too long)")
     return int(last) + 1 - offset
+
+
+def precondition(etag: Optional[str], modified: Optional[str]) -> Dict[str, str]:
+    """The HTTP headers that hold each read to the version opened: If-Match on a
+    strong ETag (a weak one never matches: RFC 9110), else If-Unmodified-Since its
+    Last-Modified date."""
+    if etag and not etag.startswith("W/"):
+        return {"If-Match": etag}
+    if modified:
+        return {"If-Unmodified-Since": modified}
+    return {}
 
 
 def changed(version: ObjectVersion, what: str, asked: str) -> SafetensorError:

@@ -46,7 +46,8 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping
 from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
 from ._ranged import (READ_PIECE, Limits, ObjectVersion, Pace, PartQueue, Range,
-                      RangedObject, Span, Tally, checked_answer, too_long, translated)
+                      RangedObject, Span, Tally, checked_answer, precondition, too_long,
+                      translated)
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
@@ -710,15 +711,12 @@ def _with_precondition(fs: AbstractFileSystem, options: Dict[str, Any], etag: Op
     """The file system and the keywords of each ranged read that read only the
     version of the object whose ETag is `etag`: s3fs passes IfMatch to each GET from its
     ``s3_additional_kwargs`` (a file system of its own, cached by fsspec under
-    those options), HTTP sends an If-Match header, or, from a server that gives no
-    ETag, If-Unmodified-Since its Last-Modified date (`modified`)."""
+    those options), HTTP sends the headers ``fastst._ranged.precondition`` gives
+    (If-Match, or If-Unmodified-Since `modified` where the ETag is weak or none)."""
     protocols = _protocols(fs)
     if protocols & set(HTTP_PROTOCOLS):
-        if etag is not None:
-            condition = {"If-Match": etag}
-        elif isinstance(modified, str):
-            condition = {"If-Unmodified-Since": modified}
-        else:
+        condition = precondition(etag, modified if isinstance(modified, str) else None)
+        if not condition:
             return fs, {}
         return fs, {"headers": {**options.get("headers", {}), **condition}}
     if etag is not None and protocols & set(S3_PROTOCOLS):

@@ -387,12 +387,13 @@ def test_an_object_whose_server_refuses_head_is_sized_by_a_get_of_its_first_byte
     assert server.gets()[0][2] == "bytes=0-0"
 
 
-def test_weak_etags_hold_reads_to_the_modification_date(served):
+@pytest.mark.parametrize("options", [None, {"transport": "fsspec"}])
+def test_weak_etags_hold_reads_to_the_modification_date(served, options):
     server, put = served
     server.weak_etags = True    # If-Match never matches a weak ETag
     url = put("weak.safetensors", DATA)
-    assert_tensors(fastst.load_file(url))
-    with fastst.safe_open(url) as f:
+    assert_tensors(fastst.load_file(url, storage_options=options))
+    with fastst.safe_open(url, storage_options=options) as f:
         server.mode = "change"   # each GET after the first sees a new version
         f.get_tensor("t0")
         with pytest.raises(SafetensorError, match="changed since it was opened"):

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 from ._core import SafetensorError
 from ._ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range,
-                      RangedObject, Span, Tally, changed, checked_answer,
+                      RangedObject, Span, Tally, changed, check_version, checked_answer,
                       precondition, precondition_failed, too_long, translated)
 
 SCHEMES = {"http": 80, "https": 443}
@@ -607,9 +607,10 @@ class HttpRanges(RangedObject):
             if self.location != expired:
                 return      # another thread found it anew
         head = self._look_up("opening it again (its location expired)")
-        if head.size != self.size or (self.etag and head.etag != self.etag):
-            raise changed(self.version, f"found again as {head.size} bytes, ETag "
-                                        f"{head.etag}", "it again")
+        if head.size != self.size:
+            raise changed(self.version, f"found again as {head.size} bytes, was "
+                                        f"{self.size}", "it again")
+        check_version(self.version, head.etag, head.modified, "it again")
         with self.lock:
             self.location = head.location
 

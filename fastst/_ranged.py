@@ -311,17 +311,12 @@ def checked_answer(version: ObjectVersion, offset: int, length: int, status: Any
     length) to read, and whether the body goes on past them (to be left unread),
     once what the answer says of itself is checked against the request and the
     object opened: status 206 and a Content-Range that starts at `offset`, ends
-    within the range and gives the object's size; the ETag seen at opening (or, with
-    none, its Last-Modified date). A 200 (the range ignored: the whole object) is
-    taken when the whole object was asked for, or, when it says it holds the whole
-    object, for a range at its start: its first bytes."""
+    within the range and gives the object's size; its version (`check_version`). A
+    200 (the range ignored: the whole object) is taken when the whole object was
+    asked for, or, when it says it holds the whole object, for a range at its start:
+    its first bytes."""
     asked = f"bytes [{offset}, {offset + length})"
-    if etag and version.etag and etag != version.etag:
-        raise changed(version, f"its ETag is now {etag}, was {version.etag}", asked)
-    if (not version.etag and isinstance(version.modified, str) and isinstance(modified, str)
-            and modified != version.modified):
-        raise changed(version, f"its Last-Modified is now {modified}, was "
-                               f"{version.modified}", asked)
+    check_version(version, etag, modified, asked)
     if status == 200 and offset == 0 and length == version.size:
         body = length
     elif status == 200 and offset == 0 and content_length == version.size:
@@ -360,6 +355,35 @@ def range_answered(version: ObjectVersion, offset: int, length: int,
         raise SafetensorError(f"{version.url}: the server answered {held} to the request "
                               f"for {asked}: more than asked (too long)")
     return int(last) + 1 - offset
+
+
+def check_version(version: ObjectVersion, etag: Optional[str], modified: Any,
+                  asked: str) -> None:
+    """Refuse an answer (while reading `asked`) that is not from the version opened,
+    or cannot be shown to be: its ETag must be the one seen at opening; without one
+    (or where none was seen), its Last-Modified date must be the one seen. An answer
+    that gives neither where the object had one is refused (RFC 9110 has a 206 carry
+    the ETag and Last-Modified a 200 would), for a server that ignores If-Match and
+    leaves them out would otherwise mix two versions. An object that had neither at
+    opening has nothing to compare."""
+    if etag and version.etag:
+        if etag != version.etag:
+            raise changed(version, f"its ETag is now {etag}, was {version.etag}", asked)
+        return
+    if modified is not None and version.modified is not None:
+        if modified != version.modified:
+            raise changed(version, f"its Last-Modified is now {modified}, was "
+                                   f"{version.modified}", asked)
+        return
+    lacking = ([f"no ETag (the object's was {version.etag} when opened)"] if version.etag
+               else [])
+    if version.modified is not None:
+        lacking.append(f"no Last-Modified date (the object's was {version.modified})")
+    if lacking:
+        raise SafetensorError(f"{version.url}: the answer while reading {asked} cannot be "
+                              f"shown to be from the object opened: it gives "
+                              f"{' and '.join(lacking)}; refused rather than risk mixing two "
+                              f"versions of the object")
 
 
 def precondition(etag: Optional[str], modified: Optional[str]) -> Dict[str, str]:

@@ -52,8 +52,10 @@ class RangeServer:
     second (a store's speed per connection). Each object has a
     Last-Modified date (a content first seen is a second later than the one before
     it), and ``If-Unmodified-Since`` is honoured; ``etags = False`` leaves ETags out,
-    ``sizes = False`` the Content-Length of HEAD answers; ``accept_ranges`` is what
-    answers say in their Accept-Ranges header. Bodies are sent in pieces of 1 MiB,
+    ``dates = False`` Last-Modified dates, ``sizes = False`` the Content-Length of
+    HEAD answers, and ``gets_leave_out`` names those of "ETag" and "Last-Modified"
+    that GET answers leave out; ``accept_ranges`` is what answers say in their
+    Accept-Ranges header. Bodies are sent in pieces of 1 MiB,
     each counted as it is sent: a client that hangs up while it is answered is no
     error of the server's, and what it was not sent is not counted.
 
@@ -119,6 +121,8 @@ class RangeServer:
         self.delay = 0.0
         self.rate = None
         self.etags = True
+        self.dates = True
+        self.gets_leave_out = ()
         self.sizes = True
         self.accept_ranges = "bytes"
         self.redirects = {}
@@ -344,13 +348,16 @@ class RangeServer:
                     with store.lock:
                         store.bytes_sent += 1
 
+            def tells(self, header):
+                return self.command != "GET" or header not in store.gets_leave_out
+
             def headers_of(self, *, etag=None, modified=None, content_range=None):
                 self.send_header("Accept-Ranges", store.accept_ranges)
                 if store.encoding and self.command == "GET":
                     self.send_header("Content-Encoding", store.encoding)
-                if etag and store.etags:
+                if etag and store.etags and self.tells("ETag"):
                     self.send_header("ETag", "W/" + etag if store.weak_etags else etag)
-                if modified is not None:
+                if modified is not None and store.dates and self.tells("Last-Modified"):
                     self.send_header("Last-Modified", email.utils.formatdate(modified,
                                                                              usegmt=True))
                 if content_range:

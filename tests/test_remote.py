@@ -432,6 +432,44 @@ def test_an_answer_from_a_later_date_is_refused_where_there_is_no_etag(served):
             f.get_tensor("big")
 
 
+UNVERSIONED_ANSWERS = {
+    "ETag": r"changed since it was opened \(its Last-Modified is now .+, was .+\) while "
+            r"reading bytes \[144, 524432\)",
+    "ETag and Last-Modified": r"the answer while reading bytes \[144, 524432\) cannot be "
+                              r"shown to be from the object opened: it gives no ETag \(the "
+                              r"object's was \"\w+\" when opened\) and no Last-Modified date",
+}
+
+
+@pytest.mark.parametrize("store", ["http", "fsspec-http", "s3"])
+@pytest.mark.parametrize("left_out", sorted(UNVERSIONED_ANSWERS))
+def test_an_answer_from_a_new_version_that_drops_its_etag_is_refused(served, store, left_out):
+    """The object replaced after opening, and a server that ignores If-Match answers
+    from the new version with no ETag (and no Last-Modified): the header of one
+    version and the tensors of the other, unless refused."""
+    server, put = served
+    tensors = {"big": np.arange(64 * 1024, dtype=np.float64), "tail": np.ones(16)}
+    url, options = on_store(server, put, store, "untagged.safetensors", fastst.save(tensors))
+    with fastst.safe_open(url, storage_options=options) as f:
+        server.mode = "new-version"
+        server.gets_leave_out = left_out.split(" and ")
+        with pytest.raises(SafetensorError, match=UNVERSIONED_ANSWERS[left_out]) as error:
+            f.get_tensor("big")
+    assert str(error.value).startswith(f"{url}: ")
+
+
+@pytest.mark.parametrize("store", ["http", "fsspec-http", "s3"])
+def test_a_server_that_tells_no_version_has_nothing_to_compare(served, store):
+    """No ETag and no Last-Modified, at opening or after: read as it is."""
+    server, put = served
+    server.etags = server.dates = False
+    tensors = {"big": np.arange(64 * 1024, dtype=np.float64), "tail": np.ones(16)}
+    url, options = on_store(server, put, store, "versionless.safetensors", fastst.save(tensors))
+    assert_same(fastst.load_file(url, storage_options=options), tensors)
+    with fastst.safe_open(url, storage_options=options) as f:
+        assert (f.get_tensor("big") == tensors["big"]).all()
+
+
 def test_a_server_that_ignores_ranges_still_serves_a_whole_small_object(served, tmp_path):
     """Where the range asked is the whole object, the whole object is the answer."""
     server, put = served

@@ -342,6 +342,7 @@ class HttpRanges(RangedObject):
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any], limits: Limits) -> None:
+        super().__init__()
         self.url, self.limits = url, limits
         self.pace = limits.pace()
         client = storage_options.get("client_kwargs", {})

@@ -11,6 +11,7 @@ says which parts, and whether an answer is the bytes asked of the object opened.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -461,7 +462,11 @@ class RangedObject:
     """Byte ranges of one object, as the compiled Reader asks for them: called with a
     list of ``(offset, length)``, the bytes of each; ``fetch_into`` puts them into
     buffers given. A transport gives `url`, `size`, `version`, `limits`, `pace` and
-    `ranges_ignored`, and fetches spans by parts (``_fetch``)."""
+    `ranges_ignored`, and fetches spans by parts (``_fetch``).
+
+    From a server that ignores range requests, the first read that needs more than
+    the object's first bytes reads it whole, once, and every read after it is
+    served from that copy, kept as long as the object (``_whole_for``)."""
 
     url: str
     size: int
@@ -470,8 +475,15 @@ class RangedObject:
     pace: Pace
     ranges_ignored: bool
     fetched = 0      # bytes asked by earlier calls: where a download bar goes on
+    whole: Optional[memoryview] = None   # the object read whole, where ranges are ignored
+
+    def __init__(self) -> None:
+        self.whole_read = threading.Lock()
 
     def __call__(self, ranges: Sequence[Range]) -> List[Any]:
+        whole = self._whole_for(ranges)
+        if whole is not None:
+            return [whole[offset:offset + length] for offset, length in ranges]
         spans = spans_of(ranges)
         # not zeroed: each page is touched once, by the bytes that fill it
         buffers = [memoryview(np.empty(span.end - span.offset, np.uint8)) for span in spans]
@@ -491,10 +503,15 @@ class RangedObject:
             if buffer.readonly or buffer.nbytes != length:
                 raise ValueError(f"{self.url}: bytes [{offset}, {offset + length}) need a "
                                  f"writable buffer of {length} bytes")
-        spans = span_each(ranges)
         views = [buffer.cast("B") for buffer in buffers]
-        got = self._with_bar(ranges, spans, views)
-        if got is not None:     # a transport that gives bytes of its own: copied
+        whole = self._whole_for(ranges)
+        if whole is not None:
+            got: Optional[List[Any]] = [whole[offset:offset + length]
+                                        for offset, length in ranges]
+        else:
+            spans = span_each(ranges)
+            got = self._with_bar(ranges, spans, views)
+        if got is not None:     # the whole object's, or a transport's own bytes: copied
             counts = [memoryview(item).nbytes for item in got]
             for view, item, count in zip(views, got, counts):
                 if count <= view.nbytes:    # else the Reader refuses it as too long
@@ -510,12 +527,29 @@ class RangedObject:
         each range instead, where the transport gives bytes of its own."""
         raise NotImplementedError
 
+    def _whole_for(self, ranges: Sequence[Range]) -> Optional[memoryview]:
+        """The whole object, from which to serve `ranges`: read once where the server
+        ignores range requests and `ranges` are more than its first bytes (which the
+        start of its answer gives), and kept; None while there is no such copy."""
+        if self.whole is not None or not self.ranges_ignored or all(
+                offset == 0 and length < self.size for offset, length in ranges):
+            return self.whole
+        with self.whole_read:     # one read of it, however many threads ask at once
+            if self.whole is None:
+                self.check_readable_whole()
+                buffer = memoryview(np.empty(self.size, np.uint8))
+                (span,) = span_each([(0, self.size)])
+                got = self._with_bar([(0, self.size)], [span], [buffer])
+                whole = (memoryview(got[0]).cast("B") if got is not None else
+                         span.view_of(buffer, 0, self.size))
+                if whole.nbytes != self.size:
+                    return whole      # cut short: not kept (the Reader reports it)
+                self.whole = whole
+        return self.whole
+
     def _with_bar(self, ranges: Sequence[Range], spans: List[Span],
                   buffers: List[memoryview]) -> Optional[List[Any]]:
         """``_fetch`` with a download bar."""
-        if self.ranges_ignored:
-            for offset, length in ranges:
-                self.check_answerable(offset, length)
         asked = sum(length for _, length in ranges)
         bar = self._download_bar(asked)
         try:
@@ -534,10 +568,10 @@ class RangedObject:
             return None
         return byte_bar(self.size, "download", done=self.fetched)
 
-    def check_answerable(self, offset: int, length: int) -> None:
-        """Refuse, before asking, a range that a server ignoring range requests
-        cannot answer within bounds: one that does not start at byte 0, or the
-        whole of an object over ``fastst.remote.MAX_WHOLE_READ`` bytes.
+    def check_readable_whole(self) -> None:
+        """Refuse, before asking, to read whole an object over
+        ``fastst.remote.MAX_WHOLE_READ`` bytes, from a server that ignores range
+        requests.
 
         Raises
         ------
@@ -545,18 +579,10 @@ class RangedObject:
             Saying that the server ignores range requests, and what to do.
         """
         most = self.limits.max_whole_read
-        if offset == 0 and length < self.size:
-            return      # the first bytes of the object it sends
-        if offset == 0 and length == self.size <= most:
-            return
-        if offset == 0:
+        if self.size > most:
             raise SafetensorError(
                 f"{self.url}: the server ignores range requests (it answers them with the "
                 f"whole object), and the object's {self.size} bytes are more than the "
-                f"{most} read whole from such a server "
-                f"(fastst.remote.MAX_WHOLE_READ): download it first, or serve it from a "
-                f"server that supports range requests")
-        raise SafetensorError(
-            f"{self.url}: the server ignores range requests (it answers them with the whole "
-            f"object), so bytes [{offset}, {offset + length}) cannot be read alone: "
-            f"{WHOLE_READ_ADVICE}")
+                f"{most} read whole from such a server (fastst.remote.MAX_WHOLE_READ): "
+                f"download it first, or serve it from a server that supports range "
+                f"requests")

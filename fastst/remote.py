@@ -81,10 +81,11 @@ byte."""
 MAX_WHOLE_READ = 1 << 30
 """The largest object (1 GiB) read whole, in one request, from a server that ignores
 range requests (it answers them with status 200 and the whole object, as
-``python -m http.server`` does): what ``load_file`` and ``get_tensors`` do there, each
-file of a checkpoint on its own. Reading a part of an object from such a server (a
-tensor, a slice), or the whole of a larger one, raises a `SafetensorError` that says the
-server ignores range requests; nothing past the bytes asked for is read."""
+``python -m http.server`` does): the first read past the object's first bytes reads it
+whole, and the handle serves every later read from that copy, held in memory until it
+is closed (each file of a checkpoint on its own). Reading past the first bytes of a
+larger object raises a `SafetensorError` that says the server ignores range requests;
+nothing past the bytes asked for is read."""
 # fastst's own keys in storage_options, taken out before a transport sees them
 READ_OPTIONS = ("max_concurrency", "part_size", "transport")
 TRANSPORTS = ("http", "fsspec")
@@ -347,9 +348,10 @@ class UrlRanges(RangedObject):
     A server that ignores range requests (status 200 and the whole object,
     no ``Accept-Ranges``) is answered from the start of that object: a
     range that starts at byte 0 takes its first bytes and reads no further;
-    any other range is refused with a `SafetensorError` that says the
-    server ignores range requests, and so is the whole of an object over
-    `MAX_WHOLE_READ` bytes.
+    any other read reads the object whole, once, and is served from that
+    copy, as every later one is (see ``RangedObject``); an object over
+    `MAX_WHOLE_READ` bytes is refused with a `SafetensorError` that says
+    the server ignores range requests.
 
     Parameters
     ----------
@@ -397,6 +399,7 @@ class UrlRanges(RangedObject):
     """
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
+        super().__init__()
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.limits = read_limits(url, self.storage_options)

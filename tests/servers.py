@@ -4,7 +4,8 @@ http.server``, which ignores Range; and S3 (moto in server mode).
 
 Use them as pytest fixtures (``from servers import http_store, s3_store,
 simple_http_server``) or as context managers (``with RangeServer() as server``,
-``with python_http_server(folder) as url``, ``with moto_s3() as options``).
+``with python_http_server(folder) as url``, ``with counted_http_server(folder) as
+(url, requests)``, ``with moto_s3() as options``).
 """
 import contextlib
 import email.utils
@@ -533,6 +534,38 @@ def python_http_server(folder, timeout=30):
             server.kill()
             server.wait(timeout=10)
         server.stdout.close()
+
+
+@contextlib.contextmanager
+def counted_http_server(folder):
+    """The standard library's ``SimpleHTTPRequestHandler`` (what ``python -m
+    http.server`` serves with, ignoring Range) serving `folder` from a threaded
+    server on 127.0.0.1, in this process; yields (URL, requests), the (method, path,
+    Range header) of each request taken."""
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def parse_request(self):
+            parsed = super().parse_request()
+            if parsed:
+                requests.append((self.command, self.path, self.headers.get("Range")))
+            return parsed
+
+        def log_message(self, *args):
+            pass
+
+    server = QuietServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from fastst._core import Reader
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
-from servers import (RangeServer, http_store, moto_s3, putter, s3_store,  # noqa: E402,F401
-                     served, simple_http_server)
+from servers import (RangeServer, counted_http_server, http_store, moto_s3,  # noqa: E402,F401
+                     putter, s3_store, served, simple_http_server)
 
 HEAD_BYTES = 64 << 10    # the first request of a ranged read: prefix and header, read ahead
 MiB = 1 << 20
@@ -524,28 +524,54 @@ def test_a_server_that_ignores_ranges_gives_every_tensor_when_all_are_read(
         assert torch.equal(f.get_tensors()["big"], torch.from_numpy(PAST_THE_FIRST_READ["big"]))
 
 
-def test_a_part_of_an_object_from_a_server_that_ignores_ranges_is_refused_saying_so(
-        simple_http_server):
-    url, folder = simple_http_server
-    fastst.save_file(PAST_THE_FIRST_READ, folder / "parts.safetensors")
-    model = f"{url}/parts.safetensors"
-    with fastst.safe_open(model) as f:
-        assert f.keys() == ["big", "small"]
-        # bytes within the first request's are read from it: rows at the start of "big"
-        assert f.get_slice("big")[:10].tolist() == list(range(10))
-        for read in (lambda: f.get_tensor("big"), lambda: f.get_slice("big")[-10:],
-                     lambda: f.gather("big", [299_999, 1]),
-                     lambda: f.read_into({"small": np.empty(7, np.int16)})):
-            with pytest.raises(SafetensorError) as error:
-                read()
-            message = str(error.value)
-            assert message.startswith(f"{model}: the server ignores range requests (it answers "
-                                      f"them with the whole object), so bytes [")
-            assert message.endswith(") cannot be read alone: read the whole file (load_file "
-                                    "and get_tensors read an object of up to "
-                                    "fastst.remote.MAX_WHOLE_READ bytes whole from such a "
-                                    "server), download it first, or serve it from a server "
-                                    "that supports range requests")
+@pytest.mark.parametrize("options", [None, {"transport": "fsspec"}])
+def test_every_read_of_a_handle_on_a_server_that_ignores_ranges_comes_from_one_whole_read(
+        tmp_path, options):
+    """The standard library's own server: the header from the start of its answer to
+    the first request, then, at the first read past it, the object whole, once; every
+    read after that is served from it."""
+    fastst.save_file(PAST_THE_FIRST_READ, tmp_path / "model.safetensors",
+                     metadata={"made": "here"})
+    big, small = PAST_THE_FIRST_READ["big"], PAST_THE_FIRST_READ["small"]
+    with counted_http_server(tmp_path) as (url, requests):
+        model = f"{url}/model.safetensors"
+        with fastst.safe_open(model, storage_options=options) as f:
+            assert f.keys() == ["big", "small"] and f.metadata() == {"made": "here"}
+            assert [method for method, _, _ in requests] == ["HEAD", "GET"]
+            assert (f.get_tensor("big") == big).all()
+            assert f.get_slice("big")[-10:].tolist() == big[-10:].tolist()
+            assert f.gather("big", [299_999, 1]).tolist() == [299_999, 1]
+            into = np.empty(7, np.int16)
+            f.read_into({"small": into})
+            assert (into == small).all() and (f.get_tensor("small") == small).all()
+            assert_same(f.get_tensors(), PAST_THE_FIRST_READ)
+        size = os.path.getsize(tmp_path / "model.safetensors")
+        assert requests[1:] == [("GET", "/model.safetensors", f"bytes=0-{HEAD_BYTES - 1}"),
+                                ("GET", "/model.safetensors", f"bytes=0-{size - 1}")]
+
+
+def test_a_part_of_an_object_over_the_whole_read_limit_is_refused_before_it_is_asked_for(
+        tmp_path, monkeypatch):
+    fastst.save_file(PAST_THE_FIRST_READ, tmp_path / "large.safetensors")
+    size = os.path.getsize(tmp_path / "large.safetensors")
+    monkeypatch.setattr(fastst.remote, "MAX_WHOLE_READ", MiB)
+    with counted_http_server(tmp_path) as (url, requests):
+        model = f"{url}/large.safetensors"
+        with fastst.safe_open(model) as f:
+            assert f.keys() == ["big", "small"]
+            # bytes within the first request's are read from it: rows at the start of "big"
+            assert f.get_slice("big")[:10].tolist() == list(range(10))
+            for read in (lambda: f.get_tensor("big"), lambda: f.get_slice("big")[-10:],
+                         lambda: f.gather("big", [299_999, 1]),
+                         lambda: f.read_into({"small": np.empty(7, np.int16)})):
+                with pytest.raises(SafetensorError) as error:
+                    read()
+                assert str(error.value) == (
+                    f"{model}: the server ignores range requests (it answers them with the "
+                    f"whole object), and the object's {size} bytes are more than the {MiB} "
+                    f"read whole from such a server (fastst.remote.MAX_WHOLE_READ): download "
+                    f"it first, or serve it from a server that supports range requests")
+    assert [method for method, _, _ in requests] == ["HEAD", "GET"]
 
 
 def test_a_folder_listing_is_not_a_safetensors_file(simple_http_server, capsys):
@@ -620,13 +646,13 @@ def test_opening_a_large_object_on_a_server_that_ignores_ranges_reads_its_start_
 def test_a_server_that_says_it_takes_no_range_requests_is_asked_for_none(served):
     server, put = served
     server.accept_ranges = "none"
-    url = put("no-ranges.safetensors", fastst.save(PAST_THE_FIRST_READ))
+    data = fastst.save(PAST_THE_FIRST_READ)
+    url = put("no-ranges.safetensors", data)
     with fastst.safe_open(url) as f:
         server.reset_counts()
-        with pytest.raises(SafetensorError, match="the server ignores range requests"):
-            f.get_tensor("big")
-        assert server.gets() == []
+        assert (f.get_tensor("big") == PAST_THE_FIRST_READ["big"]).all()
         assert_same(f.get_tensors(), PAST_THE_FIRST_READ)
+        assert [asked for _, _, asked in server.gets()] == [f"bytes=0-{len(data) - 1}"]
 
 
 def test_an_answer_longer_than_the_object_is_too_long_not_short(served, monkeypatch):

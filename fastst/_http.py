@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 from ._core import SafetensorError
 from ._ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range,
                       RangedObject, Span, Tally, changed, check_version, checked_answer,
-                      precondition, precondition_failed, too_long, translated)
+                      precondition, precondition_failed, shown_url, too_long, translated)
 
 SCHEMES = {"http": 80, "https": 443}
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -102,11 +102,11 @@ def target_of(url: str) -> Target:
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES or not parts.hostname:
-        raise SafetensorError(f"{url}: not an http:// or https:// URL with a host")
+        raise SafetensorError(f"{shown_url(url)}: not an http:// or https:// URL with a host")
     try:
         port = parts.port or SCHEMES[scheme]
     except ValueError as error:
-        raise SafetensorError(f"{url}: {error}") from None
+        raise SafetensorError(f"{shown_url(url)}: {error}") from None
     path = urllib.parse.quote(parts.path or "/", safe="/%:@!$&'()*+,;=~")
     if parts.query:
         path += "?" + urllib.parse.quote(parts.query, safe="/%:@!$&'()*+,;=~?")
@@ -343,7 +343,7 @@ class HttpRanges(RangedObject):
 
     def __init__(self, url: str, storage_options: Mapping[str, Any], limits: Limits) -> None:
         super().__init__()
-        self.url, self.limits = url, limits
+        self.url, self.label, self.limits = url, shown_url(url), limits
         self.pace = limits.pace()
         client = storage_options.get("client_kwargs", {})
         self.connect_timeout, self.read_timeout = _timeouts(client.get("timeout"), limits)
@@ -356,12 +356,12 @@ class HttpRanges(RangedObject):
         _OPEN.add(self)
         head = self._look_up("opening it")
         if head.size is None:
-            raise SafetensorError(f"{url}: the store gives no size for the object (it is "
+            raise SafetensorError(f"{self.label}: the store gives no size for the object (it is "
                                   f"read by byte ranges, which need one)")
         self.location = head.location
         self.size = head.size
         self.etag = head.etag
-        self.version = ObjectVersion(url, head.size, head.etag, head.modified)
+        self.version = ObjectVersion(self.label, head.size, head.etag, head.modified)
         self.identity = tuple(self.version)
         self.ranges_ignored = head.ranges_ignored
         self.condition = precondition(head.etag, head.modified)
@@ -379,7 +379,7 @@ class HttpRanges(RangedObject):
             part = getattr(error, "fastst_range", None)
             doing = (f"reading {len(ranges)} byte ranges" if part is None else
                      f"reading bytes [{part[0]}, {part[0] + part[1]})")
-            raise translated(error, self.url, doing) from error
+            raise translated(error, self.url, doing)
         return None
 
     def _fetch_parts(self, call: Call, parts: PartQueue, tally: Tally, spans: List[Span],
@@ -495,9 +495,9 @@ class HttpRanges(RangedObject):
         asked = f"bytes [{offset}, {offset + length})"
         answer = exchange.answer
         if answer.status == 412:
-            raise precondition_failed(self.url, f"reading {asked}")
-        _refuse_failure(self.url, answer, f"reading {asked}")
-        _refuse_encoding(self.url, answer, asked)
+            raise precondition_failed(self.label, f"reading {asked}")
+        _refuse_failure(self.label, answer, f"reading {asked}")
+        _refuse_encoding(self.label, answer, asked)
         said = answer.headers
         declared = None if answer.chunked else answer.length
         body, whole = checked_answer(self.version, offset, length, answer.status,
@@ -511,7 +511,7 @@ class HttpRanges(RangedObject):
         got = _read_undeclared(answer, into, body, progress)
         if not whole and got == body:
             if answer.read1(1):
-                raise too_long(self.url, offset, length, body)
+                raise too_long(self.label, offset, length, body)
             answer.close()
         return got, whole
 
@@ -533,7 +533,7 @@ class HttpRanges(RangedObject):
                 return exchange
             exchange.end(self.connections)
             target = target_of(urllib.parse.urljoin(target.url, location))
-        raise SafetensorError(f"{self.url}: more than {MAX_REDIRECTS} redirects")
+        raise SafetensorError(f"{self.label}: more than {MAX_REDIRECTS} redirects")
 
     def _exchange(self, call: Call, method: str, target: Target,
                   headers: Dict[str, str]) -> Exchange:
@@ -564,7 +564,7 @@ class HttpRanges(RangedObject):
             connection.connect()
         call.wait_on(connection.sock, self.read_timeout)    # sending the request
         connection.response_class = functools.partial(  # type: ignore[assignment]
-            CallResponse, call=call, timeout=self.read_timeout, object_url=self.url)
+            CallResponse, call=call, timeout=self.read_timeout, object_url=self.label)
         connection.request(method, target.path, headers=headers)
         return Exchange(target, connection, connection.getresponse())
 
@@ -579,14 +579,14 @@ class HttpRanges(RangedObject):
             exchange.end(self.connections)
             answer = exchange.answer
             if answer.status == 404:
-                raise FileNotFoundError(errno.ENOENT, "No such object", self.url)
+                raise FileNotFoundError(errno.ENOENT, "No such object", self.label)
             size = _size_said(answer) if answer.status == 200 else None
             if size is None:
                 return self._look_up_by_get(call, doing)
             no_ranges = (answer.getheader("Accept-Ranges") or "").strip().lower() == "none"
             return _head(exchange.target, size, answer, no_ranges)
         except Exception as error:
-            raise translated(error, self.url, doing) from error
+            raise translated(error, self.url, doing)
 
     def _look_up_by_get(self, call: Call, doing: str) -> Head:
         exchange = self._request(call, "GET", self.given, {"Range": "bytes=0-0"})
@@ -596,7 +596,7 @@ class HttpRanges(RangedObject):
             length = None if answer.chunked else answer.length
             return _head(exchange.target, length, answer, True)
         if answer.status not in (206, 416):   # 416: an empty object has no first byte
-            _refuse_failure(self.url, answer, doing)
+            _refuse_failure(self.label, answer, doing)
         match = _TOTAL.match(answer.getheader("Content-Range") or "")
         size = int(match.group(1)) if match and match.group(1) != "*" else None
         return _head(exchange.target, size, answer, False)
@@ -658,23 +658,23 @@ def _timeouts(timeout: Any, limits: Limits) -> Tuple[float, float]:
     return connect, read
 
 
-def _refuse_failure(url: str, answer: http.client.HTTPResponse, doing: str) -> None:
+def _refuse_failure(label: str, answer: http.client.HTTPResponse, doing: str) -> None:
     """Raise for an answer that is an error: 404 as FileNotFoundError, 401 and 403 as
     PermissionError, any other of 400 and above as OSError."""
     status = answer.status
     if status == 404:
-        raise FileNotFoundError(errno.ENOENT, "No such object", url)
+        raise FileNotFoundError(errno.ENOENT, "No such object", label)
     if status in (401, 403):
         raise PermissionError(errno.EACCES, f"{doing}: the server refused it "
-                                            f"({status} {answer.reason})", url)
+                                            f"({status} {answer.reason})", label)
     if status >= 400:
-        raise OSError(f"{url}: {doing} failed: HTTP {status} {answer.reason}")
+        raise OSError(f"{label}: {doing} failed: HTTP {status} {answer.reason}")
 
 
-def _refuse_encoding(url: str, answer: http.client.HTTPResponse, asked: str) -> None:
+def _refuse_encoding(label: str, answer: http.client.HTTPResponse, asked: str) -> None:
     encoding = (answer.getheader("Content-Encoding") or "identity").strip().lower()
     if encoding != "identity":
-        raise SafetensorError(f"{url}: the server sent {asked} encoded ({encoding}), not as "
+        raise SafetensorError(f"{label}: the server sent {asked} encoded ({encoding}), not as "
                               f"the object holds them")
 
 

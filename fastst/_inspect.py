@@ -96,7 +96,7 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
         metadata = reader.metadata()
         file_size = data_start + data_bytes(reader)
     return {
-        "file": os.fsdecode(path),
+        "file": as_source(path).label,
         "tensors": tensors,
         "tensor_count": len(tensors),
         "total_bytes": sum(t["nbytes"] for t in tensors),
@@ -129,7 +129,7 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
                   for (shard, names), opened in opened_shards]
         data_starts = {shard: opened.data_start for (shard, _), opened in opened_shards}
         return {
-            "file": os.fsdecode(path),
+            "file": as_source(path).label,
             "index": handle.source,
             "tensors": tensors,
             "tensor_count": len(tensors),
@@ -287,6 +287,7 @@ def inspect_file(path: str, max_header_size: int) -> Dict[str, Any]:
             pass
     except OSError as error:
         message = error.strerror or str(error)
-    prefix = f"{os.fsdecode(path)}: "
-    return {"file": os.fsdecode(path),
+    label = as_source(path).label
+    prefix = f"{label}: "
+    return {"file": label,
             "error": message[len(prefix):] if message.startswith(prefix) else message}

@@ -714,7 +714,7 @@ class _Dataset:
         if index is None:
             seen = identity_of(handle)
             return [] if seen is None else [seen]
-        place = as_source(index.path, self.storage_options)
+        place = handle.index_source
         found = [place.identity()] + [place.sibling(shard).identity()
                                       for shard in self._shards_read(index)]
         return [identity for identity in found if identity is not None]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 import threading
 import time
+import traceback
+import urllib.parse
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -51,7 +53,7 @@ class Limits(NamedTuple):
 
 class ObjectVersion(NamedTuple):
     """The object a URL named when it was opened: each answer must be from it."""
-    url: str
+    label: str       # the URL as messages show it (``shown_url``)
     size: int
     etag: Optional[str]
     modified: Any
@@ -295,6 +297,77 @@ class Tally:
 
 
 # ---------------------------------------------------------------------------
+# Credentials in URLs
+# ---------------------------------------------------------------------------
+
+# A query parameter whose name holds one of these, whatever its case, is a credential:
+# token, access_token, X-Amz-Security-Token, sig, Signature, X-Amz-Signature,
+# X-Amz-Credential, password, key, api_key, secret, auth, session...
+SECRET_WORDS = ("auth", "credential", "key", "pass", "pwd", "secret", "session", "sig",
+                "token")
+HIDDEN = "***"
+URL_PARTS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", re.DOTALL)
+URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def shown_url(url: str) -> str:
+    """`url` as messages, reprs, reports and progress bars show it: the user and
+    password before its host, and the value of each query parameter named as a
+    credential (a name that holds one of SECRET_WORDS, whatever its case), replaced
+    by ``***``. Requests go to the URL as given; only what is shown is this.
+
+    Examples
+    --------
+    >>> shown_url("https://alice:pw@host/m.safetensors?X-Amz-Signature=abc&v=2")
+    'https://***:***@host/m.safetensors?X-Amz-Signature=***&v=2'
+    >>> shown_url("s3://bucket/model.safetensors")
+    's3://bucket/model.safetensors'
+    """
+    match = URL_PARTS.match(url)
+    if match is None:
+        return url
+    scheme, authority, rest = match.groups()
+    user, at, host = authority.rpartition("@")
+    if at:
+        authority = f"{HIDDEN}:{HIDDEN}@{host}" if ":" in user else f"{HIDDEN}@{host}"
+    path, mark, query = rest.partition("?")
+    parameters = [parameter.partition("=") for parameter in query.split("&")]
+    query = "&".join(name + equals + (HIDDEN if equals and _is_secret(name) else value)
+                     for name, equals, value in parameters)
+    return scheme + authority + path + mark + query
+
+
+def _is_secret(name: str) -> bool:
+    plain = urllib.parse.unquote_plus(name).lower()
+    return any(word in plain for word in SECRET_WORDS)
+
+
+def _secrets_of(url: str) -> List[str]:
+    """The credentials `shown_url` hides in `url`, as written and decoded."""
+    match = URL_PARTS.match(url)
+    if match is None:
+        return []
+    _, authority, rest = match.groups()
+    user = authority.rpartition("@")[0]
+    found = user.split(":", 1) if user else []
+    for parameter in rest.partition("?")[2].split("&"):
+        name, equals, value = parameter.partition("=")
+        if equals and _is_secret(name):
+            found.append(value.partition("#")[0])
+    decoded = [urllib.parse.unquote_plus(secret) for secret in found]
+    return sorted({secret for secret in found + decoded if secret}, key=len, reverse=True)
+
+
+def hidden_in(text: str, url: str) -> str:
+    """`text` (another library's error, say) with every URL in it as `shown_url`
+    shows it, and the credentials of `url` hidden wherever else they appear."""
+    text = URL_IN_TEXT.sub(lambda found: shown_url(found.group()), text)
+    for secret in _secrets_of(url):
+        text = text.replace(secret, HIDDEN)
+    return text
+
+
+# ---------------------------------------------------------------------------
 # What an answer must say of itself
 # ---------------------------------------------------------------------------
 
@@ -323,16 +396,16 @@ def checked_answer(version: ObjectVersion, offset: int, length: int, status: Any
     elif status == 200 and offset == 0 and content_length == version.size:
         return length, True
     elif status == 200:
-        raise SafetensorError(f"{version.url}: the server ignored the range request for "
+        raise SafetensorError(f"{version.label}: the server ignored the range request for "
                               f"{asked} (status 200 with the whole object, not 206 with "
                               f"the range): {WHOLE_READ_ADVICE}")
     elif status != 206:
-        raise SafetensorError(f"{version.url}: {asked}: the server answered with status "
+        raise SafetensorError(f"{version.label}: {asked}: the server answered with status "
                               f"{status}, not 206 Partial Content")
     else:
         body = range_answered(version, offset, length, content_range, asked)
     if content_length is not None and content_length > body:
-        raise SafetensorError(f"{version.url}: the answer for {asked} is {content_length} "
+        raise SafetensorError(f"{version.label}: the answer for {asked} is {content_length} "
                               f"bytes long, more than the {body} it should hold (too long)")
     return body, False
 
@@ -343,17 +416,17 @@ def range_answered(version: ObjectVersion, offset: int, length: int,
     to start at `offset`, end within the range asked and give the object's size."""
     match = CONTENT_RANGE.match(content_range or "")
     if match is None:
-        raise SafetensorError(f"{version.url}: the answer for {asked} does not say which "
+        raise SafetensorError(f"{version.label}: the answer for {asked} does not say which "
                               f"bytes it holds (Content-Range {content_range!r})")
     first, last, total = match.groups()
     if total != "*" and int(total) != version.size:
         raise changed(version, f"its size is now {total} bytes, was {version.size}", asked)
     held = f"bytes [{first}, {int(last) + 1}) (Content-Range {content_range!r})"
     if int(first) != offset or int(last) < int(first):
-        raise SafetensorError(f"{version.url}: the server answered {held} to the request "
+        raise SafetensorError(f"{version.label}: the server answered {held} to the request "
                               f"for {asked}")
     if int(last) >= offset + length:
-        raise SafetensorError(f"{version.url}: the server answered {held} to the request "
+        raise SafetensorError(f"{version.label}: the server answered {held} to the request "
                               f"for {asked}: more than asked (too long)")
     return int(last) + 1 - offset
 
@@ -381,7 +454,7 @@ def check_version(version: ObjectVersion, etag: Optional[str], modified: Any,
     if version.modified is not None:
         lacking.append(f"no Last-Modified date (the object's was {version.modified})")
     if lacking:
-        raise SafetensorError(f"{version.url}: the answer while reading {asked} cannot be "
+        raise SafetensorError(f"{version.label}: the answer while reading {asked} cannot be "
                               f"shown to be from the object opened: it gives "
                               f"{' and '.join(lacking)}; refused rather than risk mixing two "
                               f"versions of the object")
@@ -399,40 +472,69 @@ def precondition(etag: Optional[str], modified: Optional[str]) -> Dict[str, str]
 
 
 def changed(version: ObjectVersion, what: str, asked: str) -> SafetensorError:
-    return SafetensorError(f"{version.url}: the object changed since it was opened ({what}) "
+    return SafetensorError(f"{version.label}: the object changed since it was opened ({what}) "
                            f"while reading {asked}; open it again to read the new object")
 
 
-def too_long(url: str, offset: int, length: int, body: int) -> SafetensorError:
+def too_long(label: str, offset: int, length: int, body: int) -> SafetensorError:
     """The error for an answer's body that goes on past the `body` bytes it holds."""
-    return SafetensorError(f"{url}: the answer for bytes [{offset}, {offset + length}) goes "
-                           f"on past the {body} bytes it should hold (too long); the rest "
-                           f"was not read")
+    return SafetensorError(f"{label}: the answer for bytes [{offset}, {offset + length}) "
+                           f"goes on past the {body} bytes it should hold (too long); the "
+                           f"rest was not read")
 
 
 def translated(error: BaseException, url: str, doing: str) -> BaseException:
-    """The error to raise for a store's `error`: FileNotFoundError and PermissionError
-    as they are; a failed precondition (the object changed) or a body cut short as a
-    SafetensorError; a timeout as TimeoutError; anything else as an OSError naming
-    the URL."""
-    if isinstance(error, (FileNotFoundError, PermissionError, SafetensorError)):
+    """The error to raise (as it is, not ``from`` anything) for a store's `error`
+    while `doing` something with `url`: FileNotFoundError, PermissionError and an
+    error that names the URL already as they are; a failed precondition (the object
+    changed) or a body cut short as a SafetensorError; a timeout as TimeoutError;
+    anything else as an OSError naming the URL. Its cause is `error`, unless `error`
+    or one of its causes shows a credential (of `url`, or of a URL it names, such as
+    a signed location): then its text is given with them hidden, and no cause."""
+    label = shown_url(url)
+    told = "".join(traceback.format_exception(error))
+    shows_credentials = hidden_in(told, url) != told
+    new = _translated(error, label, doing, hidden_in(str(error), url))
+    if new is error:
+        if not shows_credentials:
+            return error
+        new = _without_credentials(error, url)
+    new.__cause__ = None if shows_credentials else error
+    return new
+
+
+def _translated(error: BaseException, label: str, doing: str, told: str) -> BaseException:
+    if isinstance(error, (FileNotFoundError, PermissionError, SafetensorError)) or \
+            str(error).startswith(f"{label}: "):
         return error
     if _precondition_failed(error):
-        return precondition_failed(url, doing)
+        return precondition_failed(label, doing)
     if type(error).__name__ in ("ClientPayloadError", "ContentLengthError",
                                 "IncompleteReadError", "ResponseStreamingError",
                                 "IncompleteRead"):
-        return SafetensorError(f"{url}: the store's answer was cut short while {doing} "
-                               f"({error})")
+        return SafetensorError(f"{label}: the store's answer was cut short while {doing} "
+                               f"({told})")
     if isinstance(error, TimeoutError) or "Timeout" in type(error).__name__:
-        return TimeoutError(f"{url}: no answer in time while {doing} ({type(error).__name__}"
-                            f"; storage_options set the timeouts)")
-    return OSError(f"{url}: {doing} failed: {type(error).__name__}: {error}")
+        return TimeoutError(f"{label}: no answer in time while {doing} "
+                            f"({type(error).__name__}; storage_options set the timeouts)")
+    return OSError(f"{label}: {doing} failed: {type(error).__name__}: {told}")
 
 
-def precondition_failed(url: str, doing: str) -> SafetensorError:
+def _without_credentials(error: BaseException, url: str) -> BaseException:
+    """An error of `error`'s kind that says what it says, the credentials of `url`
+    (and of any URL it names) hidden."""
+    if isinstance(error, OSError) and error.errno is not None:
+        named = () if error.filename is None else (hidden_in(str(error.filename), url),)
+        return type(error)(error.errno, hidden_in(str(error.strerror), url), *named)
+    try:
+        return type(error)(hidden_in(str(error), url))
+    except TypeError:     # a kind made otherwise
+        return OSError(hidden_in(str(error), url))
+
+
+def precondition_failed(label: str, doing: str) -> SafetensorError:
     """The error for a store that refused a read's precondition (status 412)."""
-    return SafetensorError(f"{url}: the object changed since it was opened (its ETag "
+    return SafetensorError(f"{label}: the object changed since it was opened (its ETag "
                            f"or modification time no longer matches) while {doing}; "
                            f"open it again to read the new object")
 
@@ -461,14 +563,16 @@ def _precondition_failed(error: BaseException) -> bool:
 class RangedObject:
     """Byte ranges of one object, as the compiled Reader asks for them: called with a
     list of ``(offset, length)``, the bytes of each; ``fetch_into`` puts them into
-    buffers given. A transport gives `url`, `size`, `version`, `limits`, `pace` and
-    `ranges_ignored`, and fetches spans by parts (``_fetch``).
+    buffers given. A transport gives `url` (and `label`, as messages show it:
+    ``shown_url``), `size`, `version`, `limits`, `pace` and `ranges_ignored`, and
+    fetches spans by parts (``_fetch``).
 
     From a server that ignores range requests, the first read that needs more than
     the object's first bytes reads it whole, once, and every read after it is
     served from that copy, kept as long as the object (``_whole_for``)."""
 
     url: str
+    label: str
     size: int
     version: ObjectVersion
     limits: Limits
@@ -501,7 +605,7 @@ class RangedObject:
         arrays."""
         for (offset, length), buffer in zip(ranges, buffers, strict=True):
             if buffer.readonly or buffer.nbytes != length:
-                raise ValueError(f"{self.url}: bytes [{offset}, {offset + length}) need a "
+                raise ValueError(f"{self.label}: bytes [{offset}, {offset + length}) need a "
                                  f"writable buffer of {length} bytes")
         views = [buffer.cast("B") for buffer in buffers]
         whole = self._whole_for(ranges)
@@ -581,7 +685,7 @@ class RangedObject:
         most = self.limits.max_whole_read
         if self.size > most:
             raise SafetensorError(
-                f"{self.url}: the server ignores range requests (it answers them with the "
+                f"{self.label}: the server ignores range requests (it answers them with the "
                 f"whole object), and the object's {self.size} bytes are more than the "
                 f"{most} read whole from such a server (fastst.remote.MAX_WHOLE_READ): "
                 f"download it first, or serve it from a server that supports range "

@@ -236,10 +236,14 @@ class Url(Source):
     """An object that an fsspec URL names (``s3://``, ``gs://``, ``http(s)://``,
     ``memory://``...), with its file system's `storage_options`: read by byte
     ranges, each request holding to the version seen at opening (see
-    ``fastst.remote``), and written by an upload."""
+    ``fastst.remote``), and written by an upload. Its `label` is the URL with its
+    credentials hidden (``fastst._ranged.shown_url``), as messages, reprs and
+    reports show it."""
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]] = None) -> None:
-        self.url = self.label = url
+        from ._ranged import shown_url   # the transport's: imported when a URL is named
+
+        self.url, self.label = url, shown_url(url)
         self.storage_options: Optional[Dict[str, Any]] = (
             dict(storage_options) if storage_options else None)
 
@@ -247,7 +251,7 @@ class Url(Source):
         return Url, (self.url, self.storage_options)
 
     def __repr__(self) -> str:
-        return f"Url({self.url!r})"
+        return f"Url({self.label!r})"
 
     def _ranges(self) -> RangedObject:
         from .remote import open_object   # a transport: imported when a URL is opened
@@ -258,19 +262,19 @@ class Url(Source):
         self._open_on(self._ranges(), reader, max_header_size)
 
     def _open_on(self, ranges: RangedObject, reader: Reader, max_header_size: int) -> None:
-        reader.open_ranges(self.url, ranges.size, ranges, max_header_size=max_header_size,
+        reader.open_ranges(self.label, ranges.size, ranges, max_header_size=max_header_size,
                            identity=ranges.identity)
 
     def reopen(self, reader: Reader, seen: Identity, *, max_header_size: int, what: str,
                since: str, remedy: str) -> None:
         ranges = self._ranges()   # asks the store for the object's version first
-        now = Identity(self.url, tuple(ranges.identity[1:]))
+        now = Identity(self.label, tuple(ranges.identity[1:]))
         if now.version != seen.version:
             raise seen.changed(now, what, since, remedy)
         self._open_on(ranges, reader, max_header_size)
 
     def identity(self) -> Identity:
-        return Identity(self.url, tuple(self._ranges().identity[1:]))
+        return Identity(self.label, tuple(self._ranges().identity[1:]))
 
     def read_all(self, limit: int, what: str) -> bytes:
         from .remote import read_object

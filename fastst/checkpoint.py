@@ -431,8 +431,8 @@ class ShardedHandle(Generic[T]):
         return info
 
     def shard_file(self, name: str) -> str:
-        """The path (or URL) of the shard the index puts tensor `name` in (opens
-        nothing).
+        """The path (or URL, its credentials hidden) of the shard the index puts
+        tensor `name` in (opens nothing); `shard_source` gives it whole.
 
         Raises
         ------
@@ -490,6 +490,12 @@ class ShardedHandle(Generic[T]):
     def index(self) -> CheckpointIndex:
         """The checkpoint's parsed index."""
         return self._index
+
+    @property
+    def index_source(self) -> Source:
+        """Where the index is, as a Source (a URL's with its credentials, which
+        ``index.path`` and messages hide)."""
+        return self._source
 
     @property
     def source(self) -> str:

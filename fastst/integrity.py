@@ -56,10 +56,11 @@ def verify_file(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
     Returns
     -------
     dict
-        ``file`` (`path`), ``ok`` (bool), ``tensors`` (their number),
-        ``bytes`` (their bytes), ``checksum`` (the algorithm, or None),
-        ``checked`` (tensors whose checksum was checked) and ``errors``
-        (``{"tensor": name or None, "error": why}``, None for the file's own).
+        ``file`` (`path`, a URL's credentials hidden), ``ok`` (bool),
+        ``tensors`` (their number), ``bytes`` (their bytes), ``checksum`` (the
+        algorithm, or None), ``checked`` (tensors whose checksum was checked) and
+        ``errors`` (``{"tensor": name or None, "error": why}``, None for the
+        file's own).
 
     Raises
     ------
@@ -81,13 +82,20 @@ def verify_file(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
     >>> report["errors"][0]["error"]
     'checksum mismatch, the data is corrupt (xxh3_64 ..., the metadata says a1d0bd893c9531ac)'
     """
-    report: Dict[str, Any] = {"file": path, "ok": False, "tensors": 0, "bytes": 0,
+    return _verified(as_source(path), max_header_size, progress)
+
+
+def _verified(source: Source, max_header_size: int,
+              progress: Optional[Callable[[int], Any]]) -> Dict[str, Any]:
+    """`verify_file`'s report on `source`."""
+    report: Dict[str, Any] = {"file": source.label, "ok": False, "tensors": 0, "bytes": 0,
                               "checksum": None, "checked": 0, "errors": []}
     try:
-        with _opened(path, max_header_size) as reader:
+        with _opened(source, max_header_size) as reader:
             _verify_open_file(reader, report, progress)
     except (SafetensorError, OSError) as error:
-        report["errors"].append({"tensor": None, "error": _without_path(str(error), path)})
+        report["errors"].append({"tensor": None,
+                                 "error": _without_path(str(error), source.label)})
     report["ok"] = not report["errors"]
     return report
 
@@ -182,39 +190,40 @@ def verify_path(path: str, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
     folder = source.is_directory()
     if folder:
         names = sorted(os.listdir(path))
-        files = [os.path.join(path, name) for name in names if name.endswith(".safetensors")]
+        files = [as_source(os.path.join(path, name)) for name in names
+                 if name.endswith(".safetensors")]
         indexes = [as_source(os.path.join(path, name)) for name in names if is_index_name(name)]
     elif is_index_name(source.name):
         files, indexes = [], [source]
     else:
-        files, indexes = [path], []
+        files, indexes = [source], []
     checked = [_checked_index(index, max_header_size) for index in indexes]
     index_errors = [error for errors, _ in checked for error in errors]
     if indexes and not folder:    # a checkpoint given by its index: the shards it names
-        files = [shard.label for _, shards in checked for shard in shards]
+        files = [shard for _, shards in checked for shard in shards]
     bar = _progress_bar(files, max_header_size) if progress else None
     try:
-        reports = [verify_file(file, max_header_size=max_header_size,
-                               progress=None if bar is None else bar.update) for file in files]
+        reports = [_verified(file, max_header_size, None if bar is None else bar.update)
+                   for file in files]
     finally:
         if bar is not None:
             bar.close()
     if folder and not files:
         index_errors.append({"file": path, "error": "no .safetensors file in this folder"})
-    return {"path": path, "ok": not index_errors and all(r["ok"] for r in reports),
+    return {"path": source.label, "ok": not index_errors and all(r["ok"] for r in reports),
             "files": reports, "errors": index_errors}
 
 
-def _progress_bar(files: List[str], max_header_size: int) -> Any:
+def _progress_bar(files: List[Source], max_header_size: int) -> Any:
     """A bar over the bytes to hash when the work is large (see ``byte_bar``)."""
     if not is_terminal(sys.stderr):     # no file opened twice for a bar not drawn
         return None
     return byte_bar(sum(_checksummed_bytes(file, max_header_size) for file in files), "verify")
 
 
-def _checksummed_bytes(path: str, max_header_size: int) -> int:
+def _checksummed_bytes(source: Source, max_header_size: int) -> int:
     try:
-        with _opened(path, max_header_size) as reader:
+        with _opened(source, max_header_size) as reader:
             metadata = reader.metadata() or {}
             return 0 if CHECKSUM_KEY not in metadata else sum(
                 _nbytes(reader, name) for name in reader.offset_keys())

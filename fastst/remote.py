@@ -46,8 +46,8 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping
 from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
 from ._ranged import (READ_PIECE, Limits, ObjectVersion, Pace, PartQueue, Range,
-                      RangedObject, Span, Tally, checked_answer, precondition, too_long,
-                      translated)
+                      RangedObject, Span, Tally, checked_answer, precondition, shown_url,
+                      too_long, translated)
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped, unused-ignore]
@@ -136,7 +136,7 @@ def open_object(url: str, storage_options: Optional[Mapping[str, Any]]) -> Range
     options = dict(storage_options or {})
     transport = options.get("transport")
     if transport is not None and transport not in TRANSPORTS:
-        raise SafetensorError(f"{url}: storage_options['transport'] must be one of "
+        raise SafetensorError(f"{shown_url(url)}: storage_options['transport'] must be one of "
                               f"{', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
     if transport != "fsspec":
         from . import _http
@@ -146,7 +146,7 @@ def open_object(url: str, storage_options: Optional[Mapping[str, Any]]) -> Range
         if refused is None:
             return _http.HttpRanges(url, options, read_limits(url, options))
         if transport == "http":
-            raise SafetensorError(f"{url}: storage_options['transport'] is 'http', but "
+            raise SafetensorError(f"{shown_url(url)}: storage_options['transport'] is 'http', but "
                                   f"{refused}")
     return UrlRanges(url, options)
 
@@ -159,7 +159,8 @@ def read_limits(url: str, storage_options: Mapping[str, Any]) -> Limits:
     for key, default in (("max_concurrency", MAX_REQUESTS), ("part_size", PART_SIZE)):
         value = storage_options.get(key, default)
         if type(value) is not int or value < 1:
-            raise SafetensorError(f"{url}: storage_options[{key!r}] must be an integer >= 1, "
+            raise SafetensorError(f"{shown_url(url)}: storage_options[{key!r}] must be an "
+                                  f"integer >= 1, "
                                   f"got {value!r}")
         bounds.append(value)
     return Limits(CONNECT_TIMEOUT, READ_TIMEOUT, START_REQUESTS, bounds[0], bounds[1],
@@ -210,14 +211,14 @@ def read_object(url: str, storage_options: Optional[Mapping[str, Any]], limit: i
     """
     ranges = open_object(url, storage_options)
     if ranges.size > limit:
-        raise SafetensorError(f"{url}: {what} of {ranges.size} bytes exceeds the limit of "
-                              f"{limit} bytes")
+        raise SafetensorError(f"{ranges.label}: {what} of {ranges.size} bytes exceeds the "
+                              f"limit of {limit} bytes")
     if ranges.size == 0:
         return b""
     (data,) = ranges([(0, ranges.size)])
     if len(data) != ranges.size:
-        raise SafetensorError(f"{url}: {what}: the store answered {len(data)} bytes for "
-                              f"{ranges.size} ("
+        raise SafetensorError(f"{ranges.label}: {what}: the store answered {len(data)} bytes "
+                              f"for {ranges.size} ("
                               f"{'a short read' if len(data) < ranges.size else 'too long'})")
     return bytes(data)
 
@@ -400,7 +401,7 @@ class UrlRanges(RangedObject):
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
         super().__init__()
-        self.url = url
+        self.url, self.label = url, shown_url(url)
         self.storage_options = dict(storage_options or {})
         self.limits = read_limits(url, self.storage_options)
         self.pace = self.limits.pace()
@@ -409,17 +410,17 @@ class UrlRanges(RangedObject):
             fs.invalidate_cache(self.path)   # a listing cached earlier may be stale
             info = fs.info(self.path, **_deadline(fs, self.limits))
         except Exception as error:
-            raise translated(error, url, "opening it") from error
+            raise translated(error, url, "opening it")
         if info.get("type", "file") != "file":
-            raise IsADirectoryError(errno.EISDIR, "Is a directory", url)
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", self.label)
         if info.get("size") is None:
-            raise SafetensorError(f"{url}: the store gives no size for the object (it is "
+            raise SafetensorError(f"{self.label}: the store gives no size for the object (it is "
                                   f"read by byte ranges, which need one)")
         self.size = int(info["size"])
         self.etag = info.get("ETag") or info.get("etag") or None
         modified = (info.get("LastModified") or info.get("Last-Modified")
                     or info.get("mtime") or info.get("created"))
-        self.version = ObjectVersion(url, self.size, self.etag, modified)
+        self.version = ObjectVersion(self.label, self.size, self.etag, modified)
         self.identity = tuple(self.version)
         self.ranges_ignored = info.get("partial") is False    # Accept-Ranges: none
         self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag,
@@ -444,11 +445,11 @@ class UrlRanges(RangedObject):
             part = getattr(error, "fastst_range", None)
             doing = (f"reading {len(ranges)} byte ranges" if part is None else
                      f"reading bytes [{part[0]}, {part[0] + part[1]})")
-            raise translated(error, self.url, doing) from error
+            raise translated(error, self.url, doing)
         for (offset, length), item in zip(ranges, got):
             if isinstance(item, BaseException):
                 raise translated(item, self.url, f"reading bytes [{offset}, "
-                                                 f"{offset + length})") from item
+                                                 f"{offset + length})")
             if on_bytes is not None:
                 on_bytes(length)
         return list(got)
@@ -559,7 +560,7 @@ async def _get_http(fs: Any, path: str, offset: int, length: int, opened: UrlRan
     async with session.get(fs.encode_url(path), headers=headers, **options) as response:
         try:
             if response.status == 404:
-                raise FileNotFoundError(errno.ENOENT, "No such object", version.url)
+                raise FileNotFoundError(errno.ENOENT, "No such object", version.label)
             response.raise_for_status()
             said = response.headers
             body, whole = checked_answer(version, offset, length, response.status,
@@ -616,7 +617,7 @@ async def _get_other(fs: Any, path: str, offset: int, length: int, opened: UrlRa
     the whole answer: checked for length only."""
     data = await fs._cat_file(path, start=offset, end=offset + length, **opened.read_kwargs)
     if len(data) > length:
-        raise SafetensorError(f"{opened.url}: bytes [{offset}, {offset + length}) came back "
+        raise SafetensorError(f"{opened.label}: bytes [{offset}, {offset + length}) came back "
                               f"{len(data)} bytes long, not {length} (too long)")
     into[:len(data)] = data
     progress(len(data))
@@ -638,7 +639,7 @@ async def _read_into(read: Callable[[int], Awaitable[bytes]], into: memoryview, 
         if not piece:
             break
         if done + len(piece) > body:
-            raise too_long(version.url, offset, length, body)
+            raise too_long(version.label, offset, length, body)
         into[done:done + len(piece)] = piece
         done += len(piece)
         progress(len(piece))
@@ -649,8 +650,8 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
     try:
         from fsspec.core import url_to_fs  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
-        raise ImportError(f"{url}: URLs are read through fsspec: pip install fsspec s3fs "
-                          f"aiohttp (fastst's 'remote' extra)") from None
+        raise ImportError(f"{shown_url(url)}: URLs are read through fsspec: pip install fsspec "
+                          f"s3fs aiohttp (fastst's 'remote' extra)") from None
     protocol = url.split("://", 1)[0].lower()
     options = with_default_timeouts(protocol, {
         key: value for key, value in storage_options.items() if key not in READ_OPTIONS})
@@ -663,8 +664,8 @@ def _url_to_fs(url: str, storage_options: Dict[str, Any]) -> Tuple[AbstractFileS
     try:
         fs, path = url_to_fs(url, **options)
     except ImportError as error:
-        raise ImportError(f"{url}: fsspec needs another package for {protocol}:// URLs "
-                          f"({error}); fastst's 'remote' extra installs s3fs and "
+        raise ImportError(f"{shown_url(url)}: fsspec needs another package for {protocol}:// "
+                          f"URLs ({error}); fastst's 'remote' extra installs s3fs and "
                           f"aiohttp") from None
     return fs, path
 
@@ -781,15 +782,15 @@ def save_plan(plan: WritePlan, target: str,
         elif (_protocols(fs) & set(S3_PROTOCOLS)
               and plan.total_size > _MultipartUpload.part_size_for(limits)):
             upload = _MultipartUpload(fs, path, limits)
-            upload.send(lambda file: plan.write_stream(file, target))
+            upload.send(lambda file: plan.write_stream(file, shown_url(target)))
         elif _is_staged(fs):
-            _upload_staged(fs, path, lambda file: plan.write_stream(file, target))
+            _upload_staged(fs, path, lambda file: plan.write_stream(file, shown_url(target)))
         else:
             fs.pipe_file(path, plan.to_bytes())
     except SafetensorError:
         raise
     except Exception as error:
-        raise translated(error, target, "saving") from error
+        raise translated(error, target, "saving")
 
 
 class _MultipartUpload:
@@ -916,6 +917,8 @@ class SpooledUpload:
         The local file to write.
     url : str
         Where it goes.
+    label : str
+        The URL as messages show it, its credentials hidden.
 
     Examples
     --------
@@ -930,7 +933,7 @@ class SpooledUpload:
     """
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]]) -> None:
-        self.url = url
+        self.url, self.label = url, shown_url(url)
         self.storage_options = dict(storage_options or {})
         self.fs, self.remote_path = _url_to_fs(url, self.storage_options)
         self.spool: Optional[str] = None
@@ -965,7 +968,7 @@ class SpooledUpload:
         except SafetensorError:
             raise
         except Exception as error:
-            raise translated(error, self.url, "uploading") from error
+            raise translated(error, self.url, "uploading")
         finally:
             self.discard()
 

@@ -121,7 +121,7 @@ class StreamWriter:
     Attributes
     ----------
     name : str
-        The target's path (or URL), as messages give it.
+        The target's path (or URL, its credentials hidden), as messages give it.
 
     Raises
     ------
@@ -182,14 +182,14 @@ class StreamWriter:
         self._maps: List[mmap.mmap] = []
         try:
             self._file = AtomicFile(filename, self._plan.total_size)
-            self.name = self._file.target if self._upload is None else self._upload.url
+            self.name = self._file.target if self._upload is None else self._upload.label
             self._plan.write_prefix(self._file.fd, self.name)
         except BaseException:
             self.abort()
             raise
 
     def _target(self, filename: PathLike) -> str:
-        return os.fsdecode(filename) if self._upload is None else self._upload.url
+        return os.fsdecode(filename) if self._upload is None else self._upload.label
 
     def __enter__(self) -> "StreamWriter":
         return self

@@ -62,7 +62,8 @@ class RangeServer:
 
     What a client must cope with on the web: ``redirects`` maps a path to the
     location (a path or a URL) that HEAD and GET requests for it are sent on to
-    (302); ``refused`` holds paths answered 403 (a signed location that expired);
+    (302); ``refused`` holds paths answered 403 (a signed location that expired),
+    and ``failures`` maps a path to the status HEAD and GET requests for it get;
     ``head_status``, when set, answers every HEAD with it (a URL signed for GET
     only); ``weak_etags`` gives ETags as ``W/"..."``; ``encoding`` is sent as the
     Content-Encoding of GET answers (whose bodies stay as they are); mode
@@ -128,6 +129,7 @@ class RangeServer:
         self.accept_ranges = "bytes"
         self.redirects = {}
         self.refused = set()
+        self.failures = {}
         self.head_status = None
         self.weak_etags = False
         self.encoding = None
@@ -220,6 +222,9 @@ class RangeServer:
                 """Answer a redirected or refused path: True when it was."""
                 if self.path in store.refused:
                     self.answer(403, b"expired", head=head)
+                    return True
+                if self.path in store.failures:
+                    self.answer(store.failures[self.path], b"failed", head=head)
                     return True
                 location = store.redirects.get(self.path)
                 if location is None:

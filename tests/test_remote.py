@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.request
 
 import numpy as np
@@ -748,6 +749,143 @@ def test_an_answer_without_end_is_read_no_further_than_asked(served, tmp_path, m
         assert output.startswith(f"refused: {url}: "), (output, done.stderr[-3000:])
     assert refusal in output, output
     assert server.bytes_sent < 64 * MiB     # what the sockets' buffers took in, at most
+
+
+# ---------------------------------------------------------------------------
+# Credentials in URLs
+# ---------------------------------------------------------------------------
+
+SECRET_QUERY = "?token=s3cr3t-tok&X-Amz-Signature=s3cr3t-sig&v=2"
+SHOWN_QUERY = "?token=***&X-Amz-Signature=***&v=2"
+GUARDED = {"big": np.arange(64 * 1024, dtype=np.float64), "tail": np.ones(16)}
+
+
+def with_secrets(server, name):
+    """The URL of `name` on `server` with a user and password, and a token and a
+    signature in its query; and that URL as messages must show it."""
+    where = f"127.0.0.1:{server.server.server_address[1]}/{name}"
+    return (f"http://alice:s3cr3t-pw@{where}{SECRET_QUERY}",
+            f"http://***:***@{where}{SHOWN_QUERY}")
+
+
+def read_guarded(server, put, url, options, mode=None):
+    """Open `url` (GUARDED put there), set `mode` on the server, read a tensor."""
+    put(f"guarded.safetensors{SECRET_QUERY}", fastst.save(GUARDED))
+    with fastst.safe_open(url, storage_options=options) as f:
+        if mode == "replaced":     # a new ETag: If-Match fails (412)
+            put(f"guarded.safetensors{SECRET_QUERY}", fastst.save({"other": np.zeros(3)}))
+        else:
+            server.mode = mode
+        f.get_tensor("big")
+
+
+def failing(status):
+    def read(server, put, url, options):
+        server.failures[f"/guarded.safetensors{SECRET_QUERY}"] = status
+        fastst.safe_open(url, storage_options=options)
+    return read
+
+
+def redirected_in_a_loop(server, put, url, options):
+    server.redirects[f"/guarded.safetensors{SECRET_QUERY}"] = f"/loop{SECRET_QUERY}"
+    server.redirects[f"/loop{SECRET_QUERY}"] = f"/guarded.safetensors{SECRET_QUERY}"
+    fastst.safe_open(url, storage_options=options)
+
+
+def redirected_to_a_failing_signed_location(server, put, url, options):
+    server.redirects[f"/guarded.safetensors{SECRET_QUERY}"] = "/blob?Signature=s3cr3t-location"
+    server.failures["/blob?Signature=s3cr3t-location"] = 500
+    fastst.safe_open(url, storage_options=options)
+
+
+def stalled(server, put, url, options):
+    put(f"guarded.safetensors{SECRET_QUERY}", fastst.save(GUARDED))
+    server.mode = "stall"
+    fastst.safe_open(url, storage_options=options)
+
+
+FAILED_READS = {
+    "404": lambda server, put, url, options: fastst.safe_open(url, storage_options=options),
+    "401": failing(401),
+    "403": failing(403),
+    "500": failing(500),
+    "412": lambda server, put, url, options: read_guarded(server, put, url, options,
+                                                          "replaced"),
+    "changed ETag": lambda server, put, url, options: read_guarded(server, put, url, options,
+                                                                   "new-version"),
+    "too long": lambda server, put, url, options: read_guarded(server, put, url, options,
+                                                               "overlong"),
+    "ignored range": lambda server, put, url, options: read_guarded(server, put, url, options,
+                                                                    "ignore-range"),
+    "timeout": stalled,
+    "redirect loop": redirected_in_a_loop,
+    "signed location": redirected_to_a_failing_signed_location,
+}
+
+
+def assert_nothing_secret(*texts):
+    for text in texts:
+        assert "s3cr3t" not in text, text
+
+
+@pytest.mark.parametrize("options", [None, {"transport": "fsspec"}], ids=["http", "fsspec"])
+@pytest.mark.parametrize("failure", sorted(FAILED_READS))
+def test_no_error_shows_the_credentials_of_a_url(served_alone, monkeypatch, capsys, caplog,
+                                                 failure, options):
+    """Its message, its repr, its traceback with every cause, and whatever was
+    printed or logged meanwhile: the URL is named with its user, password, token and
+    signature hidden."""
+    server, put = served_alone
+    monkeypatch.setattr(fastst.remote, "CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr(fastst.remote, "READ_TIMEOUT", 0.5)
+    url, shown = with_secrets(server, "guarded.safetensors")
+    with pytest.raises(Exception) as raised:
+        FAILED_READS[failure](server, put, url, options)
+    error = raised.value
+    captured = capsys.readouterr()
+    assert_nothing_secret(str(error), repr(error), "".join(traceback.format_exception(error)),
+                          captured.out, captured.err, caplog.text)
+    assert shown in str(error)
+
+
+def test_no_repr_report_or_progress_bar_shows_the_credentials_of_a_url(
+        served, tmp_path, monkeypatch, capsys):
+    """Reprs of a handle and a checkpoint, their sources, a download bar, inspect's
+    and verify's reports, a Loader's state: the URL shown, its credentials hidden, and
+    sent with every request (the shards of a checkpoint found beside its index)."""
+    from fastst.cli import main
+    from fastst.data import Loader
+
+    server, put = served
+    for module in (fastst._ranged, fastst._progress):    # a bar for every read
+        monkeypatch.setattr(module, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(fastst._progress, "is_terminal", lambda stream: True)
+    url, shown = with_secrets(server, "model.safetensors")
+    put(f"model.safetensors{SECRET_QUERY}", fastst.save(GUARDED))
+    _, files = sharded(tmp_path)
+    for name, data in files.items():
+        put(f"checkpoint/{name}", data)
+    # its shards are found beside it: with its user and password, without its query
+    index, shown_index = (part.split("?")[0] for part in with_secrets(server,
+                                                                     f"checkpoint/{INDEX}"))
+    server.reset_counts()
+    with fastst.safe_open(url) as f, fastst.safe_open(index) as checkpoint:
+        f.get_tensor("big")
+        checkpoint.get_tensor("layer.0")
+        handle, shown_checkpoint = repr(f), repr(checkpoint)
+        texts = [handle, f.source, str(f.file_identity), shown_checkpoint, checkpoint.source,
+                 repr(fastst._source.as_source(url)), checkpoint.shard_file("layer.0")]
+    texts.append(capsys.readouterr().err)
+    assert "download" in texts[-1]
+    assert main(["inspect", "--json", url]) == 0 and main(["verify", "--json", index]) == 0
+    loader = Loader(index, ["layer.0"], 10)
+    next(iter(loader))
+    texts.append(str(loader.state_dict()))
+    captured = capsys.readouterr()
+    assert shown in handle and shown_index in shown_checkpoint and shown in captured.out
+    assert "model-00001-of-00003.safetensors" in captured.out
+    assert_nothing_secret(*texts, captured.out, captured.err)
+    assert set(server.authorizations) == {"Basic YWxpY2U6czNjcjN0LXB3"}   # alice:s3cr3t-pw
 
 
 # ---------------------------------------------------------------------------

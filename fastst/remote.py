@@ -20,7 +20,8 @@ versions. A store may ignore it, or ignore the range: each S3 and HTTP answer is
 also held to what it says of itself (status 206, its Content-Range, ETag and
 Last-Modified against the object seen at opening), and its body is read in pieces,
 never past the bytes asked for (``fastst._ranged.checked_answer``). Other stores
-are checked for length only.
+are checked for length (and to answer with bytes) only; every store's calls are
+bounded by their deadline (see ``_bounded``).
 
 Examples
 --------
@@ -35,6 +36,7 @@ Any fsspec URL is read and written as a path is (``memory://`` needs no server):
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -408,7 +410,7 @@ class UrlRanges(RangedObject):
         fs, self.path = _url_to_fs(url, self.storage_options)
         try:
             fs.invalidate_cache(self.path)   # a listing cached earlier may be stale
-            info = fs.info(self.path, **_deadline(fs, self.limits))
+            info = _bounded(fs, self.limits.seconds_for(0), fs.info, self.path)
         except Exception as error:
             raise translated(error, url, "opening it")
         if info.get("type", "file") != "file":
@@ -437,10 +439,11 @@ class UrlRanges(RangedObject):
                     on_bytes=on_bytes)
                 return None
             else:
-                got = self.fs.cat_ranges([self.path] * len(ranges),
-                                         [offset for offset, _ in ranges],
-                                         [offset + length for offset, length in ranges],
-                                         on_error="return", **self.read_kwargs)
+                got = _bounded(self.fs, self.limits.seconds_for(sum(
+                    length for _, length in ranges)), self.fs.cat_ranges,
+                    [self.path] * len(ranges), [offset for offset, _ in ranges],
+                    [offset + length for offset, length in ranges], on_error="return",
+                    **self.read_kwargs)
         except Exception as error:
             part = getattr(error, "fastst_range", None)
             doing = (f"reading {len(ranges)} byte ranges" if part is None else
@@ -455,13 +458,32 @@ class UrlRanges(RangedObject):
         return list(got)
 
 
-def _deadline(fs: AbstractFileSystem, limits: Limits) -> Dict[str, float]:
-    """The keyword that bounds a whole call of an async file system that moves next to
-    no data, such as ``info`` (fsspec's `sync` gives up after `timeout` seconds,
-    cancelling the call): see ``Limits.seconds_for``."""
-    if not getattr(fs, "async_impl", False):
-        return {}
-    return {"timeout": limits.seconds_for(0)}
+def _bounded(fs: AbstractFileSystem, seconds: float, method: Callable[..., Any], *args: Any,
+             **kwargs: Any) -> Any:
+    """``method(*args, **kwargs)``, a call of `fs`, given up after `seconds` (see
+    ``Limits.seconds_for``) with a TimeoutError. An async file system's call is given
+    fsspec's `timeout`, which cancels it (and gives up even while its event loop is
+    blocked); any other's runs in a thread of its own, waited for that long: nothing
+    can cancel it, so its thread is left to end on its own and its answer dropped."""
+    if getattr(fs, "async_impl", False):
+        return method(*args, timeout=seconds, **kwargs)
+    ended = threading.Event()
+    outcome: Dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["answer"] = method(*args, **kwargs)
+        except BaseException as error:
+            outcome["error"] = error
+        finally:
+            ended.set()
+
+    threading.Thread(target=call, daemon=True, name="fastst-store").start()
+    if not ended.wait(seconds):
+        raise TimeoutError(f"the store did not answer in {seconds:.1f} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["answer"]
 
 
 # One ranged GET into memory: (offset, length, into, progress) -> the bytes put at the
@@ -480,17 +502,26 @@ def _fetch_spans(fs: AbstractFileSystem, spans: List[Span], buffers: List[memory
     server that ignores ranges). The first part that fails raises its error, with
     `.fastst_range` its bytes; a call that outlasts its deadline raises TimeoutError
     with every request of it cancelled, retries included (fsspec's ``cat_ranges``
-    leaves its requests running when its caller gives up)."""
+    leaves its requests running when its caller gives up). Where a store's code holds
+    the event loop past the deadline, so that nothing can be cancelled, the call
+    gives up waiting a second later, and the places of its parts are released: the
+    store writes nothing into the buffers once it lets the loop run again."""
     import asyncio
 
     from fsspec.asyn import sync  # type: ignore[import-untyped, unused-ignore]
+    from fsspec.exceptions import FSTimeoutError  # type: ignore[import-untyped, unused-ignore]
 
     parts = PartQueue(spans, pace, whole_requests)
     tally = Tally(pace, on_bytes)
+    places: List[memoryview] = []     # where each part started goes
+    given_up = threading.Event()
 
     async def fetch_part(k: int, offset: int, size: int) -> None:
+        if given_up.is_set():
+            return
         span = spans[k]
         into = buffers[k][offset - span.offset:offset - span.offset + size]
+        places.append(into)
         try:
             got = await get(offset, size, into, tally.part_asked())
         except Exception as error:
@@ -524,11 +555,19 @@ def _fetch_spans(fs: AbstractFileSystem, spans: List[Span], buffers: List[memory
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)   # each has ended
 
-    async def within_deadline() -> None:
-        await asyncio.wait_for(fetch_all(), limits.seconds_for(sum(
-            span.end - span.offset for span in spans)))
+    seconds = limits.seconds_for(sum(span.end - span.offset for span in spans))
 
-    sync(fs.loop, within_deadline)
+    async def within_deadline() -> None:
+        await asyncio.wait_for(fetch_all(), seconds)
+
+    try:   # `sync` gives up a second after the deadline, whatever holds the loop
+        sync(fs.loop, within_deadline, timeout=seconds + 1)
+    except FSTimeoutError:
+        given_up.set()
+        for place in list(places):
+            with contextlib.suppress(BufferError):   # none is exported, but be sure
+                place.release()   # a write into it raises, in the part's own task
+        raise
 
 
 # One ranged GET per kind of store: (fs, path, offset, length, the UrlRanges: the version
@@ -614,14 +653,19 @@ async def _get_s3(fs: Any, path: str, offset: int, length: int, opened: UrlRange
 async def _get_other(fs: Any, path: str, offset: int, length: int, opened: UrlRanges,
                      into: memoryview, progress: Callable[[int], None]) -> int:
     """Bytes [offset, offset + length) through fsspec's ``_cat_file``, which reads
-    the whole answer: checked for length only."""
+    the whole answer: checked to be bytes, and no more than asked."""
     data = await fs._cat_file(path, start=offset, end=offset + length, **opened.read_kwargs)
-    if len(data) > length:
-        raise SafetensorError(f"{opened.label}: bytes [{offset}, {offset + length}) came back "
-                              f"{len(data)} bytes long, not {length} (too long)")
-    into[:len(data)] = data
-    progress(len(data))
-    return len(data)
+    asked = f"bytes [{offset}, {offset + length})"
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise SafetensorError(f"{opened.label}: {asked} came back as a {type(data).__name__}, "
+                              f"not bytes")
+    count = memoryview(data).nbytes
+    if count > length:
+        raise SafetensorError(f"{opened.label}: {asked} came back {count} bytes long, not "
+                              f"{length} (too long)")
+    into[:count] = data
+    progress(count)
+    return count
 
 
 async def _read_into(read: Callable[[int], Awaitable[bytes]], into: memoryview, body: int,

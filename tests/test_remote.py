@@ -1,5 +1,6 @@
 """File objects and object stores: reading by byte ranges (HTTP on loopback, S3 through
 moto in server mode, memory://, file objects) and saving to URLs."""
+import asyncio
 import io
 import json
 import os
@@ -9,6 +10,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.request
@@ -22,6 +24,7 @@ from fastst import SafetensorError
 from fastst._core import Reader
 
 fsspec = pytest.importorskip("fsspec")
+import fsspec.asyn  # noqa: E402
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
 from servers import (RangeServer, counted_http_server, http_store, moto_s3,  # noqa: E402,F401
@@ -376,6 +379,112 @@ def test_a_file_object_that_gives_more_than_asked_is_refused():
         fastst.safe_open(Boasting(data))
     with pytest.raises(SafetensorError, match="read returned a str, not bytes"):
         fastst.safe_open(Texting(data))
+
+
+class HostileStore(fsspec.AbstractFileSystem):
+    """A file system of fsspec's kind that holds one object and answers as the test
+    says: ``"stalled"`` (its reads wait until the test ends), ``"stalled-info"`` (so
+    does looking the object up), ``"too-long"`` (a read gives more than asked),
+    ``"generator"`` (a read gives a generator of bytes)."""
+    protocol = "hostile"
+    data = fastst.save({"big": np.arange(64 * 1024, dtype=np.float64)})
+    behaviour = None
+    released = None     # a threading.Event, set when the test ends
+
+    def info(self, path, **kwargs):
+        if self.behaviour == "stalled-info":
+            self.released.wait(20)
+        return {"name": path, "size": len(self.data), "type": "file"}
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        if self.behaviour == "stalled":
+            self.released.wait(20)
+        return hostile_answer(self, start, end)
+
+
+def hostile_answer(store, start, end):
+    """What a read of a hostile store gives: a generator of the bytes, a megabyte more
+    than asked, or the bytes."""
+    if store.behaviour == "generator":
+        return (bytes([byte]) for byte in store.data[start:end])
+    return store.data[start:end] + (b"!" * MiB if store.behaviour == "too-long" else b"")
+
+
+class HostileAsyncStore(fsspec.asyn.AsyncFileSystem):
+    """As `HostileStore`, on fsspec's event loop: ``"stalled"`` waits as a coroutine
+    does; ``"blocking"`` holds the event loop's thread itself, which no
+    cancellation reaches."""
+    protocol = "hostile-async"
+    data, behaviour, released = HostileStore.data, None, None
+
+    async def _info(self, path, **kwargs):
+        return {"name": path, "size": len(self.data), "type": "file"}
+
+    async def _cat_file(self, path, start=None, end=None, **kwargs):
+        if self.behaviour == "stalled":
+            await asyncio.sleep(20)
+        if self.behaviour == "blocking":
+            self.released.wait(20)
+        return hostile_answer(self, start, end)
+
+
+# (the store, how it answers, the error, what it says)
+OTHER_STORES = [
+    (HostileStore, "stalled", TimeoutError, "no answer in time while reading"),
+    (HostileStore, "stalled-info", TimeoutError, "no answer in time while opening it"),
+    (HostileStore, "too-long", SafetensorError, r"came back 1114112 bytes long, not 65536 "
+                                                r"\(too long\)"),
+    (HostileStore, "generator", SafetensorError, r"fetch returned a generator for bytes "
+                                                 r"\[0, 65536\), not a bytes-like object"),
+    (HostileAsyncStore, "stalled", TimeoutError, "no answer in time while reading"),
+    (HostileAsyncStore, "blocking", TimeoutError, "no answer in time while reading"),
+    (HostileAsyncStore, "too-long", SafetensorError, r"bytes \[0, 65536\) came back 1114112 "
+                                                     r"bytes long, not 65536 \(too long\)"),
+    (HostileAsyncStore, "generator", SafetensorError, r"bytes \[0, 65536\) came back as a "
+                                                      r"generator, not bytes"),
+]
+
+
+@pytest.mark.parametrize("store, behaviour, kind, message", OTHER_STORES,
+                         ids=[f"{store.protocol}-{how}" for store, how, _, _ in OTHER_STORES])
+def test_a_store_of_another_kind_is_held_to_the_deadline_and_the_bytes_asked(
+        monkeypatch, store, behaviour, kind, message):
+    """A file system fsspec knows by its protocol, that stalls (blocking its thread,
+    or fsspec's event loop), or answers with more than asked, or not with bytes:
+    an error naming the URL within the call's deadline (1 s and 64 KiB at 256 KiB
+    a second here), never a hang."""
+    monkeypatch.setattr(fastst.remote, "CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr(fastst.remote, "READ_TIMEOUT", 0.5)
+    fsspec.register_implementation(store.protocol, store, clobber=True)
+    monkeypatch.setattr(store, "behaviour", behaviour)
+    monkeypatch.setattr(store, "released", threading.Event())
+    url = f"{store.protocol}://bucket/model.safetensors"
+    started = time.monotonic()
+    try:
+        with pytest.raises(kind, match=message) as error:
+            fastst.safe_open(url, storage_options={"skip_instance_cache": True})
+    finally:
+        store.released.set()     # the store's thread, or fsspec's loop, goes on
+    assert time.monotonic() - started < 10
+    assert str(error.value).startswith(f"{url}: ")
+
+
+def test_a_store_that_holds_the_event_loop_writes_nothing_once_the_call_gave_up(monkeypatch):
+    monkeypatch.setattr(fastst.remote, "CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr(fastst.remote, "READ_TIMEOUT", 0.5)
+    fsspec.register_implementation(HostileAsyncStore.protocol, HostileAsyncStore, clobber=True)
+    monkeypatch.setattr(HostileAsyncStore, "released", threading.Event())
+    ranges = fastst.remote.open_object("hostile-async://bucket/model.safetensors",
+                                       {"skip_instance_cache": True})
+    monkeypatch.setattr(HostileAsyncStore, "behaviour", "blocking")
+    buffer = bytearray(1000)
+    try:
+        with pytest.raises(TimeoutError, match="no answer in time"):
+            ranges.fetch_into([(0, 1000)], [memoryview(buffer)])
+    finally:
+        HostileAsyncStore.released.set()
+    fsspec.asyn.sync(fsspec.asyn.get_loop(), asyncio.sleep, 0.1)   # the loop runs again
+    assert buffer == bytearray(1000)
 
 
 def s3_through(server):

@@ -306,8 +306,9 @@ class Tally:
 SECRET_WORDS = ("auth", "credential", "key", "pass", "pwd", "secret", "session", "sig",
                 "token")
 HIDDEN = "***"
-URL_PARTS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", re.DOTALL)
-URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+# Whatever runs around a "://" up to a space or a quote, in another library's text:
+# nothing here tells a URL from a path (fastst._source does), it only hides.
+URL_IN_TEXT = re.compile(r"[\w+.-]+://[^\s'\"<>]+")
 
 
 def shown_url(url: str) -> str:
@@ -323,10 +324,10 @@ def shown_url(url: str) -> str:
     >>> shown_url("s3://bucket/model.safetensors")
     's3://bucket/model.safetensors'
     """
-    match = URL_PARTS.match(url)
-    if match is None:
+    parts = _url_parts(url)
+    if parts is None:
         return url
-    scheme, authority, rest = match.groups()
+    scheme, authority, rest = parts
     user, at, host = authority.rpartition("@")
     if at:
         authority = f"{HIDDEN}:{HIDDEN}@{host}" if ":" in user else f"{HIDDEN}@{host}"
@@ -337,6 +338,16 @@ def shown_url(url: str) -> str:
     return scheme + authority + path + mark + query
 
 
+def _url_parts(url: str) -> Optional[Tuple[str, str, str]]:
+    """`url` cut into its scheme (with "://"), its authority (user, password, host,
+    port) and the rest (path, query, fragment); None where it holds no "://"."""
+    scheme, marker, after = url.partition("://")
+    if not marker:
+        return None
+    end = min((at for at in map(after.find, "/?#") if at >= 0), default=len(after))
+    return scheme + marker, after[:end], after[end:]
+
+
 def _is_secret(name: str) -> bool:
     plain = urllib.parse.unquote_plus(name).lower()
     return any(word in plain for word in SECRET_WORDS)
@@ -344,10 +355,10 @@ def _is_secret(name: str) -> bool:
 
 def _secrets_of(url: str) -> List[str]:
     """The credentials `shown_url` hides in `url`, as written and decoded."""
-    match = URL_PARTS.match(url)
-    if match is None:
+    parts = _url_parts(url)
+    if parts is None:
         return []
-    _, authority, rest = match.groups()
+    _, authority, rest = parts
     user = authority.rpartition("@")[0]
     found = user.split(":", 1) if user else []
     for parameter in rest.partition("?")[2].split("&"):

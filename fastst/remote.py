@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
@@ -946,7 +947,9 @@ class SpooledUpload:
     at least 5 MiB), and removes it; `discard`
     removes it. A ``file://`` URL is written in place, with no spool. The
     spool lies in ``tempfile.gettempdir()`` (``TMPDIR``), which needs room
-    for the file.
+    for the file. A spool is locked (``flock``) while its process lives: the
+    spools of processes that ended without removing theirs (killed) are
+    removed by the next SpooledUpload.
 
     Parameters
     ----------
@@ -984,7 +987,8 @@ class SpooledUpload:
         if _is_local(self.fs):
             self.path = self.remote_path
         else:
-            self.spool = tempfile.mkdtemp(prefix="fastst-upload-")
+            _remove_abandoned_spools()
+            self.spool, self._lock = _locked_spool()
             self.path = os.path.join(self.spool, os.path.basename(self.remote_path)
                                      or "upload.safetensors")
 
@@ -1029,11 +1033,77 @@ class SpooledUpload:
         """Remove the local spool without uploading it; again does nothing."""
         if self.spool is not None:
             shutil.rmtree(self.spool, ignore_errors=True)
+            os.close(self._lock)    # removed first: no later upload takes it for abandoned
             self.spool = None
 
 
 UPLOAD_PIECE = 16 << 20   # bytes a spooled file is uploaded by
 SMALLEST_S3_PART = 5 << 20   # S3 refuses smaller parts, but for an upload's last
+SPOOL_PREFIX, SPOOL_SUFFIX = "fastst-upload-", ".locked"
+SPOOL_ATTEMPTS = 8   # spools made in turn while other uploads remove them as abandoned
+
+
+def _locked_spool() -> Tuple[str, int]:
+    """A new spool folder in ``tempfile.gettempdir()`` and a descriptor of it that
+    holds its lock (``flock``): the kernel lets go of the lock when the process
+    ends, however it ends, which tells later uploads that the folder is abandoned.
+    Where the file system has no locks the folder is never taken for abandoned."""
+    for _ in range(SPOOL_ATTEMPTS):
+        spool = tempfile.mkdtemp(prefix=SPOOL_PREFIX, suffix=SPOOL_SUFFIX)
+        try:
+            lock = os.open(spool, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue     # taken for abandoned, still unlocked, and removed
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)    # taken for abandoned: the upload that locked it removes it
+            continue
+        except OSError:
+            pass
+        if _is_open_as(spool, lock):
+            return spool, lock
+        os.close(lock)
+    raise OSError(errno.EAGAIN, f"no spool folder in {tempfile.gettempdir()} stayed ours: "
+                                f"other uploads removed {SPOOL_ATTEMPTS} in turn")
+
+
+def _is_open_as(path: str, fd: int) -> bool:
+    try:
+        return os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(fd))
+    except FileNotFoundError:
+        return False
+
+
+def _remove_abandoned_spools() -> None:
+    """Remove the spool folders in ``tempfile.gettempdir()`` that this user's
+    uploads left when their process ended without removing them (killed): those
+    whose lock no process holds."""
+    try:
+        entries = list(os.scandir(tempfile.gettempdir()))
+    except OSError:
+        return
+    for entry in entries:
+        if (entry.name.startswith(SPOOL_PREFIX) and entry.name.endswith(SPOOL_SUFFIX)
+                and entry.is_dir(follow_symlinks=False)):
+            _remove_if_abandoned(entry.path)
+
+
+def _remove_if_abandoned(spool: str) -> None:
+    try:
+        lock = os.open(spool, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return     # gone, or another user's
+    try:
+        if os.fstat(lock).st_uid != os.getuid():
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return     # its upload is alive (or the file system has no locks)
+        shutil.rmtree(spool, ignore_errors=True)
+    finally:
+        os.close(lock)
 
 
 def _protocols(fs: AbstractFileSystem) -> set[str]:

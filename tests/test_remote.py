@@ -1,6 +1,7 @@
 """File objects and object stores: reading by byte ranges (HTTP on loopback, S3 through
 moto in server mode, memory://, file objects) and saving to URLs."""
 import asyncio
+import gc
 import io
 import json
 import os
@@ -1188,6 +1189,59 @@ def test_an_aborted_or_unfilled_stream_writer_uploads_nothing(s3_store, spools):
                             storage_options=s3_store)
     assert spools() == before
     assert_same(fastst.load_file(url, storage_options=s3_store), old)
+
+
+KILLED_WRITER = """
+import json, sys, time
+import numpy as np
+import fastst
+writer = fastst.StreamWriter("s3://fastst/killed.safetensors", {"a": ("F32", (8, 1 << 20))},
+                             storage_options=json.loads(sys.argv[1]))
+writer.write("a", np.ones((4, 1 << 20), np.float32))
+print("half written", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_spool_of_a_killed_stream_writer_is_removed_by_the_next_one(s3_store, tmp_path,
+                                                                        spools):
+    folder = tempfile.gettempdir()    # this test's own (see spools)
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, json.dumps(s3_store)],
+                             env={**os.environ, "TMPDIR": folder}, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"half written"
+        (spool,) = spools()
+        assert folder_bytes(os.path.join(folder, spool)) >= 32 * MiB
+        with fastst.StreamWriter("s3://fastst/other.safetensors", {"a": ("F32", (1,))},
+                                 storage_options=s3_store) as writer:
+            writer.write("a", np.ones(1, np.float32))
+        assert spools() == [spool]           # its writer is alive: it stays
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        child.stdout.close()
+    assert spools() == [spool]
+    writer = fastst.StreamWriter("s3://fastst/next.safetensors", {"a": ("F32", (1,))},
+                                 storage_options=s3_store)
+    assert spool not in spools()             # its writer is gone: removed
+    writer.abort()
+    assert spools() == [] and folder_bytes(folder) == 0
+
+
+def folder_bytes(folder):
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(folder) for name in names)
+
+
+def test_a_stream_writer_dropped_without_close_leaves_no_spool(s3_store, spools):
+    url = "s3://fastst/dropped.safetensors"
+    writer = fastst.StreamWriter(url, {"a": ("F64", (4,))}, storage_options=s3_store)
+    writer.write("a", np.zeros(4))
+    assert len(spools()) == 1
+    del writer
+    gc.collect()
+    assert spools() == []
+    assert not fsspec.filesystem("s3", **s3_store).exists(url)
 
 
 def test_save_file_from_streams_tensors_to_a_url(memory_url, tmp_path):

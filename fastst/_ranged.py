@@ -238,32 +238,40 @@ class PartQueue:
     """The parts a read of `spans` is cut into, handed out in order: each as large as
     `pace` says for what remains, the last of a span never a crumb; with
     `whole_requests`, each span in one part (a server that ignores ranges). A part is
-    (the span's number, its offset in the object, its size)."""
+    (the span's number, its offset in the object, its size). It holds where the next
+    part starts, not a list of them: a read of many spans costs no memory more."""
 
     def __init__(self, spans: List[Span], pace: Pace, whole_requests: bool = False) -> None:
         self.spans, self.pace, self.whole_requests = spans, pace, whole_requests
-        self.queue = [(k, span.offset) for k, span in enumerate(spans) if span.end > span.offset]
         self.remaining = sum(span.end - span.offset for span in spans)
+        self._start_at(0)
 
     def __bool__(self) -> bool:
-        return bool(self.queue)
+        return self.k < len(self.spans)
 
     def next(self) -> Optional[Tuple[int, int, int]]:
         """The next part, or None when every part has been handed out."""
-        if not self.queue:
+        if not self:
             return None
-        k, offset = self.queue[0]
+        k, offset = self.k, self.offset
         span = self.spans[k]
         rest = span.end - offset
         size = rest if self.whole_requests else self.pace.part_for(self.remaining)
         smallest = self.pace.smallest_part
         if rest <= size or (rest < size + smallest and rest <= self.pace.part_size):
             size = rest     # the span's last part: no crumb left behind
-            self.queue.pop(0)
+            self._start_at(k + 1)
         else:
-            self.queue[0] = (k, offset + size)
+            self.offset = offset + size
         self.remaining -= size
         return k, offset, size
+
+    def _start_at(self, k: int) -> None:
+        """Hand out the parts of span `k` next, or of the first after it with bytes."""
+        while k < len(self.spans) and self.spans[k].end <= self.spans[k].offset:
+            k += 1
+        self.k = k
+        self.offset = self.spans[k].offset if k < len(self.spans) else 0
 
 
 class Tally:

@@ -1,5 +1,7 @@
 """The reader of a URL: a queue of parts whose size and number in flight adapt to what
 the store gives (fastst.remote.Pace), counted from the server's side."""
+import tracemalloc
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -7,6 +9,7 @@ from hypothesis import strategies as st
 
 import fastst
 from fastst import SafetensorError
+from fastst._ranged import Pace, PartQueue, span_each
 
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -128,6 +131,22 @@ def test_every_plan_on_a_paced_store_brings_exactly_the_bytes(store, layout, par
             array = tensors[name]
             stop = wanted.draw(st.integers(0, len(array)))
             assert f.get_slice(name)[stop // 2:stop].tobytes() == array[stop // 2:stop].tobytes()
+
+
+def test_the_parts_of_100_000_spans_are_handed_out_in_memory_that_does_not_grow_with_them():
+    spans = span_each([(10 * k, 1 + k % 3) for k in range(100_000)])
+    tracemalloc.start()
+    try:
+        parts = PartQueue(spans, Pace(4, 32, MiB))
+        handed = 0
+        while (part := parts.next()) is not None:
+            assert part == (handed, 10 * handed, 1 + handed % 3)
+            handed += 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert handed == 100_000 and not parts
+    assert peak < 64 << 10
 
 
 def test_a_part_cut_short_in_the_middle_of_a_read_names_the_tensor(store):

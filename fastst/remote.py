@@ -786,8 +786,9 @@ def save_plan(plan: WritePlan, target: str,
     On S3 and Google Cloud Storage the file is streamed up in parts and the
     object appears only once complete; a failed save aborts the upload and
     leaves the previous object. On S3 the parts (``part_size`` bytes, 5 MiB at
-    least) go ``max_concurrency`` at once, each cut from the tensors while those
-    before it are sent. A ``file://`` URL is written as
+    least, larger for a file that would need more than S3's 10,000, and then
+    fewer at once) go ``max_concurrency`` at once, each cut from the tensors
+    while those before it are sent. A ``file://`` URL is written as
     ``save_file`` writes a path (atomically). On other stores the file is put
     whole in one call (atomic where the store's put is).
 
@@ -825,8 +826,8 @@ def save_plan(plan: WritePlan, target: str,
         if _is_local(fs):
             write_atomically(plan, path)
         elif (_protocols(fs) & set(S3_PROTOCOLS)
-              and plan.total_size > _MultipartUpload.part_size_for(limits)):
-            upload = _MultipartUpload(fs, path, limits)
+              and plan.total_size > _MultipartUpload.part_size_for(limits, plan.total_size)):
+            upload = _MultipartUpload(fs, path, limits, plan.total_size)
             upload.send(lambda file: plan.write_stream(file, shown_url(target)))
         elif _is_staged(fs):
             _upload_staged(fs, path, lambda file: plan.write_stream(file, shown_url(target)))
@@ -839,12 +840,14 @@ def save_plan(plan: WritePlan, target: str,
 
 
 class _MultipartUpload:
-    """A file written in order into an S3 multipart upload: ``write`` fills parts of
-    `part_size_for(limits)` bytes and sends each as it fills, while the next one
-    fills, at most ``limits.max_requests`` in flight (a write waits for room: no more
-    parts than that are held in memory), each within ``limits.seconds_for`` its
-    bytes, retries included. The object appears when the upload completes; until
-    then, and when it is aborted, the object stays as it was.
+    """A file of `size` bytes written in order into an S3 multipart upload: ``write``
+    fills parts of `part_size_for(limits, size)` bytes and sends each as it fills,
+    while the next one fills, at most ``limits.max_requests`` in flight (fewer where
+    the parts had to grow: a write waits for room, so that no more than
+    ``max_requests`` parts of ``part_size`` bytes are held in memory), each within
+    ``limits.seconds_for`` its bytes, retries included. Of a part sent it keeps its
+    ETag alone. The object appears when the upload completes; until then, and when
+    it is aborted, the object stays as it was.
 
     Parameters
     ----------
@@ -854,23 +857,28 @@ class _MultipartUpload:
         The object's bucket and key.
     limits : Limits
         The bounds of the upload (see `read_limits`).
+    size : int
+        The file's bytes.
     """
 
     @staticmethod
-    def part_size_for(limits: Limits) -> int:
+    def part_size_for(limits: Limits, size: int) -> int:
         """Bytes a part: ``part_size``, but 5 MiB at least (S3 refuses smaller parts
-        but for an upload's last)."""
-        return max(limits.part_size, SMALLEST_S3_PART)
+        but for an upload's last), and more where `size` bytes would need more than
+        the `MAX_S3_PARTS` that S3 takes."""
+        return max(limits.part_size, SMALLEST_S3_PART, -(-size // MAX_S3_PARTS))
 
-    def __init__(self, fs: Any, path: str, limits: Limits) -> None:
+    def __init__(self, fs: Any, path: str, limits: Limits, size: int) -> None:
         self.fs = fs
         self.bucket, self.key, _ = fs.split_path(path)
-        self.part_size = self.part_size_for(limits)
-        self.at_once = limits.max_requests
+        self.part_size = self.part_size_for(limits, size)
+        allowed_bytes = limits.max_requests * max(limits.part_size, SMALLEST_S3_PART)
+        self.at_once = max(1, allowed_bytes // self.part_size)
         self.seconds = limits.seconds_for(self.part_size)
         self.part = bytearray(self.part_size)
         self.filled = 0
-        self.sent: List[Any] = []    # a future per part, in order
+        self.etags: List[Optional[str]] = []   # a part's, once S3 took it
+        self.in_flight: Dict[Any, int] = {}    # the future of a part sending, its index
         self.upload_id: Optional[str] = None
 
     def send(self, write: Callable[[Any], Any]) -> None:
@@ -880,10 +888,11 @@ class _MultipartUpload:
         self.upload_id = self._call("create_multipart_upload")["UploadId"]
         try:
             write(self)
-            if self.filled or not self.sent:
+            if self.filled or not self.etags:
                 self._send_part(self.part[:self.filled])
-            parts = [{"PartNumber": number, "ETag": future.result()["ETag"]}
-                     for number, future in enumerate(self.sent, 1)]
+            self._settle(0)
+            parts = [{"PartNumber": number, "ETag": etag}
+                     for number, etag in enumerate(self.etags, 1)]
             self._call("complete_multipart_upload", UploadId=self.upload_id,
                        MultipartUpload={"Parts": parts})
         except BaseException:
@@ -905,28 +914,35 @@ class _MultipartUpload:
         """Send `part` (copied: the part being filled is reused) once fewer than
         `at_once` are in flight."""
         import asyncio
-        import concurrent.futures
         import io
 
-        pending = [future for future in self.sent if not future.done()]
-        while len(pending) >= self.at_once:
-            concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-            pending = [future for future in pending if not future.done()]
-        for future in self.sent:
-            if future.done():
-                future.result()     # a part that failed ends the upload
+        self._settle(self.at_once - 1)
         # a stream, not bytes: aiohttp sends a bytes body in one write that holds its loop
         body = io.BytesIO(bytes(part))
         request = self.fs._call_s3("upload_part", Bucket=self.bucket, Key=self.key,
-                                   UploadId=self.upload_id, PartNumber=len(self.sent) + 1,
+                                   UploadId=self.upload_id, PartNumber=len(self.etags) + 1,
                                    Body=body)
-        self.sent.append(asyncio.run_coroutine_threadsafe(
-            asyncio.wait_for(request, self.seconds), self.fs.loop))
+        future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(request, self.seconds),
+                                                  self.fs.loop)
+        self.in_flight[future] = len(self.etags)
+        self.etags.append(None)
+
+    def _settle(self, most: int) -> None:
+        """Wait until at most `most` parts are in flight, keeping the ETag of each
+        that ended; a part that failed raises, which ends the upload."""
+        import concurrent.futures
+
+        while True:
+            for future in [future for future in self.in_flight if future.done()]:
+                self.etags[self.in_flight.pop(future)] = future.result()["ETag"]
+            if len(self.in_flight) <= most:
+                return
+            concurrent.futures.wait(self.in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _abort(self) -> None:
         import concurrent.futures
 
-        concurrent.futures.wait(self.sent)     # each bounded by its deadline
+        concurrent.futures.wait(self.in_flight)     # each bounded by its deadline
         self._call("abort_multipart_upload", UploadId=self.upload_id)
 
     def _call(self, method: str, **kwargs: Any) -> Any:
@@ -1024,9 +1040,10 @@ class SpooledUpload:
         """Send the file to S3 as a multipart upload, ``max_concurrency`` parts at
         once, as ``save_file`` sends one (the upload is aborted when a part fails:
         the previous object stays until the upload completes)."""
-        upload = _MultipartUpload(self.fs, self.remote_path,
-                                  read_limits(self.url, self.storage_options))
         with open(self.path, "rb") as local:
+            upload = _MultipartUpload(self.fs, self.remote_path,
+                                      read_limits(self.url, self.storage_options),
+                                      os.fstat(local.fileno()).st_size)
             upload.send(lambda into: shutil.copyfileobj(local, into, UPLOAD_PIECE))
 
     def discard(self) -> None:
@@ -1039,6 +1056,7 @@ class SpooledUpload:
 
 UPLOAD_PIECE = 16 << 20   # bytes a spooled file is uploaded by
 SMALLEST_S3_PART = 5 << 20   # S3 refuses smaller parts, but for an upload's last
+MAX_S3_PARTS = 10_000        # S3 refuses more parts in one upload
 SPOOL_PREFIX, SPOOL_SUFFIX = "fastst-upload-", ".locked"
 SPOOL_ATTEMPTS = 8   # spools made in turn while other uploads remove them as abandoned
 

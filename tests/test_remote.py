@@ -15,6 +15,7 @@ import threading
 import time
 import traceback
 import urllib.request
+import weakref
 
 import numpy as np
 import pytest
@@ -1103,6 +1104,58 @@ def test_s3_a_big_save_goes_in_parts_at_once(s3_store, tmp_path, monkeypatch):
     fs = fsspec.filesystem("s3", **s3_store)
     assert fs.cat(url) == (tmp_path / "disk.safetensors").read_bytes()
     assert fs.info(url)["ETag"].strip('"').endswith("-5")
+
+
+def test_s3_a_file_that_would_take_more_parts_than_s3_takes_goes_in_larger_ones(
+        s3_store, tmp_path, monkeypatch):
+    monkeypatch.setattr(fastst.remote, "MAX_S3_PARTS", 4)    # S3's 10,000, for 24 MiB
+    tensors = {"a": np.arange(6 * MiB, dtype=np.float32)}
+    fastst.save_file(tensors, tmp_path / "disk.safetensors")
+    expected = (tmp_path / "disk.safetensors").read_bytes()
+    options = {**s3_store, "part_size": 5 * MiB, "max_concurrency": 3}
+    fs = fsspec.filesystem("s3", **s3_store)
+    for url, save in [("s3://fastst/capped.safetensors", fastst.save_file),
+                      ("s3://fastst/capped-stream.safetensors", fastst.save_file_from)]:
+        seen = s3_calls(monkeypatch)
+        if save is fastst.save_file:
+            save(tensors, url, storage_options=options)
+        else:
+            save({"a": ("F32", (6 * MiB,))}, tensors, url, storage_options=options)
+        assert seen["methods"].count("upload_part") == 4
+        assert seen["most_in_flight"] == 2    # parts of 6 MiB: 15 MiB in flight at most
+        assert fs.cat(url) == expected
+        assert fs.info(url)["ETag"].strip('"').endswith("-4")
+
+
+def test_s3_an_upload_keeps_nothing_of_a_part_sent_but_its_etag(s3_store, monkeypatch):
+    # parts of 1 KiB, which moto takes when told to, so that an upload has many
+    import moto.s3.models
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 1)
+    monkeypatch.setattr(fastst.remote, "SMALLEST_S3_PART", 1024)
+    futures, held = [], []
+    submit, call = asyncio.run_coroutine_threadsafe, fastst.remote._MultipartUpload._call
+
+    def submitting(coroutine, loop):
+        future = submit(coroutine, loop)
+        futures.append(weakref.ref(future))
+        return future
+
+    def completing(self, method, **kwargs):
+        if method == "complete_multipart_upload":
+            gc.collect()
+            held.append(sum(future() is not None for future in futures))
+        return call(self, method, **kwargs)
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", submitting)
+    monkeypatch.setattr(fastst.remote._MultipartUpload, "_call", completing)
+    url = "s3://fastst/many-parts.safetensors"
+    tensors = {"a": np.arange(25_000, dtype=np.float32)}    # 98 parts
+    fastst.save_file(tensors, url, storage_options={**s3_store, "part_size": 1024,
+                                                    "max_concurrency": 4})
+    assert held and held[0] <= 4
+    fs = fsspec.filesystem("s3", **s3_store)
+    assert fs.info(url)["ETag"].strip('"').endswith("-98")
+    assert_same(fastst.load_file(url, storage_options=s3_store), tensors)
 
 
 def test_s3_a_failed_save_leaves_the_previous_object(s3_store, monkeypatch):

@@ -2,10 +2,11 @@
 with the platform calls guarded."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 from ._core import WritePlan
 
@@ -41,7 +42,8 @@ class AtomicFile:
         self.fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                           0o600 if private else 0o666)
         try:
-            _preallocate(self.fd, size)
+            with naming(self.target, f"reserving {size} bytes"):
+                _preallocate(self.fd, size)
         except BaseException:
             self.abort()
             raise
@@ -61,8 +63,7 @@ class AtomicFile:
         later: a writer of many files holds no descriptor for each."""
         if self.fd >= 0:
             if fsync:
-                os.fsync(self.fd)
-                self.synced = True
+                self._flush()
             os.close(self.fd)
             self.fd = -1
 
@@ -73,10 +74,7 @@ class AtomicFile:
         try:
             self._take_mode()
             if fsync and not self.synced:
-                if self.fd >= 0:
-                    os.fsync(self.fd)
-                else:
-                    fsync_path(self.temp)
+                self._flush()
             self.finish()
             os.replace(self.temp, self.target)
         except BaseException:
@@ -84,6 +82,14 @@ class AtomicFile:
             raise
         if fsync:
             fsync_path(self.directory)
+
+    def _flush(self) -> None:
+        if self.fd >= 0:
+            with naming(self.target, "flushing it to disk"):
+                os.fsync(self.fd)
+        else:
+            fsync_path(self.temp)
+        self.synced = True
 
     def _take_mode(self) -> None:
         """Give the file the permission bits of the one it replaces (see the class)."""
@@ -109,6 +115,18 @@ class AtomicFile:
             os.unlink(self.temp)
         except FileNotFoundError:
             pass
+
+
+@contextlib.contextmanager
+def naming(path: str, doing: str) -> Iterator[None]:
+    """Give an OSError raised within, that names no file (a full disk, a failed
+    flush), the file `path` and what was being done to it."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise OSError(error.errno, f"{error.strerror} ({doing})", path) from None
 
 
 def write_atomically(plan: WritePlan, filename: PathLike, *, fsync: bool = False) -> None:
@@ -161,8 +179,9 @@ def write_text_atomically(text: str, filename: PathLike, *, fsync: bool = False,
     file = AtomicFile(filename, 0, follow_symlinks=follow_symlinks)
     try:
         data = memoryview(text.encode("utf-8"))
-        while data:
-            data = data[os.write(file.fd, data):]
+        with naming(file.target, f"writing {len(data)} bytes"):
+            while data:
+                data = data[os.write(file.fd, data):]
     except BaseException:
         file.abort()
         raise
@@ -226,6 +245,7 @@ def fsync_path(path: str) -> None:
     """Flush the file or directory at `path` to disk."""
     fd = os.open(path or ".", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
+        with naming(path or ".", "flushing it to disk"):
+            os.fsync(fd)
     finally:
         os.close(fd)

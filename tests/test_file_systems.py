@@ -1,6 +1,7 @@
 """Local files on file systems that refuse things, mounted for these tests: ramfs, which
 refuses O_DIRECT (EINVAL); a read-only tmpfs; a tmpfs with no room left. Every read
-option reads the same bytes from each. Mounting needs
+option reads the same bytes from each; a save that cannot be made raises an OSError
+naming the file and leaves the old file whole, with nothing beside it. Mounting needs
 root (CAP_SYS_ADMIN): elsewhere these tests are skipped."""
 import errno
 import itertools
@@ -111,3 +112,54 @@ def test_every_read_option_reads_the_same_bytes_on_every_file_system(file_system
             refused = read_counters()["direct_refused"] - before["direct_refused"]
             direct = read_counters()["direct_requests"] - before["direct_requests"]
             assert direct == 0 and (refused > 0) == options["direct"]
+
+
+def saves(folder):
+    """(target, save()) for each way of saving into `folder`, each over what is there."""
+    big = {"w": np.ones(2 * MIB, np.uint8)}
+    small = {"w": np.ones(1, np.uint8)}
+    path = os.path.join(folder, "x.safetensors")
+
+    def stream():
+        with fastst.StreamWriter(path, {"w": ("U8", (2 * MIB,))}) as writer:
+            writer.write("w", big["w"])
+
+    return [(path, lambda: fastst.save_file(big, path)),
+            (path, lambda: fastst.save_file(small, path)),
+            (path, lambda: fastst.save_file(big, path, fsync=True)),
+            (path, stream),
+            (os.path.join(folder, "checkpoint"), lambda: fastst.save_file(
+                {"w": big["w"], "v": big["w"]}, os.path.join(folder, "checkpoint"),
+                max_shard_size=3 * MIB))]
+
+
+def names(error, target):
+    """Whether `error` names `target`: the file, its temporary file beside it, or for a
+    checkpoint's folder, a file in it."""
+    if os.path.splitext(target)[1] != ".safetensors":
+        return os.path.dirname(error.filename) == target
+    return error.filename == target or (
+        os.path.dirname(error.filename) == os.path.dirname(target)
+        and os.path.basename(error.filename).startswith(f".{os.path.basename(target)}."))
+
+
+def contents(folder):
+    return sorted(os.path.relpath(os.path.join(root, name), folder)
+                  for root, _, found in os.walk(folder) for name in found)
+
+
+@pytest.mark.parametrize("system, error", [("full", errno.ENOSPC), ("read-only", errno.EROFS)])
+def test_a_save_that_finds_no_room_or_a_read_only_file_system_names_the_file(
+        file_systems, system, error):
+    folder = file_systems[system]
+    files = contents(folder)
+    for target, save in saves(folder):
+        with pytest.raises(OSError) as raised:
+            save()
+        assert raised.value.errno == error and raised.value.filename is not None, target
+        assert names(raised.value, target), (raised.value, target)
+        assert contents(folder) == files            # nothing left beside
+        for whole in (os.path.join(folder, "x.safetensors"), os.path.join(folder, "checkpoint")):
+            loaded = fastst.load_file(whole)
+            assert all(loaded[name].tobytes() == array.tobytes()
+                       for name, array in TENSORS.items())

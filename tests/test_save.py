@@ -51,6 +51,19 @@ def test_failed_save_leaves_the_old_file_and_no_temporary(tmp_path):
     assert os.listdir(tmp_path) == ["model.safetensors"]
 
 
+def test_a_flush_that_fails_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    def failing_fsync(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    path = tmp_path / "model.safetensors"
+    with pytest.raises(OSError) as raised:
+        fastst.save_file({"w": np.ones(4)}, path, fsync=True)
+    assert raised.value.errno == errno.EIO and raised.value.filename == str(path)
+    assert "flushing it to disk" in str(raised.value)
+    assert os.listdir(tmp_path) == []
+
+
 def test_invalid_input_fails_before_touching_the_file(tmp_path):
     path = tmp_path / "model.safetensors"
     fastst.save_file({"old": np.ones(4)}, path)

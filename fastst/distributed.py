@@ -21,7 +21,8 @@ The loaders take the process group from ``torch.distributed`` (gloo on CPUs,
 NCCL into CUDA tensors), read single files, sharded checkpoints and URLs, and
 fail the same way on every rank: the ranks agree on success before anything is
 exchanged or returned, so that a rank that cannot read makes every rank raise a
-`SafetensorError` naming it and the file, within the timeout.
+`SafetensorError` naming it and the file, within the timeout; so does a rank killed
+mid-load, named on gloo by the connection it closed.
 
 Examples
 --------
@@ -71,6 +72,8 @@ ROUND_BYTES = 8 << 20
 # What a rank tells the others when they agree: a failure's message, its layout's digest.
 MESSAGE_BYTES = 1024
 DIGEST_BYTES = 16
+# The tag of the receives that find which ranks' connections closed (gloo).
+PROBE_TAG = 0x5AFE
 
 
 class Read(NamedTuple):
@@ -589,23 +592,55 @@ class _Group(NamedTuple):
     rank: int
     world: int
     device: Any          # where collectives run: CUDA for NCCL, else the CPU
+    backend: str
     timeout: Optional[timedelta]
     filename: str
 
-    def wait(self, work: Any, what: str) -> None:
-        """Wait for a collective, no longer than the timeout (the group's own when
-        None); a rank that does not answer in time is an error on this one."""
+    def run(self, collectives: Callable[[], List[Any]], what: str) -> None:
+        """Start collectives (`collectives()` starts them and returns their works)
+        and wait for each, no longer than the timeout (the group's own when None): a
+        rank that stopped, or does not answer in time, is an error on this one."""
         try:
-            if self.timeout is None:
-                work.wait()
-            else:
-                work.wait(timeout=self.timeout)
+            for work in collectives():
+                if self.timeout is None:
+                    work.wait()
+                else:
+                    work.wait(timeout=self.timeout)
         except RuntimeError as error:
-            waited = (f"{self.timeout.total_seconds():g} s" if self.timeout is not None
-                      else "the process group's timeout")
-            raise SafetensorError(
-                f"{self.filename}: rank {self.rank} of {self.world}: {what} did not end "
-                f"within {waited}: a rank stopped, or is still reading ({error})") from None
+            raise self._failure(what, error) from None
+
+    def _failure(self, what: str, error: RuntimeError) -> SafetensorError:
+        where = f"{self.filename}: rank {self.rank} of {self.world}: {what}"
+        gone = self._ranks_gone()
+        if gone:
+            ranks = ", ".join(map(str, gone))
+            return SafetensorError(
+                f"{where} failed: the connection to rank{'s' * (len(gone) > 1)} {ranks} of "
+                f"{self.world} closed (a rank killed, crashed or ended)")
+        waited = (f"{self.timeout.total_seconds():g} s" if self.timeout is not None
+                  else "the process group's timeout")
+        return SafetensorError(f"{where} did not end within {waited}: a rank stopped, or is "
+                               f"still reading ({error})")
+
+    def _ranks_gone(self) -> List[int]:
+        """The ranks whose connection to this one has closed: gloo refuses at once to
+        receive from them (the receives posted from the others are never sent to,
+        and cost a byte each). Other backends are not asked."""
+        import torch
+
+        if "gloo" not in self.backend:
+            return []
+        gone = []
+        for rank in range(self.world):
+            if rank == self.rank:
+                continue
+            try:
+                self.dist.irecv(torch.empty(1, dtype=torch.uint8),
+                                self.dist.get_global_rank(self.group, rank), group=self.group,
+                                tag=PROBE_TAG)
+            except RuntimeError:
+                gone.append(rank)
+        return gone
 
 
 def _group_of(group: Any, timeout: Optional[float], filename: Any) -> _Group:
@@ -622,7 +657,7 @@ def _group_of(group: Any, timeout: Optional[float], filename: Any) -> _Group:
     if timeout is not None and not timeout > 0:
         raise SafetensorError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     return _Group(dist, group, dist.get_rank(group), dist.get_world_size(group), device,
-                  None if timeout is None else timedelta(seconds=timeout),
+                  backend, None if timeout is None else timedelta(seconds=timeout),
                   os.fsdecode(filename) if isinstance(filename, (str, bytes, os.PathLike))
                   else repr(filename))
 
@@ -642,8 +677,8 @@ def _agree(group: _Group, failure: Optional[str], digest: bytes) -> None:
                                            dtype=torch.uint8)
     row = row.to(group.device)
     rows = [torch.empty_like(row) for _ in range(group.world)]
-    group.wait(group.dist.all_gather(rows, row, group=group.group, async_op=True),
-               "agreeing on what each rank read")
+    group.run(lambda: [group.dist.all_gather(rows, row, group=group.group, async_op=True)],
+              "agreeing on what each rank read")
     told = [bytes(answer.cpu().numpy()) for answer in rows]
     failures = [answer[1:1 + MESSAGE_BYTES].rstrip(b"\0").decode(errors="replace")
                 for answer in told if answer[0]]
@@ -921,11 +956,10 @@ def _exchange(ranks: _Group, stream: "torch.Tensor", part: int) -> None:
     parts = list(stream.split(part))  # type: ignore[no-untyped-call]
     senders = [ranks.dist.get_global_rank(ranks.group, rank) for rank in range(ranks.world)]
     for start in range(0, part, ROUND_BYTES):
-        works = [ranks.dist.broadcast(piece[start:start + ROUND_BYTES], src=sender,
-                                      group=ranks.group, async_op=True)
-                 for piece, sender in zip(parts, senders)]
-        for work in works:
-            ranks.wait(work, f"exchanging bytes {start}.. of each rank's part")
+        ranks.run(lambda: [ranks.dist.broadcast(piece[start:start + ROUND_BYTES], src=sender,
+                                                group=ranks.group, async_op=True)
+                           for piece, sender in zip(parts, senders)],
+                  f"exchanging bytes {start}.. of each rank's part")
 
 
 def _places(files: _Files) -> List[Any]:

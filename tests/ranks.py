@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -24,8 +25,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run_ranks(world, job, args, *, timeout=120):
-    """Run `job` on `world` ranks; each rank's result (a dict), in rank order."""
+def run_ranks(world, job, args, *, timeout=120, killed=None):
+    """Run `job` on `world` ranks; each rank's result (a dict), in rank order (None for
+    rank `killed`, which must end by SIGKILL)."""
     with tempfile.TemporaryDirectory() as folder:
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                "WORLD_SIZE": str(world), "GLOO_SOCKET_IFNAME": "lo",
@@ -53,11 +55,14 @@ def run_ranks(world, job, args, *, timeout=120):
                     process.kill()
                     process.wait()
         failed = [(rank, process.returncode) for rank, process in enumerate(ranks)
-                  if process.returncode != 0]
+                  if process.returncode != (-signal.SIGKILL if rank == killed else 0)]
         assert not failed, f"ranks {failed} failed:\n" + "\n".join(
             f"--- rank {rank}\n{out[-3000:]}" for rank, out in enumerate(outputs))
         results = []
         for rank in range(world):
+            if rank == killed:
+                results.append(None)
+                continue
             with open(os.path.join(folder, f"rank{rank}.pickle"), "rb") as file:
                 result = pickle.load(file)
             for load in result.get("results", []):
@@ -146,7 +151,42 @@ def job_failing(args):
     return {"outcomes": outcomes}
 
 
-JOBS = {"loads": job_loads, "failing": job_failing}
+def job_killed(args):
+    """A load in which rank `args["killed"]` kills itself (SIGKILL) at its
+    `args["calls"]`-th call of `args["at"]` (a function of fastst.distributed, or
+    "_Group.run", which runs each collective), the ranks exchanging their parts in
+    rounds of `args["round_bytes"]`: what each other rank raises, and after how long."""
+    import signal
+
+    import torch.distributed as dist
+
+    import fastst.distributed as fd
+
+    fd.ROUND_BYTES = args["round_bytes"]
+    if dist.get_rank() == args["killed"]:
+        owner, name = (fd._Group, "run") if args["at"] == "_Group.run" else (fd, args["at"])
+        real = getattr(owner, name)
+        calls = []
+
+        def killing(*positional, **keywords):
+            calls.append(name)
+            if len(calls) == args["calls"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(*positional, **keywords)
+
+        setattr(owner, name, killing)
+    load = fd.load_tensor_parallel if args["mode"] == "tp" else fd.load_split
+    extra = {"dims": args["dims"]} if args["mode"] == "tp" else {}
+    started = time.monotonic()
+    try:
+        load(args["target"], timeout=args["timeout"], **extra)
+        outcome = {"error": None}
+    except Exception as error:
+        outcome = {"error": type(error).__name__, "message": str(error)}
+    return {**outcome, "seconds": time.monotonic() - started}
+
+
+JOBS = {"loads": job_loads, "failing": job_failing, "killed": job_killed}
 
 
 def warm_up(dist):
@@ -178,7 +218,7 @@ def main(job, arguments, out):
     try:
         result = JOBS[job](args)
     finally:
-        if job != "failing":
+        if job == "loads":
             dist.destroy_process_group()
     with open(out, "wb") as file:
         pickle.dump(result, file)

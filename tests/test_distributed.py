@@ -330,3 +330,27 @@ def test_a_rank_that_stalls_makes_the_others_raise_within_the_timeout(model):
     assert waiting["error"] == "SafetensorError"
     assert "did not end within 2 s" in waiting["message"] and "rank 0 of 2" in waiting["message"]
     assert waiting["seconds"] < 15
+
+
+# (mode, where the rank is killed, at which of its calls there)
+KILLINGS = [("split", "_read_part", 1), ("tp", "_tensor_parallel_reads", 1),
+            ("split", "_agree", 1), ("split", "_Group.run", 3)]   # the second round
+
+
+@pytest.mark.parametrize("mode, at, calls", KILLINGS)
+def test_a_rank_killed_mid_load_makes_every_other_rank_raise_naming_it(model, mode, at, calls):
+    path, _ = model
+    world, killed, timeout = 3, 1, 10
+    ranks = run_ranks(world, "killed", {"target": str(path), "killed": killed, "at": at,
+                                        "calls": calls, "mode": mode, "dims": DIMS,
+                                        "round_bytes": 64 << 10, "timeout": timeout,
+                                        "group_timeout": 60}, timeout=90, killed=killed)
+    for rank, outcome in enumerate(ranks):
+        if rank == killed:
+            continue
+        assert outcome["error"] == "SafetensorError", outcome
+        assert re.search(rf"^{re.escape(str(path))}: rank {rank} of {world}: .* failed: the "
+                         rf"connection to ranks? ([0-9, ]*){killed}\b.* of {world} closed",
+                         outcome["message"]), outcome["message"]
+        assert outcome["seconds"] < timeout + 5
+

@@ -220,17 +220,33 @@ def packed_refusal(source: str, name: str, info: TensorInfo, box: Box) -> Option
             + (" (its last axis does not hold whole bytes: it is packed flat)" if flat else ""))
 
 
-def device_boxes(sharding: Any, shape: Tuple[int, ...]) -> Dict[Box, List[Any]]:
+def device_boxes(sharding: Any, shape: Tuple[int, ...], tensor: str) -> Dict[Box, List[Any]]:
     """The box of each addressable device's shard of an array of `shape` laid out by
     `sharding` (anything with JAX's ``addressable_devices_indices_map``), and the
     devices that hold each box, in the sharding's order: a box held by several
-    devices (replicated) is read once and copied to the others."""
+    devices (replicated) is read once and copied to the others. `tensor` names the
+    array in errors."""
+    check_fit(sharding, shape, tensor)
     boxes: Dict[Box, List[Any]] = {}
     for device, index in sharding.addressable_devices_indices_map(shape).items():
         found = box_of_index(tuple(index), shape)
         if found is None:
-            raise SafetensorError(f"sharding {sharding!r} gives device {device} an index "
-                                  f"that is not a box: {index!r}")
+            raise SafetensorError(f"{tensor}: sharding {sharding!r} gives device {device} an "
+                                  f"index that is not a box: {index!r}")
         boxes.setdefault(found[0], []).append(device)
     return boxes
+
+
+def check_fit(sharding: Any, shape: Tuple[int, ...], tensor: str) -> None:
+    """Refuse a `sharding` that cannot lay out an array of `shape`, as
+    ``jax.device_put`` refuses it (the same error, a ValueError, naming `tensor` and
+    `shape` too): one of more dimensions than the array (JAX's shardings check it),
+    or whose tiling does not divide a dimension (``IndivisibleError``)."""
+    check_rank = getattr(sharding, "check_compatible_aval", None)
+    try:
+        if check_rank is not None:
+            check_rank(shape)
+        sharding.shard_shape(shape)
+    except ValueError as error:
+        raise type(error)(f"{tensor} (shape {shape}): {error}") from None
 

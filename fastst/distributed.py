@@ -371,8 +371,9 @@ def plan_shardings(filename: Any, shardings: Any, *,
     SafetensorError
         When a sharding would split the packed last axis of a sub-byte tensor.
     ValueError
-        When a sharding does not divide a tensor's shape (JAX's
-        ``IndivisibleError``, as ``jax.device_put`` raises).
+        When a sharding does not fit a tensor: more dimensions than it has, or
+        a tiling that does not divide its shape (JAX's ``IndivisibleError``),
+        as ``jax.device_put`` raises it, naming the tensor and its shape too.
 
     Examples
     --------
@@ -403,7 +404,8 @@ def plan_shardings(filename: Any, shardings: Any, *,
                 continue
             for device in sharding.addressable_devices:
                 reads.setdefault(device, [])
-            for block, boxes in grouped(device_boxes(sharding, shape)):
+            for block, boxes in grouped(device_boxes(sharding, shape,
+                                                     f"{handle.source}: tensor {name!r}")):
                 for box in (block, *boxes):
                     _checked_box(handle, name, info, box)
                 devices = tuple(device for held in boxes.values() for device in held)

@@ -153,7 +153,7 @@ def sharded(reader: Any, name: str, info: TensorInfo,
     if info.array_shape is None:
         part[...]   # raises the error that says why
     shape: Tuple[int, ...] = info.array_shape or ()
-    boxes_held = device_boxes(sharding, shape)
+    boxes_held = device_boxes(sharding, shape, f"{reader.source}: tensor {name!r}")
     if list(boxes_held) == [whole(shape)]:     # every device holds it all: JAX copies it
         result: jax.Array = jax.device_put(np.asarray(part[...]), sharding)
         return result

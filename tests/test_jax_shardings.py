@@ -123,21 +123,36 @@ CHECKS = """
                 raise AssertionError("a split of the packed axis was not refused")
             except fastst.SafetensorError as error:
                 assert "stored packed" in str(error) and repr(name) in str(error), error
-    # a sharding that does not divide the shape: JAX's own error, as device_put raises it
+    # a sharding that does not fit its array (a tiling that does not divide it, more
+    # dimensions than it has): the error device_put raises, naming the tensor and shape
+    import fastst.distributed
     mesh = Mesh(np.array(jax.devices()), ("x",))
-    fastst.save_file({"odd": np.zeros((10, 12), np.float32)}, ARGS["odd"])
-    with fastst.safe_open(ARGS["odd"], framework="jax") as f:
-        for spec in (P("x"), P(None, "x")):
-            sharding = NamedSharding(mesh, spec)
-            errors = []
-            for load in (lambda: f.get_tensor("odd", sharding=sharding),
-                         lambda: jax.device_put(np.zeros((10, 12), np.float32), sharding)):
+    grid = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+    odd = {"odd": np.zeros((10, 12), np.float32), "scalar": np.float32(1),
+           "row": np.zeros(16, np.float32)}
+    fastst.save_file(odd, ARGS["odd"])
+    misfits = [("odd", NamedSharding(mesh, P("x"))), ("odd", NamedSharding(mesh, P(None, "x"))),
+               ("odd", NamedSharding(grid, P(None, None, "x"))),
+               ("row", NamedSharding(grid, P("x", "y"))), ("scalar", NamedSharding(mesh, P("x")))]
+    for name, sharding in misfits:
+        try:
+            jax.device_put(odd[name], sharding)
+            raise AssertionError(f"device_put took {sharding} for {name}")
+        except ValueError as error:
+            expected = type(error)
+        with fastst.safe_open(ARGS["odd"], framework="jax") as f:
+            for load in (lambda: f.get_tensor(name, sharding=sharding),
+                         lambda: fastst.flax.load_file(ARGS["odd"], shardings={name: sharding}),
+                         lambda: fastst.distributed.plan_shardings(ARGS["odd"], {name: sharding})):
                 try:
                     load()
-                    errors.append(None)
+                    raise AssertionError(f"{sharding} was not refused for {name}")
                 except ValueError as error:
-                    errors.append(type(error).__name__)
-            assert errors[0] == errors[1] and errors[0] is not None, errors
+                    message = str(error)
+                    assert type(error) is expected, (type(error), expected, message)
+                    assert message.startswith(f"{ARGS['odd']}: tensor {name!r} (shape "
+                                              f"{odd[name].shape}): "), message
+                    assert str(sharding) in message, message
     # one sharding for all, a mapping (None: as without), a callable
     sharding = NamedSharding(mesh, P("x"))
     by_name = fastst.flax.load_file(path, shardings={"t0_2": sharding, "t1_2": None})

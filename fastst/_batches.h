@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include "_fastst.h"           /* fastst_prefetch */
+#include "_faults.h"           /* fastst_fault_guarded */
 #ifdef __linux__
 #include <stdio.h>
 #include <sys/inotify.h>
@@ -330,11 +331,56 @@ static int fastst_batches_file_whole(fastst_batches *ring, int part) {
     }
 }
 
+/* A batch's rows to copy: `size` rows `rows`, each of part `row_parts[k]`, into the
+   slot's buffers `outs`. */
+typedef struct {
+    const fastst_batches *ring;
+    const int64_t *rows;
+    const int *row_parts;
+    char *const *outs;
+    int64_t size;
+} fastst_batch_rows;
+
+/* Copy a batch's rows (a fastst_batch_rows), each asked for ahead of its copy. */
+static void fastst_batches_copy_rows(void *argument) {
+    const fastst_batch_rows *copy = (const fastst_batch_rows *)argument;
+    const fastst_batches *ring = copy->ring;
+    const int64_t *rows = copy->rows;
+    const int *row_parts = copy->row_parts;
+    int64_t size = copy->size, k;
+    for (k = 0; k < size && k < FASTST_BATCH_PREFETCH; k++)
+        fastst_batches_ask_row(ring, rows[k], row_parts[k]);
+    for (k = 0; k < size; k++) {
+        int64_t ahead = k + FASTST_BATCH_PREFETCH;
+        if (ahead < size) fastst_batches_ask_row(ring, rows[ahead], row_parts[ahead]);
+        fastst_batches_copy_row(ring, rows[k], row_parts[k], copy->outs, (uint64_t)k);
+    }
+#ifdef FASTST_CAN_STREAM
+    if (ring->stream) _mm_sfence();     /* the streamed stores land before the batch is marked */
+#endif
+}
+
+/* The part whose rows hold the byte at `address` in its map; -1 where none does. */
+static int fastst_batches_part_at(const fastst_batches *ring, const char *address) {
+    int part, t;
+    for (part = 0; part < ring->parts; part++)
+        for (t = 0; t < ring->tensors; t++) {
+            const char *base = ring->bases[(size_t)part * ring->tensors + t];
+            uint64_t bytes = (uint64_t)(ring->starts[part + 1] - ring->starts[part])
+                             * ring->row_bytes[t];
+            if (address >= base && (uint64_t)(address - base) < bytes) return part;
+        }
+    return -1;
+}
+
 /* Copy the rows of place `place` into its slot. Every file the batch takes rows from
    is first checked to be no shorter than it was mapped (its watch, or else an fstat),
-   so that a file cut short is an error rather than a fault (SIGBUS). `checked`
-   (one a part) and `row_parts` (one a row of a batch) are the thread's own: the place
-   each file was last checked for, and each row's part, looked up once. */
+   so that a file cut short is found before its rows are copied where it can be; one
+   cut short while they are is found by the fault (SIGBUS) of the guarded copy (see
+   _faults.h). Either way the batch ends FASTST_BATCH_SHORT_FILE, `error_part` the
+   file's part. `checked` (one a part) and `row_parts` (one a row of a batch) are the
+   thread's own: the place each file was last checked for, and each row's part, looked
+   up once. */
 static int fastst_batches_fill(fastst_batches *ring, int64_t place, int64_t *checked,
                                int *row_parts, int *error_part) {
     int64_t index = ring->first_batch + place * ring->batch_step;
@@ -342,6 +388,8 @@ static int fastst_batches_fill(fastst_batches *ring, int64_t place, int64_t *che
     const int64_t *rows = ring->order + first;
     int slot = (int)(place % ring->slots);
     char *const *outs = ring->outs + (size_t)slot * ring->tensors;
+    fastst_batch_rows copy;
+    const char *faulted;
     if (size > ring->batch_rows) size = ring->batch_rows;
     if (ring->watch_fd >= 0) fastst_batches_look_at_changes(ring);
     for (k = 0; k < size; k++) {
@@ -356,16 +404,15 @@ static int fastst_batches_fill(fastst_batches *ring, int64_t place, int64_t *che
             return FASTST_BATCH_SHORT_FILE;
         }
     }
-    for (k = 0; k < size && k < FASTST_BATCH_PREFETCH; k++)
-        fastst_batches_ask_row(ring, rows[k], row_parts[k]);
-    for (k = 0; k < size; k++) {
-        int64_t ahead = k + FASTST_BATCH_PREFETCH;
-        if (ahead < size) fastst_batches_ask_row(ring, rows[ahead], row_parts[ahead]);
-        fastst_batches_copy_row(ring, rows[k], row_parts[k], outs, (uint64_t)k);
+    copy.ring = ring;
+    copy.rows = rows;
+    copy.row_parts = row_parts;
+    copy.outs = outs;
+    copy.size = size;
+    if (fastst_fault_guarded(fastst_batches_copy_rows, &copy, &faulted)) {
+        *error_part = fastst_batches_part_at(ring, faulted);
+        return FASTST_BATCH_SHORT_FILE;
     }
-#ifdef FASTST_CAN_STREAM
-    if (ring->stream) _mm_sfence();     /* the streamed stores land before the batch is marked */
-#endif
     return FASTST_BATCH_OK;
 }
 

@@ -110,7 +110,9 @@ cdef class BatchRing:
 
     The maps stay while the ring does, whatever becomes of the handles; each file is
     held open until ``close``, which lets go of the maps and the buffers too. A batch
-    takes rows from a file only while it is no shorter than mapped. Over many files
+    takes rows from a file only while it is no shorter than mapped, and one cut short
+    while they are copied ends the batch as well (the copy's fault is caught: see
+    _faults.h). Over many files
     (`watch` None: WATCH_FROM_FILES or more; True: any number), a file on a local file
     system is watched (inotify) and checked again (fstat) only when the kernel says it
     changed, where fstat of every file a batch takes rows from would cost more than
@@ -186,6 +188,7 @@ cdef class BatchRing:
         batch_bytes = batch_rows * sum([self.row_bytes[t] for t in range(tensors)])
         self.ring.stream = _streams(slot_count * batch_bytes)
         self.ring.taker_fills = batch_bytes <= TAKER_FILLS_BATCH_BYTES
+        _catch_faults()      # a file cut short while its rows are copied: SHORT_FILE
         if fastst_batches_init(&self.ring) != 0:
             raise MemoryError("a ring's lock")
         self.initialised = self.ready_to_run = True
@@ -323,6 +326,9 @@ cdef class BatchRing:
             return READER_FAILED
         if error == FASTST_BATCH_STOPPED:
             return STOPPED
+        if error == FASTST_BATCH_SHORT_FILE and part < 0:
+            raise SafetensorError("a file of the dataset was truncated under the reader "
+                                  "(reading its map faulted)")
         if error == FASTST_BATCH_SHORT_FILE:
             reader = <Reader>self.handles[part]
             os.close(reader._reopen())      # raises what changed, where it can tell

@@ -799,7 +799,8 @@ class BatchRing:
     mapped: over WATCH_FROM_FILES files or more (`watch` None; True: any number), a
     file on a local file system is watched (inotify) and checked again only when the
     kernel says it changed; any other file is checked before each batch that takes rows
-    from it.
+    from it. A file cut short while a batch's rows are copied ends the batch too (the
+    copy's fault is caught).
     """
     def __init__(self, handles: list[Reader], starts: list[int], names: tuple[str, ...],
                  order: npt.NDArray[np.int64], batch_rows: int, first: int, step: int,

@@ -80,6 +80,9 @@ cdef extern from "_fastst.h":
     void fastst_drop_partial_first_piece(int fd, uint64_t size) noexcept nogil
     size_t FASTST_HUGE_PAGE
 
+cdef extern from "_faults.h":
+    int fastst_faults_catch() noexcept nogil
+
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
 cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS
 cdef uint64_t INTP_MAX = <uint64_t>0x7FFFFFFFFFFFFFFF

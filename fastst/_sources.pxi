@@ -430,6 +430,13 @@ cdef class _ReadPlan:
                           f"bytes missing)")
 
 
+cdef _catch_faults():
+    """Put the SIGBUS handler of guarded copies in place, where it is not (see
+    fastst_faults_catch in _faults.h)."""
+    if fastst_faults_catch() != 0:
+        raise OSError(errno, f"{os.strerror(errno)}: setting SIGBUS's handler")
+
+
 cdef struct _ReadTally:
     uint64_t requests
     uint64_t direct_requests

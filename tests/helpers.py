@@ -66,14 +66,21 @@ def run_bounded(code: str, *, timeout: float = 30, memory: int = 1 << 30,
     files may not grow past `file_size` bytes (a larger write, or reservation,
     fails with EFBIG), killed after `timeout` seconds; its stdout. An
     AssertionError says when it ran out of time or did not exit cleanly."""
-    script = BOUNDED_PRELUDE.format(memory=memory, file_size=file_size) + textwrap.dedent(code)
-    try:
-        result = subprocess.run([sys.executable, "-"], input=script, capture_output=True,
-                                text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"still running after {timeout} s") from None
+    result = bounded_ending(code, timeout=timeout, memory=memory, file_size=file_size)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def bounded_ending(code: str, *, timeout: float = 30, memory: int = 1 << 30,
+                   file_size: int = 64 << 20) -> subprocess.CompletedProcess:
+    """Run `code` as ``run_bounded`` does, and return how it ended, whatever that was
+    (a signal: a negative returncode); an AssertionError where it ran out of time."""
+    script = BOUNDED_PRELUDE.format(memory=memory, file_size=file_size) + textwrap.dedent(code)
+    try:
+        return subprocess.run([sys.executable, "-"], input=script, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after {timeout} s") from None
 
 
 # What an example needs beyond fastst's own dependencies, by what it imports...

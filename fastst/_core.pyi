@@ -744,6 +744,9 @@ class Reader:
             When `rows` is not a 1-d sequence of integers.
         ValueError
             When `out` has another shape or dtype, or is not C-contiguous.
+        SafetensorError
+            When the file was replaced or truncated since it was opened, even
+            while the rows were copied from its map (the copy's fault is caught).
 
         Examples
         --------

@@ -82,6 +82,8 @@ cdef extern from "_fastst.h":
 
 cdef extern from "_faults.h":
     int fastst_faults_catch() noexcept nogil
+    int fastst_fault_guarded(void (*copy)(void*) noexcept nogil, void* argument,
+                             const char** address) noexcept nogil
 
 DEFAULT_MAX_HEADER_SIZE = 100_000_000
 cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS

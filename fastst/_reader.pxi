@@ -223,7 +223,7 @@ cdef class Reader:
                 and getattr(fetch, "ranges_ignored", False)):
             # a store that answers only with the whole file: read it once, in one range
             (whole,) = self._checked_fetch(fetch, [(0, self.file_size)], what)
-            plan.copy_from(_address(whole))
+            plan.copy_from(_address(whole), self.source, what)
             return
         if getattr(fetch, "fetch_into", None) is not None and not getattr(
                 fetch, "ranges_ignored", False):
@@ -710,20 +710,21 @@ cdef class Reader:
         if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
             self._gather_read(name, wanted, out, row_bytes, start)
         else:
-            self._gather_copy(wanted, out, row_bytes, start)
+            self._gather_copy(name, wanted, out, row_bytes, start)
         return out
 
-    cdef _gather_copy(self, cnp.ndarray wanted, cnp.ndarray out, uint64_t row_bytes,
-                      uint64_t start):
+    cdef _gather_copy(self, object name, cnp.ndarray wanted, cnp.ndarray out,
+                      uint64_t row_bytes, uint64_t start):
         """Mapped file or buffer: memcpy each row from memory. A mapped file is first
-        checked to be the one mapped, no shorter, so that a copy cannot fault."""
+        checked to be the one mapped, no shorter; one cut short during the copy ends
+        it (a guarded copy): a SafetensorError either way, never a fault."""
         owner = self.owner     # holds the memory while the GIL is released
         if owner is None:
             self._check_open()
         if self.kind == BACKEND_MMAP:
             os.close(self._reopen())
         _rows_plan(wanted, <char*>cnp.PyArray_DATA(out), row_bytes, start).copy_from(
-            self.data - self.data_offset)
+            self.data - self.data_offset, self.source, name)
 
     cdef _gather_read(self, object name, cnp.ndarray wanted, cnp.ndarray out,
                       uint64_t row_bytes, uint64_t start):
@@ -755,7 +756,7 @@ cdef class Reader:
         """Carry out a read plan: pread from the file, or memcpy from a buffer.
         `what`, for errors: the tensor's name, or how many tensors the plan reads."""
         if self.kind == BACKEND_BUFFER:
-            plan.copy_from(self.data - self.data_offset)
+            plan.copy_from(self.data - self.data_offset, self.source, what)
             return
         if self.kind == BACKEND_RANGES:
             self._run_ranges(plan, what)

@@ -271,14 +271,21 @@ cdef class _ReadPlan:
             if length == 0:
                 return
 
-    cdef copy_from(self, const char* base):
-        cdef Py_ssize_t k, ahead
+    cdef copy_from(self, const char* base, str source, object what):
+        """Copy the jobs from memory, their offsets counted from `base`, without the
+        GIL. The copy is guarded (see _faults.h): memory that faults (a file mapped
+        there, cut short) ends it with the SafetensorError that says so, for `what`
+        of `source` (as raise_if_failed)."""
+        cdef _Copies copies
+        cdef const char* faulted
+        cdef int ended
+        _catch_faults()
+        copies.jobs, copies.n, copies.base = self.jobs, self.n, base
         with nogil:
-            for k in range(self.n):
-                ahead = k + PREFETCH_JOBS
-                if ahead < self.n:
-                    fastst_prefetch(base + self.jobs[ahead].offset, self.jobs[ahead].length)
-                memcpy(self.jobs[k].dest, base + self.jobs[k].offset, self.jobs[k].length)
+            ended = fastst_fault_guarded(_copy_jobs, &copies, &faulted)
+        if ended:
+            _fail(source, f"{_tensors(what)}: file was truncated under the reader (its "
+                          f"mapped bytes could not be read)")
 
     def run(self, Py_ssize_t first, Py_ssize_t step):
         """Read groups first, first + step, ... (one thread's share): a group of one
@@ -425,9 +432,30 @@ cdef class _ReadPlan:
         if self.error:
             raise OSError(self.error, os.strerror(self.error), source)
         if self.short_by:
-            tensors = f"tensor {_shown(what)}" if isinstance(what, str) else f"{what} tensors"
-            _fail(source, f"{tensors}: file was truncated under the reader ({self.short_by} "
-                          f"bytes missing)")
+            _fail(source, f"{_tensors(what)}: file was truncated under the reader "
+                          f"({self.short_by} bytes missing)")
+
+
+cdef str _tensors(object what):
+    """What a read plan reads, for errors: `what` is a tensor's name, or how many."""
+    return f"tensor {_shown(what)}" if isinstance(what, str) else f"{what} tensors"
+
+
+cdef struct _Copies:
+    ReadJob* jobs
+    Py_ssize_t n
+    const char* base             # where the jobs' offsets count from
+
+
+cdef void _copy_jobs(void* argument) noexcept nogil:
+    """Copy each job of a _Copies from its base, the sources asked for ahead."""
+    cdef _Copies* copies = <_Copies*>argument
+    cdef Py_ssize_t k, ahead
+    for k in range(copies.n):
+        ahead = k + PREFETCH_JOBS
+        if ahead < copies.n:
+            fastst_prefetch(copies.base + copies.jobs[ahead].offset, copies.jobs[ahead].length)
+        memcpy(copies.jobs[k].dest, copies.base + copies.jobs[k].offset, copies.jobs[k].length)
 
 
 cdef _catch_faults():

@@ -93,6 +93,60 @@ def test_a_file_cut_short_during_an_epoch_is_an_error_not_a_fault(tmp_path):
         assert f"part-{k}.safetensors: file was truncated" in ending.stdout
 
 
+def test_a_copy_from_a_buffer_whose_mapped_file_was_cut_short_is_an_error(tmp_path):
+    """A buffer mapped from a file (an mmap the caller made) whose file was cut short:
+    a copy of its tensors ends with a SafetensorError, where it died of SIGBUS."""
+    path = tmp_path / "mapped.safetensors"
+    fastst.save_file({"x": np.ones((64, 1024), np.float32)}, path)
+    ending = bounded_ending(f"""
+        import mmap, os
+        with open({str(path)!r}, "rb") as file:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        os.truncate({str(path)!r}, 4096)
+        try:
+            fastst.load(mapped, copy=True)
+            print("copied")
+        except fastst.SafetensorError as error:
+            print("error:", error)
+        """)
+    assert ending.returncode == 0, ending.stderr[-3000:]
+    assert ending.stdout.startswith("error: <buffer>: tensor 'x': file was truncated")
+
+
+def test_a_gather_from_a_map_whose_file_is_cut_short_during_the_copy_is_an_error(tmp_path):
+    """A mapped file is checked before a gather copies its rows; one cut short after
+    the check, while the rows are copied, ends the gather with a SafetensorError (it
+    died of SIGBUS). The rows of the file's first half are gathered 8 times, then
+    those of its second half, cut off as soon as the first row is in."""
+    path = tmp_path / "rows.safetensors"
+    ending = bounded_ending(f"""
+        import os, threading
+        import numpy as np
+        path, rows = {str(path)!r}, 4096
+        order = np.concatenate([np.tile(np.arange(rows // 2), 8), np.arange(rows // 2, rows)])
+        for attempt in range(5):           # until the cut comes before the copy ends
+            fastst.save_file({{"x": np.ones((rows, 1024), np.float32)}}, path)
+            out = np.zeros((len(order), 1024), np.float32)
+            def cut_once_copying():
+                while out[0, 0] == 0:
+                    pass
+                os.truncate(path, os.path.getsize(path) // 2)
+            cutting = threading.Thread(target=cut_once_copying)
+            with fastst.safe_open(path) as handle:
+                cutting.start()
+                try:
+                    handle.gather("x", order, out=out)
+                    print("copied")
+                except fastst.SafetensorError as error:
+                    print("error:", error)
+                    break
+                finally:
+                    cutting.join()
+        """, timeout=60)
+    assert ending.returncode == 0, ending.stderr[-3000:]
+    assert f"error: {path}: tensor 'x': file was truncated" in ending.stdout
+
+
 TOUCH_A_VIEW_CUT_SHORT = """
 import faulthandler, os, signal
 from fastst.data import Loader
@@ -136,3 +190,29 @@ def test_a_sigbus_outside_the_guarded_copies_goes_where_it_went_before(
     assert ending.returncode == (-signal.SIGBUS if killed else 0), ending.stderr[-3000:]
     assert ending.stderr.count("Fatal Python error: Bus error") == reports, ending.stderr
     assert ("survived" in ending.stdout) != killed
+
+
+def test_a_guarded_copy_is_an_error_with_faulthandler_enabled_after_the_handler(tmp_path):
+    """faulthandler enabled once the handler of guarded copies is in place would see
+    a guarded copy's fault first, report it as fatal and raise it again: the next
+    guarded copy puts the handler back above it, and its fault is an error, with no
+    report."""
+    path = tmp_path / "rows.safetensors"
+    fastst.save_file({"x": np.ones((64, 1024), np.float32)}, path)
+    ending = bounded_ending(f"""
+        import faulthandler, mmap, os
+        from fastst.data import Loader
+        with Loader({str(path)!r}, "x", 4) as rows:
+            next(iter(rows))
+        faulthandler.enable()
+        with open({str(path)!r}, "rb") as file:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        os.truncate({str(path)!r}, 4096)
+        try:
+            fastst.load(mapped, copy=True)
+        except fastst.SafetensorError as error:
+            print("error:", error)
+        """)
+    assert ending.returncode == 0, ending.stderr[-3000:]
+    assert "Fatal Python error" not in ending.stderr
+    assert ending.stdout.startswith("error: <buffer>: tensor 'x': file was truncated")

@@ -236,8 +236,7 @@ cdef bint _entry_is_valid(_Header h, Entry* entry) noexcept:
     return (not overflow
             and fastst_packed_bytes(count, BITS[entry.code], &nbytes) == 0
             and entry.begin <= entry.end
-            and entry.end - entry.begin == nbytes
-            and entry.end <= h.data_len)
+            and entry.end - entry.begin == nbytes)
 
 
 cdef object _scan_metadata(Cursor* c):
@@ -502,9 +501,6 @@ cdef _check_size(_Header h, str source, object name, Entry* entry):
     if entry.end - entry.begin != nbytes:
         _fail(source, f"tensor {_shown(name)}: data_offsets [{entry.begin}, {entry.end}] hold "
                       f"{entry.end - entry.begin} bytes but shape {_shown(shape)} x {code} needs {nbytes}")
-    if entry.end > h.data_len:
-        _fail(source, f"tensor {_shown(name)}: data_offsets end {entry.end} is past the end of "
-                      f"the {h.data_len}-byte buffer")
 
 
 cdef object _decode_json(str source, bytes header):
@@ -554,6 +550,26 @@ cdef _parse_strict(_Header h, bytes header):
 # Rules over the whole buffer, and the NumPy view of each shape
 # ---------------------------------------------------------------------------
 
+cdef _check_within(_Header h, Py_ssize_t header_length):
+    """Every tensor must end within the buffer. One that does not means the file was
+    cut short (or its header lies): the message gives the size the header describes
+    and the size held, as whole files, and the first tensor cut off."""
+    cdef Py_ssize_t i, first = -1
+    cdef uint64_t data_end = 0
+    cdef Entry* e = h.entries
+    for i in range(h.n):
+        data_end = max(data_end, e[i].end)
+        if e[i].end > h.data_len and (first < 0 or (e[i].begin, e[i].end)
+                                      < (e[first].begin, e[first].end)):
+            first = i
+    if first >= 0:
+        start = 8 + <object>header_length     # a Python int: an end near 2**64 must not wrap
+        _fail(h.source, f"the file is truncated: its header describes {start + data_end} "
+                        f"bytes, the file holds {start + h.data_len} (tensor "
+                        f"{_shown(h.names[first])}, at data_offsets [{e[first].begin}, "
+                        f"{e[first].end}], is the first cut off)")
+
+
 cdef _check_coverage(_Header h):
     """Offsets must tile the buffer exactly: sorted by (begin, end), each begins where
     the previous ended, the first at 0, the last at the buffer's end."""
@@ -575,11 +591,9 @@ cdef _check_coverage(_Header h):
             _fail(source, f"tensor {_shown(names[i])}: data_offsets [{e[i].begin}, {e[i].end}] overlap "
                           f"tensor {_shown(names[i - 1])}")
         expected = e[i].end
-    if expected != h.data_len:
-        if expected < h.data_len:
-            _fail(source, f"{h.data_len - expected} trailing bytes after the last tensor: "
-                          f"the tensors cover {expected} of the buffer's {h.data_len} bytes")
-        _fail(source, f"tensors claim {expected} bytes but the buffer holds {h.data_len}")
+    if expected < h.data_len:     # never more: _check_within came first
+        _fail(source, f"{h.data_len - expected} trailing bytes after the last tensor: "
+                      f"the tensors cover {expected} of the buffer's {h.data_len} bytes")
 
 
 cdef _sort_by_offsets(_Header h):
@@ -643,6 +657,7 @@ cpdef _Header parse_header(bytes header, str source, uint64_t data_len):
     if not _scan_header(h, <const uint8_t*>PyBytes_AS_STRING(header), len(header)):
         h = _new_header(source, data_len)
         _parse_strict(h, header)
+    _check_within(h, len(header))
     _check_coverage(h)
     _set_numpy_dims(h)
     return h
@@ -652,6 +667,7 @@ def _parse_header_strictly(bytes header, str source, uint64_t data_len):
     """The strict parser alone (for tests that compare the two)."""
     cdef _Header h = _new_header(source, data_len)
     _parse_strict(h, header)
+    _check_within(h, len(header))
     _check_coverage(h)
     _set_numpy_dims(h)
     return h
@@ -779,7 +795,8 @@ cdef str _wrong_prefix(bytes head, uint64_t n, uint64_t size, uint64_t max_heade
     header_may_follow = len(head) == 8 or _header_begins(head)
     if n > size - 8:
         if header_may_follow:
-            return f"header length {n} runs past the end of the {size}-byte file"
+            return (f"the file is truncated: its header describes at least "
+                    f"{8 + <object>n} bytes, the file holds {size}")
         return (f"not a safetensors file: its first 8 bytes give a header length of {n}, "
                 f"past the end of the {size}-byte file")
     if header_may_follow:

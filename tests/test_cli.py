@@ -268,21 +268,35 @@ def test_inspect_says_a_file_is_not_a_safetensors_file(tmp_path, capsys, make, w
     assert len(captured.err.splitlines()) == 1
 
 
-def test_inspect_reports_data_truncation_as_bytes_expected_and_present(tmp_path, capsys):
+def _same_message_everywhere(path, capsys):
+    """The message of `path`'s error from safe_open, checked to be the one that
+    inspect and verify print."""
+    with pytest.raises(fastst.SafetensorError) as raised:
+        fastst.safe_open(path)
+    message = str(raised.value)
+    assert cli.main(["inspect", str(path)]) == 1
+    assert capsys.readouterr().err == f"fastst: error: {message}\n"
+    assert cli.main(["verify", str(path)]) == 1
+    assert capsys.readouterr().out == f"{path}: FAILED\n  {message}\n"
+    return message
+
+
+def test_a_truncated_file_gets_one_message_from_inspect_verify_and_safe_open(tmp_path, capsys):
     whole = fastst.save({"x": np.zeros(100, np.float32), "y": np.ones(3, np.int8)})
     path = _write(tmp_path / "cut.safetensors", whole[:-50])
-    assert cli.main(["inspect", str(path)]) == 1
-    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: {len(whole)} bytes "
-                                       f"expected, {len(whole) - 50} present\n")
+    assert _same_message_everywhere(path, capsys) == (
+        f"{path}: the file is truncated: its header describes {len(whole)} bytes, the file "
+        f"holds {len(whole) - 50} (tensor 'x', at data_offsets [0, 400], is the first cut off)")
 
 
-def test_inspect_reports_a_header_cut_short(tmp_path, capsys):
+def test_a_header_cut_short_gets_one_message_from_inspect_verify_and_safe_open(
+        tmp_path, capsys):
     whole = fastst.save({"x": np.zeros(4, np.uint8)})
     path = _write(tmp_path / "cut.safetensors", whole[:20])
     (length,) = struct.unpack("<Q", whole[:8])
-    assert cli.main(["inspect", str(path)]) == 1
-    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: at least "
-                                       f"{8 + length} bytes expected, 20 present\n")
+    assert _same_message_everywhere(path, capsys) == (
+        f"{path}: the file is truncated: its header describes at least {8 + length} bytes, "
+        f"the file holds 20")
 
 
 @pytest.mark.parametrize("length,looks_like", [(0x7B, b"{"), (0x480, b"\x80\x04")],
@@ -298,12 +312,15 @@ def test_a_length_prefix_that_looks_like_another_format_is_read_as_a_length(
     capsys.readouterr()
     _write(path, data[:-4])
     assert cli.main(["inspect", str(path)]) == 1
-    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: {len(data)} bytes "
-                                       f"expected, {len(data) - 4} present\n")
+    assert capsys.readouterr().err == (
+        f"fastst: error: {path}: the file is truncated: its header describes {len(data)} "
+        f"bytes, the file holds {len(data) - 4} (tensor 'x', at data_offsets [0, 16], is the "
+        f"first cut off)\n")
     _write(path, data[:40])
     assert cli.main(["inspect", str(path)]) == 1
-    assert capsys.readouterr().err == (f"fastst: error: {path}: truncated: at least "
-                                       f"{8 + length} bytes expected, 40 present\n")
+    assert capsys.readouterr().err == (
+        f"fastst: error: {path}: the file is truncated: its header describes at least "
+        f"{8 + length} bytes, the file holds 40\n")
 
 
 def test_max_header_size_option(tmp_path, capsys):

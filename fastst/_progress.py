@@ -15,9 +15,10 @@ DEFAULT_COLUMNS = 80      # a terminal that gives no width (a pty of size 0 x 0)
 
 class ByteBar:
     """A one-line bar over `total` bytes on the terminal `stream`:
-    ``convert  42% |############                  | 161/384 MiB, 512 MiB/s``.
-    ``update(nbytes)`` counts work done; the line is drawn again only when the
-    percentage changes (at most 101 times), and erased by ``close()``."""
+    ``writing  42% |############                  | 161/384 MiB, 512 MiB/s``.
+    ``update(nbytes)`` counts work done, ``phase(desc)`` says what the work does
+    now; the line is drawn again only when either changes (at most 101 times for
+    the percentage), and erased by ``close()``."""
 
     def __init__(self, total: int, desc: str, stream: TextIO, done: int = 0) -> None:
         self.total, self.desc, self.stream = max(total, 1), desc, stream
@@ -30,6 +31,11 @@ class ByteBar:
     def update(self, nbytes: int) -> None:
         self.done += nbytes
         if self._percent() != self.shown_percent:
+            self._draw()
+
+    def phase(self, desc: str) -> None:
+        if desc != self.desc:
+            self.desc = desc
             self._draw()
 
     def close(self) -> None:

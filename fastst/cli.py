@@ -251,9 +251,11 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     options: Dict[str, Any] = {"key": args.key, "verify_torch": args.verify,
                                "max_shard_size": args.max_shard_size,
                                "max_expansion": args.max_expansion, "align": args.align}
-    bar = None if args.no_progress else byte_bar(_source_bytes(args.src), "convert")
+    # each byte is written, read back and compared, and with --verify compared with torch's
+    passes = 3 if args.verify else 2
+    bar = None if args.no_progress else byte_bar(_source_bytes(args.src) * passes, "reading")
     if bar is not None:
-        options["progress"] = bar.update
+        options.update(progress=bar.update, on_phase=bar.phase)
     try:
         reports = converter.convert(args.src, args.dst, **options)
     finally:

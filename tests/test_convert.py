@@ -304,7 +304,7 @@ def test_a_1_gib_checkpoint_converts_in_bounded_memory(tmp_path):
 
 def test_verification_names_a_tensor_that_differs_from_its_source(tmp_path):
     from fastst.convert._npz import declared_arrays
-    from fastst.convert._output import verify_written
+    from fastst.convert._output import Reporter, verify_written
 
     np.savez(tmp_path / "a.npz", x=np.arange(1000, dtype=np.int32), y=np.ones(3))
     numpy_to_safetensors(tmp_path / "a.npz", tmp_path / "a.safetensors")
@@ -313,7 +313,7 @@ def test_verification_names_a_tensor_that_differs_from_its_source(tmp_path):
     (tmp_path / "a.safetensors").write_bytes(bytes(data))
     with declared_arrays(str(tmp_path / "a.npz")) as declared:
         with pytest.raises(fastst.SafetensorError, match="tensor 'x' differs from its source"):
-            verify_written(str(tmp_path / "a.safetensors"), declared)
+            verify_written(str(tmp_path / "a.safetensors"), declared, Reporter())
 
 
 def test_tied_weights_in_a_nest_are_each_written(tmp_path):

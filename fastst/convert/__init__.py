@@ -36,8 +36,8 @@ from .._index import (CheckpointIndex, commit_files, index_name, index_text, is_
                       read_index, remove_leftovers, save_place, shard_names, write_files)
 from .._source import LocalFile
 from ..checkpoint import ShardEntry, parse_size, split_into_shards
-from ._output import (DEFAULT_MAX_EXPANSION, OutputBudget, StreamedFile, TensorToWrite,
-                      verify_written, write_declared)
+from ._output import (DEFAULT_MAX_EXPANSION, OnPhase, OutputBudget, Reporter, StreamedFile,
+                      TensorToWrite, ready_to_verify, verify_written, write_declared)
 from ._torch import declare, flatten, max_repeated_entries, tied_names
 from ._torch_files import ZIP_ERRORS, open_torch_checkpoint
 
@@ -64,7 +64,7 @@ class ConversionReport:
 def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
                          verify: bool = True, verify_torch: bool = False,
                          max_shard_size: Union[int, str, None] = None, fsync: bool = False,
-                         progress: Progress = None,
+                         progress: Progress = None, on_phase: OnPhase = None,
                          max_expansion: Optional[float] = DEFAULT_MAX_EXPANSION,
                          align: Optional[int] = None) -> ConversionReport:
     """Convert the torch checkpoint `src` to the safetensors file `dst`.
@@ -82,9 +82,14 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     most that size each (a larger tensor alone in its file), as
     ``fastst.checkpoint`` splits them, and ``<stem>.safetensors.index.json``
     names the file of each tensor. `progress` is called with each number of
-    bytes written. With `align` (a power of two), each file's data, and as
-    many of its tensors as can, start at multiples of that many bytes (see
-    ``fastst.save``).
+    bytes written, then, with `verify`, read back and compared (twice the
+    output's bytes in all), and with `verify_torch` compared with torch's;
+    `on_phase` with the name of each phase as it begins: "reading" (the
+    checkpoint's pickle), "writing" and "verifying" (each file of the output
+    in turn), "comparing" (with torch's tensors). A ``tqdm`` bar's ``update``
+    and ``set_description`` fit them. With `align` (a power of two), each file's
+    data, and as many of its tensors as can, start at multiples of that many
+    bytes (see ``fastst.save``).
 
     The output may hold at most `max_expansion` times the bytes of `src`, plus
     16 MiB (``max_expansion=None``: no bound). A checkpoint stores every byte of
@@ -96,17 +101,22 @@ def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
     return _torch_file(source, os.fsdecode(dst), OutputBudget.of_files([source], max_expansion),
                        key=key, verify=verify, verify_torch=verify_torch,
                        max_shard_size=max_shard_size, fsync=fsync, progress=progress,
-                       align=align)
+                       on_phase=on_phase, align=align)
 
 
 def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[str] = None,
                 verify: bool = True, verify_torch: bool = False,
                 max_shard_size: Union[int, str, None] = None, fsync: bool = False,
-                progress: Progress = None, shard_of: Optional[_ShardedOutput] = None,
+                progress: Progress = None, on_phase: OnPhase = None,
+                shard_of: Optional[_ShardedOutput] = None,
                 align: Optional[int] = None) -> ConversionReport:
     """`torch_to_safetensors`; with `shard_of`, the file is one shard of that
     output, written and checked beside `dst` but not put in place yet."""
     start = time.perf_counter()
+    report = Reporter(progress, on_phase)
+    report.phase("reading")
+    if verify:
+        ready_to_verify()
     with open_torch_checkpoint(source) as checkpoint:
         tensors, state_metadata = flatten(
             checkpoint.tree, source, key, max_text=budget.left(),
@@ -123,20 +133,21 @@ def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[st
         if shard_of is not None:
             budget.spend(source, declared, metadata)
             files = [shard_of.add(os.path.basename(dst), declared, metadata, fsync=fsync,
-                                  progress=progress, verify=verify, align=align)]
+                                  progress=report, verify=verify, align=align)]
         elif max_shard_size is None:
             budget.spend(source, declared, metadata)
-            write_declared(dst, declared, metadata, fsync=fsync, progress=progress, align=align)
+            write_declared(dst, declared, metadata, fsync=fsync, progress=report, align=align)
             if verify:
-                verify_written(dst, declared)
+                verify_written(dst, declared, report)
             files = [dst]
         else:
             parts = _shards(declared, max_shard_size)
             budget.spend(source, declared, metadata, files=len(parts))
-            files = _write_sharded(dst, parts, metadata, fsync=fsync, progress=progress,
+            files = _write_sharded(dst, parts, metadata, fsync=fsync, progress=report,
                                    verify=verify, align=align)
     if verify_torch:
-        verify_against_torch(source, [file for file in files if not is_index_name(file)], key)
+        verify_against_torch(source, [file for file in files if not is_index_name(file)], key,
+                             report)
     return ConversionReport(source, dst, len(declared), sum(t.nbytes for t in declared),
                             dropped, time.perf_counter() - start, verify or verify_torch, files)
 
@@ -152,7 +163,7 @@ def _shards(declared: List[TensorToWrite], max_shard_size: Union[int, str]
 
 
 def _write_sharded(dst: str, parts: List[List[TensorToWrite]], metadata: Dict[str, str], *,
-                   fsync: bool, progress: Progress, verify: bool,
+                   fsync: bool, progress: Reporter, verify: bool,
                    align: Optional[int] = None) -> List[str]:
     """Write `parts` as the shards of a checkpoint saved as `dst` (one file when
     there is one part), with its index, as ``save_file(..., max_shard_size=...)``
@@ -185,14 +196,14 @@ class _ShardedOutput:
         self.written: List[AtomicFile] = []
 
     def add(self, name: str, tensors: List[TensorToWrite], metadata: Optional[Dict[str, str]],
-            *, fsync: bool, progress: Progress, verify: bool,
+            *, fsync: bool, progress: Reporter, verify: bool,
             align: Optional[int] = None) -> str:
         """Write file `name` (read back and compared with its source, with `verify`)."""
         (file,) = write_files(self.directory, self.pattern,
                               {name: StreamedFile(tensors, metadata, progress, align)}, fsync)
         self.written.append(file)
         if verify:
-            verify_written(file.temp, tensors, label=file.target)
+            verify_written(file.temp, tensors, progress, label=file.target)
         return file.target
 
     def commit(self, index: Optional[str], fsync: bool) -> List[str]:
@@ -210,11 +221,13 @@ class _ShardedOutput:
             file.abort()
 
 
-def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None:
+def verify_against_torch(src: str, files: List[str], key: Optional[str],
+                         progress: Reporter) -> None:
     """Compare every tensor of `files` with what ``torch.load(src,
     weights_only=True)`` gives for it, byte for byte."""
     import torch     # only here: the conversion itself never imports torch
 
+    progress.phase("comparing")
     tree = torch.load(src, map_location="cpu", weights_only=True)
     expected = dict(flatten(tree, src, key, tensor_type=torch.Tensor)[0])
     for filename in files:
@@ -226,10 +239,11 @@ def verify_against_torch(src: str, files: List[str], key: Optional[str]) -> None
                 if got.tobytes() != bytes(reference):
                     raise SafetensorError(f"{filename}: tensor {name!r} differs from what "
                                           f"torch.load gives for {src}")
+                progress(got.size)
 
 
 def numpy_to_safetensors(src: Any, dst: Any, *, verify: bool = True, fsync: bool = False,
-                         progress: Progress = None,
+                         progress: Progress = None, on_phase: OnPhase = None,
                          max_expansion: Optional[float] = DEFAULT_MAX_EXPANSION,
                          align: Optional[int] = None) -> ConversionReport:
     """Convert a ``.npy`` file (one tensor, named ``"array"``) or an ``.npz``
@@ -238,22 +252,27 @@ def numpy_to_safetensors(src: Any, dst: Any, *, verify: bool = True, fsync: bool
     Fortran-ordered arrays in an ``.npz``, read whole). The output may hold at
     most `max_expansion` times the bytes of `src`, plus 16 MiB (None: no bound):
     a compressed ``.npz`` of zeros, 1 MB for 1 GB, is refused before anything is
-    written. `align`: as for ``torch_to_safetensors``."""
+    written. `progress`, `on_phase` and `align`: as for ``torch_to_safetensors``."""
     source = os.fsdecode(src)
     return _numpy_file(source, os.fsdecode(dst), OutputBudget.of_files([source], max_expansion),
-                       verify=verify, fsync=fsync, progress=progress, align=align)
+                       verify=verify, fsync=fsync, progress=progress, on_phase=on_phase,
+                       align=align)
 
 
 def _numpy_file(source: str, dst: str, budget: OutputBudget, *, verify: bool = True,
-                fsync: bool = False, progress: Progress = None,
+                fsync: bool = False, progress: Progress = None, on_phase: OnPhase = None,
                 align: Optional[int] = None) -> ConversionReport:
     from ._npz import declared_arrays
     start = time.perf_counter()
+    report = Reporter(progress, on_phase)
+    report.phase("reading")
+    if verify:
+        ready_to_verify()
     with declared_arrays(source) as declared:
         budget.spend(source, declared, None)
-        write_declared(dst, declared, None, fsync=fsync, progress=progress, align=align)
+        write_declared(dst, declared, None, fsync=fsync, progress=report, align=align)
         if verify:
-            verify_written(dst, declared)
+            verify_written(dst, declared, report)
     return ConversionReport(source, dst, len(declared), sum(t.nbytes for t in declared), {},
                             time.perf_counter() - start, verify, [dst])
 

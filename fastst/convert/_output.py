@@ -11,14 +11,15 @@ from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, 
 import numpy as np
 
 from .._api import safe_open
-from .._core import SafetensorError, plan_write
+from .._core import SafetensorError, numpy_dtype, plan_write
 from .._files import write_atomically
 from ._torch_files import ByteRange
 
-__all__ = ["TensorToWrite", "OutputBudget", "StreamedFile", "write_declared", "verify_written",
-           "DEFAULT_MAX_EXPANSION", "EXPANSION_ALLOWANCE"]
+__all__ = ["TensorToWrite", "OutputBudget", "Reporter", "StreamedFile", "write_declared",
+           "ready_to_verify", "verify_written", "DEFAULT_MAX_EXPANSION", "EXPANSION_ALLOWANCE"]
 
 Progress = Optional[Callable[[int], None]]
+OnPhase = Optional[Callable[[str], None]]
 # A conversion writes at most DEFAULT_MAX_EXPANSION times the bytes of its input,
 # plus EXPANSION_ALLOWANCE: a torch checkpoint converts to about its own size
 # (more only where views of one storage, or tied weights in a nest, are each
@@ -91,6 +92,23 @@ def _origin(tensor: TensorToWrite) -> str:
     return tensor.origin or f"shape {list(tensor.shape)}"
 
 
+class Reporter:
+    """What a conversion tells of its work as it goes: each number of bytes done
+    (written, then read back and compared) to `progress`, and the name of each phase
+    as it begins ("reading", "writing", "verifying"...) to `on_phase`."""
+
+    def __init__(self, progress: Progress = None, on_phase: OnPhase = None) -> None:
+        self.progress, self.on_phase = progress, on_phase
+
+    def __call__(self, nbytes: int) -> None:
+        if self.progress is not None:
+            self.progress(nbytes)
+
+    def phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
+
+
 class StreamedFile:
     """A converted file to write: the plan of its header (`tensors` declared, with
     `metadata`), and the tensors' bytes, produced chunk by chunk as it is written
@@ -98,7 +116,7 @@ class StreamedFile:
     of a plan: its ``total_size`` and ``write_to``)."""
 
     def __init__(self, tensors: Sequence[TensorToWrite], metadata: Optional[Mapping[str, str]],
-                 progress: Progress = None, align: Optional[int] = None) -> None:
+                 progress: Reporter, align: Optional[int] = None) -> None:
         self.tensors = {tensor.name: tensor for tensor in tensors}
         self.plan = plan_write([(tensor.name, tensor.code, tensor.shape) for tensor in tensors],
                                metadata, align=align)
@@ -106,6 +124,7 @@ class StreamedFile:
         self.progress = progress
 
     def write_to(self, fd: int, target: str) -> None:
+        self.progress.phase("writing")
         self.plan.write_prefix(fd, target)
         for name in self.plan.names():
             self._fill(fd, self.tensors[name], target)
@@ -115,8 +134,7 @@ class StreamedFile:
         for chunk in tensor.chunks():
             self.plan.write_bytes(fd, tensor.name, position, chunk, target)
             position += len(chunk)
-            if self.progress is not None:
-                self.progress(len(chunk))
+            self.progress(len(chunk))
         if position != tensor.nbytes:
             raise SafetensorError(f"tensor {tensor.name!r}: its source gave {position} bytes "
                                   f"of the {tensor.nbytes} it declares")
@@ -124,17 +142,26 @@ class StreamedFile:
 
 def write_declared(filename: str, tensors: Sequence[TensorToWrite],
                    metadata: Optional[Mapping[str, str]], *, fsync: bool = False,
-                   progress: Progress = None, align: Optional[int] = None) -> None:
+                   progress: Reporter, align: Optional[int] = None) -> None:
     """Write `tensors` to `filename` atomically (aligned: see ``plan_write``)."""
     write_atomically(StreamedFile(tensors, metadata, progress, align), filename, fsync=fsync)
 
 
-def verify_written(filename: str, tensors: Sequence[TensorToWrite],
+def ready_to_verify() -> None:
+    """Load what reading the output back needs before any byte is written: the
+    first file opened loads the dtype tables (importing ml_dtypes, which takes a
+    second or more), and would otherwise stall the progress between the writing
+    and the verifying."""
+    numpy_dtype("F32")
+
+
+def verify_written(filename: str, tensors: Sequence[TensorToWrite], progress: Reporter,
                    label: Optional[str] = None) -> None:
     """Read every tensor of `filename` back and compare it, chunk by chunk, with
     the bytes its source gives again: a SafetensorError names the first that
     differs (and the file as `label`: the target of a file not yet in place).
     Memory: two chunks (or one strided tensor and a chunk)."""
+    progress.phase("verifying")
     label = label or filename
     with safe_open(filename, backend="pread") as reader:
         if set(reader.keys()) != {tensor.name for tensor in tensors}:
@@ -158,3 +185,4 @@ def verify_written(filename: str, tensors: Sequence[TensorToWrite],
                         f"{label}: tensor {tensor.name!r} differs from its source from "
                         f"byte {position - starts[tensor.name]} on")
                 position += source.size
+                progress(source.size)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import struct
 from typing import Any, Dict, List, Optional, Sequence
@@ -15,9 +16,11 @@ from ._api import safe_open
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
 from ._source import as_source
 from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path
+from .convert import CONVERTIBLE_HEAD_BYTES, convertible_kind
 
-__all__ = ["describe", "describe_checkpoint", "diagnose", "format_table", "human_size",
-           "inspect_file", "json_lines", "printable", "render_checkpoint", "render_inspect"]
+__all__ = ["describe", "describe_checkpoint", "diagnose", "explain", "format_table",
+           "human_size", "inspect_file", "json_lines", "printable", "render_checkpoint",
+           "render_inspect"]
 
 # The alignments the report counts tensors at: a cache line, a GPU's widest loads, a
 # page (direct I/O). See ``align=`` on the writers.
@@ -171,29 +174,42 @@ def render_checkpoint(info: Dict[str, Any]) -> List[str]:
     return lines
 
 
-FIRST_BYTES = 64   # as many as the core's foreign_format looks at
-
-
 def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optional[str]:
-    """Why the file at `path` cannot be read, in inspect's words, where they differ
-    from the core's: a header over the limit is read by raising --max-header-size.
-    None when the core's message says it already.
+    """Why the file at `path` cannot be read, in the command line's words, where they
+    tell more than the core's: a checkpoint that ``fastst convert`` takes comes with
+    the command that converts it, and a header over the limit is read by raising
+    --max-header-size. None when the core's message says it all.
     """
     # O_NONBLOCK: a FIFO must not wait for a writer; only regular files are looked at.
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
         status = os.fstat(fh.fileno())
         if not stat.S_ISREG(status.st_mode):
             return None
-        start = fh.read(FIRST_BYTES)
+        start = fh.read(CONVERTIBLE_HEAD_BYTES)
     if len(start) < 8:
         return None
+    foreign = foreign_format(start) is not None
+    kind = convertible_kind(start) if foreign else None
+    if kind is not None:
+        return (f"not a safetensors file: it is {kind}: convert it with "
+                f"`fastst convert {shlex.quote(path)}`")
     (length,) = struct.unpack("<Q", start[:8])
-    header_follows = (foreign_format(start) is None
-                      and start[8:].lstrip(b" \t\r\n")[:1] == b"{")
+    header_follows = not foreign and start[8:].lstrip(b" \t\r\n")[:1] == b"{"
     if max_header_size < length <= status.st_size - 8 and header_follows:
         return (f"header length {length} exceeds the limit of {max_header_size} bytes "
                 f"(raise --max-header-size to read it)")
     return None
+
+
+def explain(path: str, why: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> str:
+    """`why`, the reason that the file at `path` cannot be read, or `diagnose`'s
+    words for it where it has some (for a local file)."""
+    try:
+        if not is_checkpoint_path(path) and as_source(path).local_path is not None:
+            return diagnose(path, max_header_size) or why
+    except OSError:
+        pass
+    return why
 
 
 def render_inspect(info: Dict[str, Any]) -> List[str]:
@@ -251,15 +267,12 @@ def inspect_file(path: str, max_header_size: int) -> Dict[str, Any]:
     try:
         return describe(path, max_header_size)
     except SafetensorError as error:
-        message = str(error)
-        try:
-            if not is_checkpoint_path(path) and as_source(path).local_path is not None:
-                message = diagnose(path, max_header_size) or message
-        except OSError:
-            pass
+        message = explain(path, _without_prefix(str(error), path), max_header_size)
     except OSError as error:
         message = error.strerror or str(error)
-    label = as_source(path).label
-    prefix = f"{label}: "
-    return {"file": label,
-            "error": message[len(prefix):] if message.startswith(prefix) else message}
+    return {"file": as_source(path).label, "error": message}
+
+
+def _without_prefix(message: str, path: str) -> str:
+    prefix = f"{as_source(path).label}: "
+    return message[len(prefix):] if message.startswith(prefix) else message

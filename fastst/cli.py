@@ -9,7 +9,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
-from ._inspect import (format_table, human_size, inspect_file, json_lines, printable,
+from ._inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
                        render_checkpoint, render_inspect)
 from ._progress import byte_bar
 from ._version import __version__
@@ -159,11 +159,20 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     progress = not (args.json or args.no_progress)
     reports = [verify_path(path, max_header_size=args.max_header_size, progress=progress)
                for path in args.paths]
+    _explain_unread_files(reports, args.max_header_size)
     if args.json:
         out.write(json.dumps(reports, indent=2) + "\n")
     else:
         out.write("".join(line + "\n" for report in reports for line in report_lines(report)))
     return 0 if all(report["ok"] for report in reports) else 1
+
+
+def _explain_unread_files(reports: Sequence[Dict[str, Any]], max_header_size: int) -> None:
+    """Put why each file that could not be read was not, in inspect's words."""
+    for file in (file for report in reports for file in report["files"]):
+        for error in file["errors"]:
+            if error["tensor"] is None:     # the file's own error
+                error["error"] = explain(file["file"], error["error"], max_header_size)
 
 
 # ---------------------------------------------------------------------------
@@ -269,6 +278,8 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     lines.append(f"{len(reports)} file(s), {sum(r.tensors for r in reports)} tensors, "
                  f"{human_size(total)}, verified")
     out.write("\n".join(lines) + "\n")
+    out.flush()
+    sys.stderr.write("".join(f"{PROG}: note: {note}\n" for r in reports for note in r.notes))
     return 0
 
 

@@ -363,8 +363,8 @@ def test_inspect_json_reports_errors_as_json(tmp_path, capsys):
     assert cli.main(["inspect", "--json", str(bad)]) == 1
     captured = capsys.readouterr()
     assert captured.err == ""
-    assert json.loads(captured.out) == {
-        "file": str(bad), "error": "not a safetensors file: it is a NumPy .npy file"}
+    why = f"not a safetensors file: it is a NumPy .npy file: convert it with `fastst convert {bad}`"
+    assert json.loads(captured.out) == {"file": str(bad), "error": why}
 
     missing = tmp_path / "missing.safetensors"
     assert cli.main(["inspect", "--json", str(good), str(missing), str(bad)]) == 1
@@ -373,7 +373,7 @@ def test_inspect_json_reports_errors_as_json(tmp_path, capsys):
     assert json.loads(captured.out) == [
         _expected_json(good),
         {"file": str(missing), "error": "No such file or directory"},
-        {"file": str(bad), "error": "not a safetensors file: it is a NumPy .npy file"},
+        {"file": str(bad), "error": why},
     ]
     assert cli.main(["inspect", "--json", str(good), str(good)]) == 0
     assert json.loads(capsys.readouterr().out) == [_expected_json(good)] * 2

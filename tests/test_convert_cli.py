@@ -156,3 +156,83 @@ def test_a_safetensors_file_is_already_converted(tmp_path, capsys):
     assert main(["convert", str(src), str(tmp_path / "out.safetensors")]) == 1
     assert f"{src}: already a safetensors file, nothing to convert" in capsys.readouterr().err
     assert not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.fixture
+def trainer(tmp_path):
+    """A training checkpoint: the model's state dict, an optimizer's state, the epoch."""
+    model = torch.nn.Linear(4, 3)
+    adam = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    adam.step()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)     # keeps no tensors
+    path = tmp_path / "trainer.pt"
+    torch.save({"model": model.state_dict(), "optimizer": adam.state_dict(),
+                "sgd": sgd.state_dict(), "epoch": 3}, path)
+    return path
+
+
+def test_a_training_checkpoint_converted_whole_comes_with_a_hint_of_key(trainer, capsys):
+    assert main(["convert", str(trainer)]) == 0
+    captured = capsys.readouterr()
+    assert "1 file(s), 8 tensors" in captured.out
+    assert captured.err == (
+        f"fastst: note: {trainer}: a training checkpoint: 'model' holds a state dict of 2 "
+        f"tensors, 'optimizer' 6 tensors, 'sgd' no tensors, 'epoch' no tensors. It is written "
+        f"as one tree whose tensors are named by their path ('model/weight', ...), which "
+        f"fastst.load_state reads back whole; for the weights of 'model' alone, under their "
+        f"own names, convert it with --key model\n")
+    assert main(["convert", str(trainer), str(trainer.with_name("model.safetensors")),
+                 "--key", "model"]) == 0
+    assert capsys.readouterr().err == ""
+    assert sorted(fastst.load_file(trainer.with_name("model.safetensors"))) == ["bias", "weight"]
+
+
+def test_a_key_that_holds_no_tensors_is_named_with_what_it_holds(trainer, tmp_path, capsys):
+    out = str(tmp_path / "out.safetensors")
+    assert main(["convert", str(trainer), out, "--key", "optimizer"]) == 0   # nested: kept
+    assert "1 file(s), 6 tensors" in capsys.readouterr().out
+    assert main(["convert", str(trainer), out, "--key", "sgd"]) == 1
+    assert capsys.readouterr().err == (
+        f"fastst: error: {trainer}: key 'sgd' holds no tensors: it is a dict {{'state': an "
+        f"empty dict, 'param_groups': a list of 1}}. An optimizer's state holds tensors once "
+        f"it has taken a step, and only for an optimizer that keeps some (SGD without "
+        f"momentum keeps none)\n")
+    assert main(["convert", str(trainer), out, "--key", "epoch"]) == 1
+    assert capsys.readouterr().err == (
+        f"fastst: error: {trainer}: key 'epoch' holds an int (3), not tensors\n")
+    torch.save({"epoch": 3, "losses": [0.5, 0.25]}, tmp_path / "none.pt")
+    assert main(["convert", str(tmp_path / "none.pt"), out]) == 1
+    assert capsys.readouterr().err == (
+        f"fastst: error: {tmp_path / 'none.pt'}: the checkpoint holds no tensors: it is a dict "
+        f"{{'epoch': an int (3), 'losses': a list of 2}}\n")
+
+
+def _save_npz(file):
+    np.savez(file, w=np.ones(2))
+
+
+def _save_npy(file):
+    np.save(file, np.ones(2))
+
+
+@pytest.mark.parametrize("save,kind", [
+    (lambda file: torch.save({"w": torch.ones(2)}, file), "a PyTorch checkpoint (torch.save)"),
+    (lambda file: torch.save({"w": torch.ones(2)}, file, _use_new_zipfile_serialization=False),
+     "a PyTorch checkpoint (torch.save)"),
+    (_save_npz, "a NumPy .npz archive"),
+    (_save_npy, "a NumPy .npy file"),
+], ids=["zip", "legacy", "npz", "npy"])
+def test_inspect_and_verify_of_a_checkpoint_suggest_converting_it(tmp_path, capsys, save, kind):
+    path = tmp_path / "model.bin"
+    with open(path, "wb") as file:
+        save(file)
+    why = (f"{path}: not a safetensors file: it is {kind}: convert it with "
+           f"`fastst convert {path}`")
+    assert main(["inspect", str(path)]) == 1
+    assert capsys.readouterr().err == f"fastst: error: {why}\n"
+    assert main(["verify", str(path)]) == 1
+    assert capsys.readouterr().out == f"{path}: FAILED\n  {why}\n"
+    assert main(["verify", "--json", str(path)]) == 1
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["files"][0]["errors"] == [{"tensor": None, "error": why[len(f"{path}: "):]}]

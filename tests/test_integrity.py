@@ -310,7 +310,8 @@ def test_cli_says_what_a_file_is_when_it_is_no_safetensors_file_and_nothing_of_c
     assert code == 1
     lines = out.splitlines()
     assert lines[:5] == [
-        f"{npy}: FAILED", f"  {npy}: not a safetensors file: it is a NumPy .npy file",
+        f"{npy}: FAILED", f"  {npy}: not a safetensors file: it is a NumPy .npy file: convert "
+                          f"it with `fastst convert {npy}`",
         f"{text}: FAILED", f"  {text}: not a safetensors file: it is text",
         f"{garbled}: FAILED"]
     assert lines[5].startswith(f"  {garbled}: metadata '{CHECKSUM_KEY}' is not valid JSON")

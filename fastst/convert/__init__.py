@@ -38,8 +38,9 @@ from .._source import LocalFile
 from ..checkpoint import ShardEntry, parse_size, split_into_shards
 from ._output import (DEFAULT_MAX_EXPANSION, OnPhase, OutputBudget, Reporter, StreamedFile,
                       TensorToWrite, ready_to_verify, verify_written, write_declared)
-from ._torch import declare, flatten, max_repeated_entries, tied_names
-from ._torch_files import ZIP_ERRORS, open_torch_checkpoint
+from ._torch import (declare, flatten, max_repeated_entries, tied_names,
+                     training_checkpoint_note)
+from ._torch_files import LEGACY_MAGIC, LOCAL_HEADER, ZIP_ERRORS, open_torch_checkpoint
 
 __all__ = ["ConversionReport", "torch_to_safetensors", "numpy_to_safetensors", "convert",
            "convert_directory", "is_torch_checkpoint", "safetensors_name",
@@ -50,7 +51,9 @@ Progress = Optional[Callable[[int], None]]
 
 @dataclass
 class ConversionReport:
-    """What one conversion did: files, counts, bytes, tied names dropped, time."""
+    """What one conversion did: files, counts, bytes, tied names dropped, time, and
+    notes for whoever runs it (a training checkpoint converted whole: how its
+    tensors are named, and the ``key`` of its model's weights)."""
     source: str
     destination: str
     tensors: int = 0
@@ -59,6 +62,7 @@ class ConversionReport:
     seconds: float = 0.0
     verified: bool = False
     files: List[str] = field(default_factory=list)   # written: the shards, then the index
+    notes: List[str] = field(default_factory=list)
 
 
 def torch_to_safetensors(src: Any, dst: Any, *, key: Optional[str] = None,
@@ -121,8 +125,8 @@ def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[st
         tensors, state_metadata = flatten(
             checkpoint.tree, source, key, max_text=budget.left(),
             max_repeated=max_repeated_entries(checkpoint.pickle_bytes))
-        if not tensors:
-            raise SafetensorError(f"{source}: the checkpoint holds no tensors")
+        note = None if key is not None else training_checkpoint_note(
+            checkpoint.tree, [name for name, _ in tensors], source)
         # a state tree names every tensor it holds: ties are dropped from state dicts only
         dropped = {} if state_metadata else tied_names(tensors)
         declared = [declare(checkpoint, name, ref) for name, ref in tensors
@@ -149,7 +153,8 @@ def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[st
         verify_against_torch(source, [file for file in files if not is_index_name(file)], key,
                              report)
     return ConversionReport(source, dst, len(declared), sum(t.nbytes for t in declared),
-                            dropped, time.perf_counter() - start, verify or verify_torch, files)
+                            dropped, time.perf_counter() - start, verify or verify_torch, files,
+                            [note] if note else [])
 
 
 def _shards(declared: List[TensorToWrite], max_shard_size: Union[int, str]
@@ -302,6 +307,31 @@ def is_torch_checkpoint(path: str) -> bool:
     with open(path, "rb") as fh:
         head = fh.read(4)
     return head[:4] == b"PK\x03\x04" and not is_numpy_file(path) or head[:1] == b"\x80"
+
+
+LEGACY_TORCH_START = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")  # the magic, pickled
+CONVERTIBLE_HEAD_BYTES = LOCAL_HEADER.size + 256
+
+
+def convertible_kind(head: bytes) -> Optional[str]:
+    """What ``fastst convert`` takes a file that begins with `head` (its first
+    CONVERTIBLE_HEAD_BYTES) for: "a PyTorch checkpoint (torch.save)", "a NumPy .npz
+    archive" or "a NumPy .npy file"; None for another file. A zip archive is told by
+    the name of its first member (``<name>/data.pkl`` as torch writes it, ``*.npy``
+    as NumPy does), a legacy torch file by the magic number it pickles first."""
+    if head.startswith(NUMPY_MAGIC):
+        return "a NumPy .npy file"
+    if head.startswith(LEGACY_TORCH_START):
+        return "a PyTorch checkpoint (torch.save)"
+    if len(head) < LOCAL_HEADER.size:
+        return None
+    signature, name_length, _ = LOCAL_HEADER.unpack_from(head)
+    first = head[LOCAL_HEADER.size:LOCAL_HEADER.size + name_length]
+    if signature != b"PK\x03\x04" or len(first) != name_length:
+        return None
+    if first.endswith(b"/data.pkl"):
+        return "a PyTorch checkpoint (torch.save)"
+    return "a NumPy .npz archive" if first.endswith(b".npy") else None
 
 
 def convert(src: Any, dst: Any = None, **options: Any) -> List[ConversionReport]:

@@ -4,6 +4,7 @@ read by byte range and written in C order, little-endian."""
 from __future__ import annotations
 
 import itertools
+import shlex
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
@@ -14,7 +15,8 @@ from ._output import TensorToWrite
 from ._torch_files import PIECE_BYTES, Checkpoint
 from ._torch_pickle import TensorRef, _short
 
-__all__ = ["flatten", "tied_names", "declare", "max_repeated_entries", "MAX_DEPTH"]
+__all__ = ["flatten", "training_checkpoint_note", "tied_names", "declare",
+           "max_repeated_entries", "MAX_DEPTH"]
 
 MAX_DEPTH = 256
 # Entries a tree may repeat by referring to one container from several places (a
@@ -52,7 +54,9 @@ def flatten(tree: Any, source: str, key: Optional[str] = None,
     tensors of ``torch.load`` the same way). A container the pickle refers to from
     many places is repeated in full wherever it is referred to: a nest that would
     repeat more than `max_repeated` entries, or whose names and other leaves would
-    take more than `max_text` bytes, is refused before it is written out."""
+    take more than `max_text` bytes, is refused before it is written out. So is a
+    tree without tensors, naming `key` and saying what it holds instead."""
+    holder = "the checkpoint" if key is None else f"key {key!r}"
     if key is not None:
         for part in key.split("/"):
             if not isinstance(tree, dict) or part not in tree:
@@ -61,12 +65,20 @@ def flatten(tree: Any, source: str, key: Optional[str] = None,
             tree = tree[part]
     if isinstance(tree, tensor_type):
         return [("tensor", tree)], {}
-    if isinstance(tree, dict) and all(
-            type(k) is str and isinstance(v, tensor_type) for k, v in tree.items()):
-        return list(tree.items()), {}       # a state dict: its names as they are
     if not isinstance(tree, (dict, list, tuple)):
-        raise SafetensorError(f"{source}: the checkpoint holds a {type(tree).__name__}, not "
-                              f"tensors")
+        raise SafetensorError(f"{source}: {holder} holds {_kind(tree, tensor_type)}, not tensors")
+    tensors, metadata = _tensors_of(tree, source, tensor_type, max_text, max_repeated)
+    if not tensors:
+        raise SafetensorError(f"{source}: {holder} holds no tensors: it is "
+                              f"{_contents(tree, tensor_type)}{_optimizer_note(tree)}")
+    return tensors, metadata
+
+
+def _tensors_of(tree: Any, source: str, tensor_type: Any, max_text: Optional[int],
+                max_repeated: int) -> Tuple[List[Tuple[str, Any]], Dict[str, str]]:
+    """`flatten` of a container."""
+    if _is_state_dict(tree, tensor_type):
+        return list(tree.items()), {}       # its names as they are
     from ..state import state_to_tensors
 
     try:
@@ -143,6 +155,72 @@ def _key_size(key: Any, walk: _Walk) -> int:
     size = (len(key) if type(key) in (str, bytes) else 20) + 1
     walk.write(size)
     return size
+
+
+def _is_state_dict(node: Any, tensor_type: Any) -> bool:
+    return isinstance(node, dict) and all(
+        type(k) is str and isinstance(v, tensor_type) for k, v in node.items())
+
+
+def _kind(node: Any, tensor_type: Any) -> str:
+    """`node` in a few words: "an empty dict", "a list of 2", "an int (3)"."""
+    if isinstance(node, tensor_type):
+        return "a tensor"
+    name = type(node).__name__
+    article = "an" if name[0] in "aeiou" else "a"
+    if isinstance(node, (dict, list, tuple, set, frozenset)):
+        return f"an empty {name}" if not node else f"{article} {name} of {len(node)}"
+    return f"{article} {name} ({_short(node, 30)})"
+
+
+def _contents(node: Any, tensor_type: Any) -> str:
+    """`node` in a few words, and for a dict its first keys with what each holds."""
+    if not isinstance(node, dict) or not node:
+        return _kind(node, tensor_type)
+    entries = [f"{_short(key)}: {_kind(value, tensor_type)}"
+               for key, value in itertools.islice(node.items(), 10)]
+    return "a dict {" + ", ".join(entries) + (", ...}" if len(node) > 10 else "}")
+
+
+def _optimizer_note(node: Any) -> str:
+    if not (isinstance(node, dict) and {"state", "param_groups"} <= node.keys()):
+        return ""
+    return (". An optimizer's state holds tensors once it has taken a step, and only for "
+            "an optimizer that keeps some (SGD without momentum keeps none)")
+
+
+def training_checkpoint_note(tree: Any, names: List[str], source: str) -> Optional[str]:
+    """What to say of a training checkpoint converted whole: a dict whose values
+    include a state dict beside entries that are not (``{"model": ...,
+    "optimizer": ..., "epoch": 3}``). Its tensors are named by their path
+    (`names`, ``model/weight``); ``--key`` converts the model's weights alone,
+    under their own names. None for another tree."""
+    if not isinstance(tree, dict):
+        return None
+    models = [key for key, value in tree.items()
+              if type(key) is str and _is_state_dict(value, TensorRef) and len(value)]
+    if not models or len(models) == len(tree):
+        return None
+    (first, what), *others = [(_short(key), ("a state dict of " if key in models else "")
+                               + f"{_tensor_count(value, set()) or 'no'} tensors")
+                              for key, value in itertools.islice(tree.items(), 10)]
+    return (f"{source}: a training checkpoint: {first} holds {what}"
+            f"{''.join(f', {key} {what}' for key, what in others)}"
+            f"{', ...' if len(tree) > 10 else ''}. It is written as one "
+            f"tree whose tensors are named by their path ({_short(names[0])}, ...), which "
+            f"fastst.load_state reads back whole; for the weights of {_short(models[0])} "
+            f"alone, under their own names, convert it with --key {shlex.quote(models[0])}")
+
+
+def _tensor_count(node: Any, seen: Set[int]) -> int:
+    """The tensors under `node`, each container counted once (`seen`: their ids)."""
+    if isinstance(node, TensorRef):
+        return 1
+    if not isinstance(node, (dict, list, tuple, set, frozenset)) or id(node) in seen:
+        return 0
+    seen.add(id(node))
+    values = node.values() if isinstance(node, dict) else node
+    return sum(_tensor_count(value, seen) for value in values)
 
 
 def _keys(tree: Any) -> str:

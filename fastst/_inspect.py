@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import struct
@@ -119,18 +120,21 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
     with safe_open(path, framework="np", max_header_size=max_header_size) as handle:
         if not isinstance(handle, ShardedHandle):
             return describe(handle.source, max_header_size)
+        # in the order of the files, not of the index (which lists tensors by name)
+        opened_shards = sorted(zip(handle.index.shards, handle.shards()),
+                               key=lambda pair: _natural_order(pair[0]))
         tensors = []
-        for name in handle.offset_keys():
-            info = handle.info(name)
-            begin, end = info.data_offsets
-            tensors.append({"name": name, "dtype": info.dtype, "shape": info.shape,
-                            "nbytes": end - begin, "data_offsets": [begin, end],
-                            "shard": os.path.basename(handle.shard_file(name))})
-        opened_shards = list(zip(handle.index.shards.items(), handle.shards()))
-        shards = [{"file": shard, "tensor_count": len(names),
+        for shard, opened in opened_shards:
+            for name in opened.offset_keys():
+                info = opened.info(name)
+                begin, end = info.data_offsets
+                tensors.append({"name": name, "dtype": info.dtype, "shape": info.shape,
+                                "nbytes": end - begin, "data_offsets": [begin, end],
+                                "shard": shard})
+        shards = [{"file": shard, "tensor_count": len(handle.index.shards[shard]),
                    "file_size": opened.data_start + data_bytes(opened)}
-                  for (shard, names), opened in opened_shards]
-        data_starts = {shard: opened.data_start for (shard, _), opened in opened_shards}
+                  for shard, opened in opened_shards]
+        data_starts = {shard: opened.data_start for shard, opened in opened_shards}
         return {
             "file": as_source(path).label,
             "index": handle.source,
@@ -143,6 +147,12 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
             "file_size": sum(shard["file_size"] for shard in shards),
             "metadata": handle.metadata(),
         }
+
+
+def _natural_order(name: str) -> List[Any]:
+    """A sort key that orders the numbers in names by value: part-2 before part-10."""
+    parts = re.split(r"(\d+)", name)     # text, number, text...: like types face each other
+    return [int(part) if k % 2 else part for k, part in enumerate(parts)]
 
 
 def render_checkpoint(info: Dict[str, Any]) -> List[str]:

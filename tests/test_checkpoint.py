@@ -545,6 +545,22 @@ def test_inspect_reports_a_checkpoint(checkpoint, capsys):
     assert report["file_size"] == sum(os.stat(directory / n).st_size for n in shard_names(3))
 
 
+def test_inspect_lists_shards_in_file_order_whatever_the_index_order(tmp_path, capsys):
+    """As the hub writes them, an index lists its tensors by name, so that a shard
+    comes up first for its first name ('layer.10' before 'layer.2'): inspect lists the
+    shards, and their tensors, in the order of the files' names, numbers by value."""
+    from fastst import cli
+
+    names = [f"part-{k}-of-11.safetensors" for k in range(1, 12)]
+    for k, name in enumerate(names):
+        fastst.save_file({f"layer.{k}": np.full(4, k, np.float32)}, tmp_path / name)
+    write_index(tmp_path, {f"layer.{k}": names[k] for k in sorted(range(11), key=str)})
+    assert cli.main(["inspect", "--json", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [shard["file"] for shard in report["shards"]] == names
+    assert [tensor["name"] for tensor in report["tensors"]] == [f"layer.{k}" for k in range(11)]
+
+
 def test_inspect_names_the_index_and_tensor_of_a_broken_checkpoint(checkpoint, capsys):
     from fastst import cli
 

@@ -293,9 +293,18 @@ class _Encoder:
             return _scalar(value, path)
         if is_tensor(value):
             return self.array(value, path)
-        raise SafetensorTypeError(f"state tree at {_where(path)}: a {kind.__module__}."
-                                  f"{kind.__qualname__} cannot be stored (only dicts, lists, "
-                                  f"tuples, arrays, and None, bool, int, float, str, bytes)")
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        if isinstance(value, tuple) and hasattr(kind, "_fields"):
+            raise SafetensorTypeError(
+                f"state tree at {_where(path)}: a NamedTuple ({name}) cannot be stored: an "
+                f"optax state is made of them; save its leaves, "
+                f"jax.tree_util.tree_leaves(opt_state), and put them back with "
+                f"jax.tree_util.tree_unflatten(jax.tree_util.tree_structure("
+                f"optimizer.init(params)), leaves)")
+        article = "an" if name[0] in "aeiou" else "a"
+        raise SafetensorTypeError(f"state tree at {_where(path)}: {article} {name} cannot be "
+                                  f"stored (only dicts, lists, tuples, arrays, and None, bool, "
+                                  f"int, float, str, bytes)")
 
     def container(self, value: Any, path: str, depth: int, open_ids: Set[int]) -> Any:
         if depth >= MAX_DEPTH:

@@ -391,6 +391,21 @@ def test_optax_state_reloads_and_steps_identically(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_an_optax_state_is_refused_with_the_way_to_save_it(tmp_path):
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+
+    opt_state = optax.adam(0.01).init({"w": jax.numpy.zeros(3)})
+    with pytest.raises(fastst.SafetensorTypeError) as refused:
+        save_state(tmp_path / "train.safetensors", {"step": 3, "opt_state": opt_state})
+    assert str(refused.value) == (
+        "state tree at 'opt_state/0': a NamedTuple (optax._src.transform.ScaleByAdamState) "
+        "cannot be stored: an optax state is made of them; save its leaves, "
+        "jax.tree_util.tree_leaves(opt_state), and put them back with "
+        "jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(optimizer.init(params)), "
+        "leaves)")
+
+
 def test_a_sharded_state_keeps_its_tree_in_the_index_and_loads_lazily(tmp_path):
     tree = {"layers": [{"w": np.full((8, 8), k, np.float32), "scale": 0.5 * k}
                        for k in range(4)], "step": 7, "name": "run"}

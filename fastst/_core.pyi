@@ -260,9 +260,9 @@ class Reader:
     def open_file(
         self,
         filename: str | bytes | os.PathLike[str] | os.PathLike[bytes],
-        backend: str = ...,
+        backend: str = "mmap",
         *,
-        max_header_size: int = ...,
+        max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
     ) -> None:
         """Open the local file `filename`: read and validate its header, and map it
         (`backend` ``"mmap"``) or keep it open for reads (``"pread"``).
@@ -277,7 +277,8 @@ class Reader:
             format.
         """
     def open_buffer(
-        self, data: Buffer, *, max_header_size: int = ..., source: str = ...
+        self, data: Buffer, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+        source: str = "<buffer>"
     ) -> None:
         """Open a buffer (bytes, bytearray, memoryview, mmap) holding a whole file,
         without copying it; `source` is what messages call it.
@@ -293,7 +294,7 @@ class Reader:
         size: int,
         fetch: Callable[[list[tuple[int, int]]], Sequence[Buffer]],
         *,
-        max_header_size: int = ...,
+        max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
         identity: Hashable | None = None,
     ) -> None:
         """Open a file of `size` bytes read by byte ranges: ``fetch(ranges)`` takes
@@ -319,7 +320,7 @@ class Reader:
             When an answer of `fetch` is not what was asked for, or the bytes
             break a rule of the format.
         """
-    def get_tensor(self, name: str, /, *, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
+    def get_tensor(self, name: str, *, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
         """Tensor `name` as a NumPy array.
 
         With the ``"mmap"`` backend (and for buffers) the array is a zero-copy
@@ -391,7 +392,7 @@ class Reader:
         >>> copies["x"].tolist(), copies["x"].base is None
         ([0, 1, 2], True)
         """
-    def prefetch(self, names: Iterable[str], /) -> int:
+    def prefetch(self, names: Iterable[str]) -> int:
         """Ask the kernel to start reading tensors into the page cache, and return.
 
         For a plan the caller knows but will read in its own order (a converter
@@ -432,7 +433,7 @@ class Reader:
         ...     f.prefetch(["b", "a"]), f.get_tensor("b").tolist()
         (8, [1, 1, 1, 1])
         """
-    def prefetch_rows(self, name: str, first: int, stop: int, /) -> int:
+    def prefetch_rows(self, name: str, first: int, stop: int) -> int:
         """Ask the kernel to start reading rows ``[first, stop)`` of tensor
         `name`'s first axis (clipped to it) into the page cache, as `prefetch`
         does whole tensors (the thread ``Loader`` asks it of the blocks of a
@@ -446,7 +447,7 @@ class Reader:
         IndexError
             When the tensor is 0-d.
         """
-    def cache_rows(self, name: str, first: int, stop: int, /) -> int:
+    def cache_rows(self, name: str, first: int, stop: int) -> int:
         """Read rows ``[first, stop)`` of tensor `name`'s first axis (clipped to
         it) into the page cache now, without the GIL, and return once they are
         there (the thread ``Loader`` reads a shuffle's blocks so).
@@ -476,7 +477,7 @@ class Reader:
         SafetensorError
             When the file at the path is another, or shorter than when opened.
         """
-    def rows_cached(self, name: str, first: int, stop: int, /) -> bool:
+    def rows_cached(self, name: str, first: int, stop: int) -> bool:
         """Whether `cache_rows` would find rows ``[first, stop)`` of tensor
         `name` held already and read nothing: the page cache holds the first
         and the last page of every 2 MiB piece that holds them (asked of the
@@ -490,7 +491,7 @@ class Reader:
             ranges) or where there are none; False for a file read without a
             map (``backend="pread"``), which cannot be asked so.
         """
-    def read_ahead_on_faults(self, on: bool, /) -> bool:
+    def read_ahead_on_faults(self, on: bool) -> bool:
         """Whether a fault on the file's map that reads from the file reads
         ahead of the page it touches, as the kernel does by default (`on`), or
         reads that page alone (``MADV_RANDOM``). A reader whose rows are read
@@ -504,7 +505,7 @@ class Reader:
             True where it is so; False for a file read otherwise than by its
             map.
         """
-    def read_into(self, arrays: dict[str, npt.NDArray[Any]], /) -> None:
+    def read_into(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
         """Read the named tensors into caller-supplied arrays, allocating nothing.
 
         Parameters
@@ -625,7 +626,7 @@ class Reader:
         ...     f.metadata()
         {'format': 'np'}
         """
-    def info(self, name: str, /) -> TensorInfo:
+    def info(self, name: str) -> TensorInfo:
         """What the header says of tensor `name`, read without touching its bytes.
 
         Parameters
@@ -654,7 +655,7 @@ class Reader:
         ...     f.info("x")
         TensorInfo(dtype='I8', shape=[2, 2], data_offsets=(0, 4), array_shape=(2, 2))
         """
-    def read_rows(self, name: str, first: int, last: int, /) -> npt.NDArray[Any]:
+    def read_rows(self, name: str, first: int, last: int) -> npt.NDArray[Any]:
         """Rows ``[first, last)`` of tensor `name`'s first axis.
 
         A view with the ``"mmap"`` backend and for buffers; with ``"pread"``
@@ -688,7 +689,7 @@ class Reader:
         ...     f.read_rows("x", 1, 3).tolist()
         [[2, 3], [4, 5]]
         """
-    def gather_rows(self, name: str, rows: npt.NDArray[Any], /) -> npt.NDArray[Any]:
+    def gather_rows(self, name: str, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """Rows `rows` of tensor `name`'s first axis, in a fresh array: the rows
         must be an ``intp`` array, each in range (`gather` takes any integers).
 
@@ -947,7 +948,7 @@ class WritePlan:
         SafetensorError
             When the plan declares tensors without data.
         """
-    def write_to(self, fd: int, target: str = ..., /) -> None:
+    def write_to(self, fd: int, target: str = "<file>") -> None:
         """Write the whole file to the open file descriptor `fd` (`target` names
         it in messages), the GIL released per write.
 
@@ -958,7 +959,7 @@ class WritePlan:
         SafetensorError
             When the plan declares tensors without data.
         """
-    def write_stream(self, stream: SupportsWrite, target: str = ..., /) -> None:
+    def write_stream(self, stream: SupportsWrite, target: str = "<stream>") -> None:
         """Write the whole file to a binary file object, in order, through
         ``stream.write`` in pieces of at most 16 MiB.
 
@@ -970,12 +971,12 @@ class WritePlan:
     @property
     def data_start(self) -> int:
         """Where the tensor data starts in the file: 8 + the header's length."""
-    def write_prefix(self, fd: int, target: str = ..., /) -> None:
+    def write_prefix(self, fd: int, target: str = "<file>") -> None:
         """Write the prefix and header at the start of the file open as `fd`
         (a ``pwrite``: the file position does not move)."""
     def names(self) -> list[str]:
         """The tensor names, in file order."""
-    def info(self, name: str, target: str = ..., /) -> TensorInfo:
+    def info(self, name: str, target: str = "<plan>") -> TensorInfo:
         """Tensor `name`'s header entry, as a reader's ``info`` gives it.
 
         Raises
@@ -984,7 +985,8 @@ class WritePlan:
             When the plan has no tensor `name`.
         """
     def write_rows(
-        self, fd: int, name: str, first_row: int, array: npt.NDArray[Any], target: str = ..., /
+        self, fd: int, name: str, first_row: int, array: npt.NDArray[Any],
+        target: str = "<file>"
     ) -> tuple[int, int]:
         """Write `array` as rows ``[first_row, first_row + len(array))`` of tensor
         `name`, at their place in the file open as `fd` (a ``pwrite``).
@@ -1009,7 +1011,7 @@ class WritePlan:
             When the write fails.
         """
     def write_bytes(
-        self, fd: int, name: str, start: int, data: Buffer, target: str = ..., /
+        self, fd: int, name: str, start: int, data: Buffer, target: str = "<file>"
     ) -> tuple[int, int]:
         """Write the bytes of `data` (any C-contiguous buffer) at byte `start` of
         tensor `name`: for dtypes the caller has no array type for.
@@ -1029,7 +1031,7 @@ class WritePlan:
             When the write fails.
         """
 
-def spec_of_array(name: str, array: npt.ArrayLike, /) -> WriteSpec:
+def spec_of_array(name: str, array: npt.ArrayLike) -> WriteSpec:
     """The `WriteSpec` that writes the NumPy array `array` as tensor `name`.
 
     The header code follows from the array's dtype (ml_dtypes' bfloat16 and
@@ -1229,12 +1231,11 @@ def write_array_at(
 def plan_write(
     specs: Iterable[WriteSpec | tuple[str, str, Sequence[int], npt.NDArray[Any] | None]],
     metadata: Mapping[str, str] | None,
-    /,
     *,
-    header_padding: int = ...,
-    header_size: int | None = ...,
-    keep_order: bool = ...,
-    align: int | None = ...,
+    header_padding: int = 0,
+    header_size: int | None = None,
+    keep_order: bool = False,
+    align: int | None = None,
 ) -> WritePlan:
     """Check tensors to write, place them, and build the header: a `WritePlan`.
 

@@ -1,8 +1,10 @@
 """The documentation's examples run and say what they claim; the docs name no machine."""
+import dataclasses
 import functools
 import html
 import importlib
 import importlib.util
+import inspect
 import os
 import pathlib
 import re
@@ -217,6 +219,7 @@ def test_strict_build_fails_on(fault, tmp_path):
     config.update(docs_dir=str(docs), nav=[{"Home": "index.md"}], extra_css=[])
     python = config["plugins"][-1]["mkdocstrings"]["handlers"]["python"]
     python["paths"] = [str(ROOT)]
+    python["options"]["extensions"] = site_extensions()
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
     done = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert done.returncode != 0 and named in done.stderr, done.stderr
@@ -291,13 +294,22 @@ def test_api_reference_documents_every_public_name(module):
     assert re.search(rf"^::: {re.escape(module)}$", page, flags=re.M)    # the module's own doc
 
 
+def site_extensions():
+    """The griffe extensions that mkdocs.yml builds the reference pages with."""
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    options = config["plugins"][-1]["mkdocstrings"]["handlers"]["python"]["options"]
+    return [str(ROOT / path) for path in options.get("extensions", [])]
+
+
 @functools.lru_cache(maxsize=None)
 def reference_package():
     """fastst as the API reference reads it: from the sources and the core's stub, not
-    by import."""
+    by import, through the site's griffe extensions."""
     griffe = pytest.importorskip("griffe")
     loader = griffe.GriffeLoader(search_paths=[str(ROOT)], allow_inspection=False,
-                                 docstring_parser=griffe.Parser("numpy"))
+                                 docstring_parser=griffe.Parser("numpy"),
+                                 extensions=griffe.load_extensions(*site_extensions()))
     package = loader.load("fastst")
     loader.resolve_aliases(implicit=True)
     return package
@@ -342,6 +354,87 @@ def test_every_public_name_has_a_numpydoc_docstring_with_examples(module):
                                                          member.labels)
                         and member.docstring is None]
     assert missing == []
+
+
+def documented_callables(page):
+    """(path, griffe object, runtime object, owner) of each function and class that
+    `page` renders (``::: fastst...``), and of each public method of those classes
+    (`owner`: its class, None for the others); a module whose framework is not
+    installed is left out."""
+    package = reference_package()
+    for path in re.findall(r"^::: (fastst\.[\w.]+)$", page.read_text(), flags=re.M):
+        found = package[path.removeprefix("fastst.")]
+        if not (found.is_function or found.is_class):
+            continue
+        module, _, name = path.rpartition(".")
+        try:
+            runtime = getattr(importlib.import_module(module), name)
+        except ImportError:
+            continue
+        yield path, found, runtime, None
+        for member_name, member in (found.all_members.items() if found.is_class else ()):
+            if not member_name.startswith("_") and member.is_function \
+                    and "property" not in member.labels:
+                yield (f"{path}.{member_name}", member,
+                       inspect.getattr_static(runtime, member_name, None), runtime)
+
+
+def shown_parameters(found, method, namespace):
+    """(name, kind, default) of each parameter a page shows for `found` (a class's are
+    its __init__'s), self and cls left out; a default as written, evaluated in
+    `namespace`."""
+    parameters = list(found.parameters)
+    if (found.is_class or method and "staticmethod" not in found.labels) and parameters:
+        parameters = parameters[1:]
+    return [(p.name, p.kind.value, inspect.Parameter.empty if p.default is None
+             else eval(str(p.default), dict(namespace))) for p in parameters]
+
+
+def called_parameters(runtime, method):
+    """(name, kind, default) of each parameter Python calls `runtime` with, self and
+    cls left out (a dataclass field's default: what its factory makes); None when
+    Python cannot tell (a class built into the core)."""
+    function = runtime.__func__ if isinstance(runtime, (classmethod, staticmethod)) else runtime
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if method and not isinstance(runtime, staticmethod):
+        parameters = parameters[1:]
+    made = {field.name: field.default_factory() for field in dataclasses.fields(runtime)
+            if field.default_factory is not dataclasses.MISSING} \
+        if dataclasses.is_dataclass(runtime) else {}
+    return [(p.name, p.kind.description, made.get(p.name, p.default)) for p in parameters]
+
+
+def signature_errors(path, shown, called):
+    """How the parameters a page shows differ from those Python calls with."""
+    if [(name, kind) for name, kind, _ in shown] != [(name, kind) for name, kind, _ in called]:
+        return [f"{path}: shows {shown}, is called with {called}"]
+    return [f"{path}: {name} shows the default {a!r}, has {b!r}"
+            for (name, kind, a), (_, _, b) in zip(shown, called)
+            if not kind.startswith("variadic")     # *args and **kwargs show no default
+            and not (a is b or type(a) is type(b) and a == b)]
+
+
+@pytest.mark.parametrize("page", sorted(REFERENCE_PAGES.values()))
+def test_every_reference_signature_is_the_one_python_calls(page):
+    """Each documented function, class and method shows the parameters that Python
+    calls it with: their names, kinds and defaults, as ``inspect.signature`` gives
+    them."""
+    wrong, compared = [], 0
+    for path, found, runtime, owner in documented_callables(DOCS / "reference" / f"{page}.md"):
+        if runtime is None:
+            wrong.append(f"{path}: not found at run time")
+            continue
+        called = called_parameters(runtime, owner is not None)
+        if called is None:
+            continue
+        namespace = vars(sys.modules[(owner or runtime).__module__])
+        wrong += signature_errors(path, shown_parameters(found, owner is not None, namespace),
+                                  called)
+        compared += 1
+    assert compared and wrong == []
 
 
 def test_every_reference_page_is_in_the_nav():

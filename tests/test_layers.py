@@ -29,7 +29,7 @@ LAYERS = [
     # API
     "_api",
     # on top
-    "numpy", "_rowblocks", "_order", "_pipeline", "_loader", "data", "state", "dask", "distributed", "torch", "flax", "_inspect", "convert", "_demo", "cli",
+    "numpy", "_rowblocks", "_order", "_pipeline", "_loader", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_inspect", "_demo", "cli",
     "__main__", "__init__",
 ]
 

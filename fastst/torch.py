@@ -27,6 +27,9 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("fastst.torch needs PyTorch: pip install torch") from error
 
+import numpy as np
+import numpy.typing as npt
+
 from ._api import safe_open
 from ._checksums import plan_with_checksums
 from ._core import DTYPES, Reader, WritePlan
@@ -34,7 +37,7 @@ from ._files import write_atomically
 from ._handle import Backend
 from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._source import as_source
-from ._torch_adapter import converter, spec_of_tensor, target_device
+from ._torch_adapter import bytes_of, converter, spec_of_tensor, target_device
 from ._torch_dtypes import torch_dtypes
 from .checkpoint import ShardEntry, save_checkpoint
 
@@ -377,6 +380,19 @@ def storage_size(tensor: torch.Tensor) -> int:
     (16, 16)
     """
     return int(tensor.untyped_storage().nbytes())
+
+
+def _to_ndarray(tensor: torch.Tensor) -> Tuple[npt.NDArray[np.uint8], torch.Tensor]:
+    """The reference's helper under its name, which diffusers calls: a flat uint8
+    array viewing the tensor's bytes, and the CPU tensor that holds them. A tensor
+    on another device is copied to the CPU, and one that is not contiguous into one
+    that is: its bytes come in the order of its elements, where the reference's
+    would be its storage's."""
+    if tensor.device.type != "cpu":
+        tensor = tensor.to("cpu")
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return bytes_of(tensor).reshape(-1).view(np.uint8), tensor
 
 
 def _end_ptr(tensor: torch.Tensor) -> int:

@@ -420,10 +420,11 @@ def test_reference_bug_empty_dict_with_empty_metadata():
 # ---------------------------------------------------------------------------
 
 MODULES = ["", ".numpy", ".torch", ".flax"]
-# private names of the reference that libraries import (transformers, vLLM,
+# private names of the reference that libraries import (transformers, vLLM, diffusers,
 # torch.distributed.checkpoint): the rest of its private helpers are its own
 USED_PRIVATE_NAMES = {".torch": {"_find_shared_tensors", "_is_complete",
-                                 "_remove_duplicate_names", "_TYPES", "_SIZE", "_getdtype"}}
+                                 "_remove_duplicate_names", "_TYPES", "_SIZE", "_getdtype",
+                                 "_to_ndarray"}}
 
 
 def _modules(suffix: str):
@@ -519,3 +520,25 @@ def test_the_reference_dtype_tables_under_its_names():
     assert "F4" not in ours._TYPES   # torch's float4 packs two elements, as there
     with pytest.raises(KeyError):
         ours._getdtype("F6_E2M3")
+
+
+def test_to_ndarray_gives_the_bytes_of_a_tensor_as_the_reference():
+    """diffusers sends a tensor's bytes as ``_to_ndarray(tensor)[0].tobytes()``."""
+    torch = pytest.importorskip("torch")
+    import safetensors.torch as theirs
+    import fastst.torch as ours
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(3, 5, generator=generator), torch.arange(6, dtype=torch.int16),
+               torch.randn(4, generator=generator).to(torch.bfloat16), torch.tensor(2.5),
+               torch.zeros(0, 3), torch.ones(2, dtype=torch.float8_e4m3fn)]
+    for tensor in tensors:
+        data, kept = ours._to_ndarray(tensor)
+        assert data.tobytes() == theirs._to_ndarray(tensor)[0].tobytes()
+        assert data.dtype == np.uint8 and data.ndim == 1 and kept is tensor
+        if tensor.numel():
+            assert data.ctypes.data == tensor.data_ptr()    # a view, as the reference's
+    # the reference reads a transposed tensor's storage in its own order: fastst gives
+    # the tensor's elements in order
+    transposed = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
+    assert ours._to_ndarray(transposed)[0].tobytes() == transposed.contiguous().numpy().tobytes()

@@ -1,9 +1,15 @@
-"""Build the compiled core. FASTST_DEBUG=1 turns Cython's bounds checks back on."""
+"""Build the compiled core, and put the switch's .pth file at the root of the wheel.
+FASTST_DEBUG=1 turns Cython's bounds checks back on."""
 import os
 
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+# Read by Python as it starts, from beside the installed package: it turns the switch
+# on when FASTST_PATCH_SAFETENSORS=1 (fastst.patch_safetensors).
+SWITCH = "fastst-safetensors.pth"
 
 DEBUG = os.environ.get("FASTST_DEBUG") == "1"
 
@@ -37,4 +43,26 @@ extensions = cythonize([extension], compiler_directives=directives)
 # files of the sdist (setuptools warns about each), and the build finds them anyway.
 for built in extensions:
     built.depends = [path for path in built.depends if not os.path.isabs(path)]
-setup(ext_modules=extensions)
+
+
+class build_py_with_switch(build_py):
+    """build_py, which also puts the switch's .pth file at the root of the wheel, where
+    pip installs it beside the package (and `pip uninstall` removes it)."""
+
+    def run(self):
+        super().run()
+        self.copy_file(SWITCH, self.switch_target(), preserve_mode=False)
+
+    def switch_target(self):
+        # An editable wheel holds what `install` puts in its folder, and none of
+        # build_lib: the package stays in the checkout.
+        root = (self.get_finalized_command("install").install_lib if self.editable_mode
+                else self.build_lib)
+        return os.path.join(root, SWITCH)
+
+    def get_outputs(self, include_bytecode=True):
+        outputs = super().get_outputs(include_bytecode)
+        return outputs if self.editable_mode else [*outputs, self.switch_target()]
+
+
+setup(ext_modules=extensions, cmdclass={"build_py": build_py_with_switch})

@@ -39,6 +39,7 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
     from ._handle import FrameworkHandle, NumpyHandle
     from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
     from ._slicing import SafeSlice
+    from ._switch import patch_safetensors
     from ._version import __version__
     from .state import load_state, save_state
     from .writer import StreamWriter, save_file_from
@@ -52,7 +53,8 @@ LAZY = {"safe_open": "_api", "_safe_open_handle": "_api", "load": "_api",
         "StreamWriter": "writer", "save_file_from": "writer", "update_metadata": "_edit",
         "TensorSpec": "_lowlevel", "serialize": "_lowlevel", "serialize_file": "_lowlevel",
         "deserialize": "_lowlevel", "save_state": "state", "load_state": "state",
-        "__version__": "_version", "numpy": None, "writer": None}
+        "patch_safetensors": "_switch", "__version__": "_version", "numpy": None,
+        "writer": None}
 
 
 def __getattr__(name: str) -> object:
@@ -91,6 +93,7 @@ __all__ = [
     "load_file",
     "load_into",
     "load_state",
+    "patch_safetensors",
     "read_options",
     "safe_open",
     "save",

@@ -1,11 +1,14 @@
 """Builders shared by the tests and by fuzz/make_corpus.py (import it as ``helpers``),
-a runner of hostile inputs in a bounded child process, and a poll for a condition to
-come true."""
+a runner of hostile inputs in a bounded child process, a runner of a fresh Python with
+the switch to fastst turned on, and a poll for a condition to come true."""
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import pathlib
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -81,6 +84,45 @@ def bounded_ending(code: str, *, timeout: float = 30, memory: int = 1 << 30,
                               text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"still running after {timeout} s") from None
+
+
+# The file that pip installs beside fastst and Python reads as it starts: it turns the
+# switch on when FASTST_PATCH_SAFETENSORS=1 (see setup.py).
+SWITCH_PTH = pathlib.Path(__file__).resolve().parent.parent / "fastst-safetensors.pth"
+# How a Python is started, by name: without the switch, with the variable set, and with
+# the call first
+SWITCH_WAYS: Dict[str, Dict[str, Any]] = {"off": {}, "variable": {"variable": "1"},
+                                          "call": {"call": True}}
+
+
+def switched_python(code: str, site: pathlib.Path, *, variable: Optional[str] = None,
+                    call: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh Python that first reads the package's .pth file (copied
+    into the folder `site`) as Python reads those of site-packages, with
+    FASTST_PATCH_SAFETENSORS set to `variable` (None: unset), and
+    ``fastst.patch_safetensors()`` called next if `call`; how it ended. An
+    AssertionError where it ran out of time."""
+    site.mkdir(exist_ok=True)
+    shutil.copy(SWITCH_PTH, site)
+    prelude = f"import site; site.addsitedir({str(site)!r})\n"
+    if call:
+        prelude += "import fastst; fastst.patch_safetensors()\n"
+    try:
+        return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                              env=switch_environment(variable), capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after {timeout} s") from None
+
+
+def switch_environment(variable: Optional[str]) -> Dict[str, str]:
+    """This process's environment, with FASTST_PATCH_SAFETENSORS set to `variable`
+    (None: unset)."""
+    env = {name: value for name, value in os.environ.items()
+           if name != "FASTST_PATCH_SAFETENSORS"}
+    if variable is not None:
+        env["FASTST_PATCH_SAFETENSORS"] = variable
+    return env
 
 
 # What an example needs beyond fastst's own dependencies, by what it imports...

@@ -392,7 +392,7 @@ class Reader:
         >>> copies["x"].tolist(), copies["x"].base is None
         ([0, 1, 2], True)
         """
-    def prefetch(self, names: Iterable[str]) -> int:
+    def will_need(self, names: Iterable[str]) -> int:
         """Ask the kernel to start reading tensors into the page cache, and return.
 
         For a plan the caller knows but will read in its own order (a converter
@@ -430,12 +430,12 @@ class Reader:
         >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
         >>> fastst.save_file({"a": np.zeros(4, np.uint8), "b": np.ones(4, np.uint8)}, path)
         >>> with fastst.safe_open(path) as f:
-        ...     f.prefetch(["b", "a"]), f.get_tensor("b").tolist()
+        ...     f.will_need(["b", "a"]), f.get_tensor("b").tolist()
         (8, [1, 1, 1, 1])
         """
     def prefetch_rows(self, name: str, first: int, stop: int) -> int:
         """Ask the kernel to start reading rows ``[first, stop)`` of tensor
-        `name`'s first axis (clipped to it) into the page cache, as `prefetch`
+        `name`'s first axis (clipped to it) into the page cache, as `will_need`
         does whole tensors (the thread ``Loader`` asks it of the blocks of a
         block shuffle over more than half the memory; see `cache_rows`). The
         number of bytes asked for: 0 for a buffer or a file read by ranges.

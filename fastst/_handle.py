@@ -528,9 +528,9 @@ class FrameworkHandle(Generic[T]):
         return ReadAhead([(self._reader, name, converted)
                           for name in _names_to_read(self._reader, names)], prefetch_bytes)
 
-    def prefetch(self, names: Iterable[str]) -> int:
+    def will_need(self, names: Iterable[str]) -> int:
         """Ask the kernel to start reading tensors into the page cache (see
-        ``NumpyHandle.prefetch``).
+        ``NumpyHandle.will_need``).
 
         Parameters
         ----------
@@ -548,10 +548,10 @@ class FrameworkHandle(Generic[T]):
         >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
         >>> fastst.save_file({"a": np.zeros(2, np.float32)}, path)
         >>> with fastst.safe_open(path, framework="pt") as f:
-        ...     f.prefetch(["a"])
+        ...     f.will_need(["a"])
         8
         """
-        hinted: int = self._reader.prefetch(names)
+        hinted: int = self._reader.will_need(names)
         return hinted
 
     def keys(self) -> List[str]:

@@ -467,7 +467,7 @@ cdef class Reader:
             arrays.append(array)
         return arrays
 
-    def prefetch(self, names):
+    def will_need(self, names):
         """Ask the kernel to start reading the tensors `names` of a local file into
         the page cache (posix_fadvise WILLNEED over their bytes, adjacent ones as one
         range, in pieces that it reads whole), and return at once: the number of
@@ -488,7 +488,7 @@ cdef class Reader:
 
     def prefetch_rows(self, name, Py_ssize_t first, Py_ssize_t stop):
         """Ask the kernel to start reading rows [first, stop) of tensor `name`'s first
-        axis (clipped to it) into the page cache, as prefetch does whole tensors: the
+        axis (clipped to it) into the page cache, as will_need does whole tensors: the
         number of bytes asked for."""
         span = self._rows_span(name, first, stop)
         return 0 if span is None else self._will_need([span])

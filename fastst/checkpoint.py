@@ -364,9 +364,9 @@ class ShardedHandle(Generic[T]):
 
         return ChainedReadAhead([part(handle, run) for handle, run in runs], prefetch_bytes)
 
-    def prefetch(self, names: Iterable[str]) -> int:
+    def will_need(self, names: Iterable[str]) -> int:
         """Ask the kernel to start reading tensors into the page cache, each from
-        its shard (see ``NumpyHandle.prefetch``).
+        its shard (see ``NumpyHandle.will_need``).
 
         Parameters
         ----------
@@ -385,14 +385,14 @@ class ShardedHandle(Generic[T]):
         >>> fastst.save_file({f"w{i}": np.zeros(100, np.float32) for i in range(3)}, folder,
         ...                  max_shard_size=800)
         >>> with fastst.safe_open(folder) as f:
-        ...     f.prefetch(["w2", "w0"])
+        ...     f.will_need(["w2", "w0"])
         800
         """
         by_shard: Dict[int, Tuple[Shard, List[str]]] = {}
         for name in names:
             handle = self._shard_of(name)
             by_shard.setdefault(id(handle), (handle, []))[1].append(name)
-        return sum(handle.prefetch(part) for handle, part in by_shard.values())
+        return sum(handle.will_need(part) for handle, part in by_shard.values())
 
     def gather(self, name: str, rows: Any) -> T:
         """Rows `rows` of tensor `name`'s first axis, from its shard (see

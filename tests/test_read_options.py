@@ -477,22 +477,22 @@ def test_read_options_returns_what_was_in_force():
     assert fastst.read_options() == first
 
 
-# --- prefetch: kernel read-ahead hints -------------------------------------------------------
+# --- will_need: kernel read-ahead hints ------------------------------------------------------
 
-def test_prefetch_asks_for_the_bytes_of_the_tensors_named(tmp_path):
+def test_will_need_asks_for_the_bytes_of_the_tensors_named(tmp_path):
     path = tmp_path / "x.safetensors"
     fastst.save_file({"a": np.zeros(100, np.uint8), "b": np.zeros(50, np.uint8),
                       "c": np.zeros(7, np.uint8)}, path)
     for backend in ("mmap", "pread"):
         with fastst.safe_open(path, backend=backend) as f:
-            assert f.prefetch(["c", "a"]) == 107
-            assert f.prefetch(["a", "b", "c", "a"]) == 157      # one range, counted once
-            assert f.prefetch([]) == 0
+            assert f.will_need(["c", "a"]) == 107
+            assert f.will_need(["a", "b", "c", "a"]) == 157      # one range, counted once
+            assert f.will_need([]) == 0
             with pytest.raises(fastst.TensorNotFoundError):
-                f.prefetch(["nope"])
+                f.will_need(["nope"])
 
 
-def test_a_long_prefetch_is_asked_for_in_pieces_the_kernel_reads_whole(tmp_path, monkeypatch):
+def test_a_long_will_need_is_asked_for_in_pieces_the_kernel_reads_whole(tmp_path, monkeypatch):
     """Linux reads no more of one posix_fadvise(WILLNEED) than the device's read-ahead
     limit and drops the rest: a longer span is asked for in pieces of at most that
     limit, cut on its multiples, which together are the span, once."""
@@ -512,7 +512,7 @@ def test_a_long_prefetch_is_asked_for_in_pieces_the_kernel_reads_whole(tmp_path,
     with fastst.safe_open(path) as f:
         start = f.data_start
         b = start + f.info("b").data_offsets[0]
-        for ask, begin, end in ((lambda: f.prefetch(["a", "b"]), start, start + 50_000),
+        for ask, begin, end in ((lambda: f.will_need(["a", "b"]), start, start + 50_000),
                                 (lambda: f.prefetch_rows("b", 100, 900), b + 4000, b + 36_000)):
             asked.clear()
             assert ask() == end - begin
@@ -542,22 +542,22 @@ def test_the_read_ahead_limit_is_the_devices(tmp_path):
     assert _core._device_readahead_bytes(os.makedev(0, 0)) == 128 * KIB   # no such disk
 
 
-def test_prefetch_of_a_buffer_or_a_file_object_asks_for_nothing():
+def test_will_need_of_a_buffer_or_a_file_object_asks_for_nothing():
     data = fastst.save({"a": np.zeros(100, np.uint8)})
     with fastst.safe_open(io.BytesIO(data)) as f:
-        assert f.backend == "ranges" and f.prefetch(["a"]) == 0
+        assert f.backend == "ranges" and f.will_need(["a"]) == 0
     with fastst.NumpyHandle() as f:
         f.open_buffer(data)
-        assert f.prefetch(["a"]) == 0
+        assert f.will_need(["a"]) == 0
 
 
-def test_prefetch_refuses_a_replaced_file(tmp_path):
+def test_will_need_refuses_a_replaced_file(tmp_path):
     path = tmp_path / "x.safetensors"
     fastst.save_file({"a": np.zeros(100, np.uint8)}, path)
     with fastst.safe_open(path) as f:
         fastst.save_file({"a": np.ones(100, np.uint8)}, path)
         with pytest.raises(fastst.SafetensorError, match="file was replaced"):
-            f.prefetch(["a"])
+            f.will_need(["a"])
 
 
 THP = os.path.isdir("/sys/kernel/mm/transparent_hugepage")

@@ -76,7 +76,7 @@ def test_a_sharded_checkpoint_is_walked_shard_by_shard(tmp_path, no_thread_left)
         with f.iter_tensors(order, prefetch_bytes=400) as walk:
             assert [name for name, _ in walk] == order
             assert walk.peak_bytes == 400
-        assert f.prefetch(["w0", "w4"]) == 800
+        assert f.will_need(["w0", "w4"]) == 800
 
 
 def test_names_are_checked_before_any_read(tmp_path, no_thread_left):

@@ -36,7 +36,7 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
     from ._api import _safe_open_handle as _safe_open_handle
     from ._api import load, load_file, load_into, safe_open, save, save_file
     from ._edit import update_metadata
-    from ._handle import FrameworkHandle, NumpyHandle
+    from ._handle import FrameworkHandle, NumpyHandle, TensorMeta
     from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
     from ._slicing import SafeSlice
     from ._switch import patch_safetensors
@@ -49,7 +49,8 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
 # its module, and the name is then an attribute like any other.
 LAZY = {"safe_open": "_api", "_safe_open_handle": "_api", "load": "_api",
         "load_file": "_api", "load_into": "_api", "save": "_api", "save_file": "_api",
-        "NumpyHandle": "_handle", "FrameworkHandle": "_handle", "SafeSlice": "_slicing",
+        "NumpyHandle": "_handle", "FrameworkHandle": "_handle", "TensorMeta": "_handle",
+        "SafeSlice": "_slicing",
         "StreamWriter": "writer", "save_file_from": "writer", "update_metadata": "_edit",
         "TensorSpec": "_lowlevel", "serialize": "_lowlevel", "serialize_file": "_lowlevel",
         "deserialize": "_lowlevel", "save_state": "state", "load_state": "state",
@@ -86,6 +87,7 @@ __all__ = [
     "SafetensorTypeError",
     "StreamWriter",
     "TensorInfo",
+    "TensorMeta",
     "TensorNotFoundError",
     "TensorSpec",
     "deserialize",

@@ -8,7 +8,8 @@ opening its Source again, which must hold the same version of the file.
 from __future__ import annotations
 
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Iterator, List,
-                    Literal, Optional, Protocol, Set, Tuple, Union, overload, runtime_checkable)
+                    Literal, NamedTuple, Optional, Protocol, Set, Tuple, Union, overload,
+                    runtime_checkable)
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
@@ -22,7 +23,7 @@ if TYPE_CHECKING:   # none of these is imported when fastst is
     import numpy.typing as npt
 
 __all__ = ["ArrayHandle", "Backend", "FrameworkHandle", "Handle", "NumpyHandle", "Openable",
-           "ReadableFile", "VerifyingHandle", "open_handle"]
+           "ReadableFile", "TensorMeta", "VerifyingHandle", "meta_of", "open_handle"]
 
 Backend = Literal["mmap", "pread"]
 
@@ -35,6 +36,39 @@ class ReadableFile(Protocol):
 
 Openable = Union[PathLike, ReadableFile]   # a path (or URL string), or a file object
 FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
+
+
+class TensorMeta(NamedTuple):
+    """What the header says of one tensor, as ``get_tensor_meta(name)`` gives it,
+    read without touching its bytes: the reference's ``TensorMeta``.
+
+    Attributes
+    ----------
+    dtype : str
+        The header dtype code, e.g. ``"F32"``.
+    shape : list of int
+        The shape the header gives.
+    data_offsets : tuple of (int, int)
+        The tensor's bytes, ``[begin, end)``, counted from the start of the data
+        that follows the header (of its shard, in a sharded checkpoint).
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"w": np.zeros((2, 3), np.float32)}, path)
+    >>> with fastst.safe_open(path) as f:
+    ...     f.get_tensor_meta("w")
+    TensorMeta(dtype='F32', shape=[2, 3], data_offsets=(0, 24))
+    """
+    dtype: str
+    shape: List[int]
+    data_offsets: Tuple[int, int]
+
+
+def meta_of(info: TensorInfo) -> TensorMeta:
+    """The TensorMeta of a tensor described by `info`."""
+    return TensorMeta(info.dtype, list(info.shape), info.data_offsets)
 
 
 @runtime_checkable
@@ -51,6 +85,7 @@ class Handle(Protocol[T]):
     def get_slice(self, name: str, /) -> SafeSlice[T]: ...
     def gather(self, name: str, rows: Any, /) -> T: ...
     def info(self, name: str, /) -> TensorInfo: ...
+    def get_tensor_meta(self, name: str, /) -> TensorMeta: ...
     def keys(self) -> List[str]: ...
     def offset_keys(self) -> List[str]: ...
     def metadata(self) -> Optional[Dict[str, Any]]: ...
@@ -169,6 +204,38 @@ class NumpyHandle(Reader):
         ([4, 3], [5, 8])
         """
         return SafeSlice(self, name)
+
+    def get_tensor_meta(self, name: str) -> TensorMeta:
+        """What the header says of tensor `name`: its dtype code, shape and data
+        offsets, read without touching its bytes (the reference's
+        ``get_tensor_meta``; ``info`` says as much and the NumPy shape).
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+
+        Returns
+        -------
+        TensorMeta
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        SafetensorError
+            When the handle is closed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"x": np.zeros((4, 3), np.int8), "y": np.ones(2)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     f.get_tensor_meta("x")
+        TensorMeta(dtype='I8', shape=[4, 3], data_offsets=(16, 28))
+        """
+        return meta_of(self.info(name))
 
     def read_runs(self, name: str, offsets: Any, length: int, out: npt.NDArray[Any]
                   ) -> npt.NDArray[Any]:
@@ -617,6 +684,35 @@ class FrameworkHandle(Generic[T]):
             When the file has no tensor `name`.
         """
         return self._info(name)
+
+    def get_tensor_meta(self, name: str) -> TensorMeta:
+        """What the header says of tensor `name`, read without touching its bytes
+        (see ``NumpyHandle.get_tensor_meta``).
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+
+        Returns
+        -------
+        TensorMeta
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"w": np.zeros((2, 2), np.float16)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     f.get_tensor_meta("w").shape
+        [2, 2]
+        """
+        return meta_of(self._info(name))
 
     @property
     def source(self) -> str:

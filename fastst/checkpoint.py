@@ -37,7 +37,7 @@ from ._checksums import plan_with_checksums
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
 from ._files import PathLike
-from ._handle import FrameworkHandle, NumpyHandle, open_handle
+from ._handle import FrameworkHandle, NumpyHandle, TensorMeta, meta_of, open_handle
 from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
                      find_checkpoint, is_checkpoint, index_name, index_text, is_index_name, read_index, remove_leftovers, save_place, shard_names, write_files)
 from ._progress import byte_bar
@@ -429,6 +429,37 @@ class ShardedHandle(Generic[T]):
         """
         info: TensorInfo = self._shard_of(name).info(name)
         return info
+
+    def get_tensor_meta(self, name: str) -> TensorMeta:
+        """What the header of its shard says of tensor `name`: its dtype code,
+        shape and data offsets in that shard (opens the shard, reads none of its
+        tensors; see ``NumpyHandle.get_tensor_meta``).
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+
+        Returns
+        -------
+        TensorMeta
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the index names no tensor `name`.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> fastst.save_file({f"w{i}": np.zeros(100, np.float32) for i in range(3)}, folder,
+        ...                  max_shard_size=800)
+        >>> with fastst.safe_open(folder) as f:
+        ...     f.get_tensor_meta("w2")      # the first tensor of the second shard
+        TensorMeta(dtype='F32', shape=[100], data_offsets=(0, 400))
+        """
+        return meta_of(self.info(name))
 
     def shard_file(self, name: str) -> str:
         """The path (or URL, its credentials hidden) of the shard the index puts

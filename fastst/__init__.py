@@ -38,6 +38,7 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
     from ._edit import update_metadata
     from ._handle import FrameworkHandle, NumpyHandle, TensorMeta
     from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
+    from ._prefetch import PrefetchLoader
     from ._slicing import SafeSlice
     from ._switch import patch_safetensors
     from ._version import __version__
@@ -50,7 +51,7 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
 LAZY = {"safe_open": "_api", "_safe_open_handle": "_api", "load": "_api",
         "load_file": "_api", "load_into": "_api", "save": "_api", "save_file": "_api",
         "NumpyHandle": "_handle", "FrameworkHandle": "_handle", "TensorMeta": "_handle",
-        "SafeSlice": "_slicing",
+        "PrefetchLoader": "_prefetch", "SafeSlice": "_slicing",
         "StreamWriter": "writer", "save_file_from": "writer", "update_metadata": "_edit",
         "TensorSpec": "_lowlevel", "serialize": "_lowlevel", "serialize_file": "_lowlevel",
         "deserialize": "_lowlevel", "save_state": "state", "load_state": "state",
@@ -80,6 +81,7 @@ __all__ = [
     "DtypeInfo",
     "FrameworkHandle",
     "NumpyHandle",
+    "PrefetchLoader",
     "SafeSlice",
     "SafetensorError",
     "SafetensorIndexError",

@@ -402,7 +402,8 @@ class Reader:
         limit: Linux reads no more of one call), so that the reads that follow
         find them in memory. The process holds no memory for them: the page cache
         does, and may drop them again under memory pressure. To read ahead into
-        memory of the process, within a budget, use ``iter_tensors``.
+        memory of the process, within a budget, use ``iter_tensors`` or
+        ``prefetch``.
 
         Parameters
         ----------
@@ -1145,6 +1146,9 @@ def read_ahead_limit() -> int:
     """Half the machine's memory: the most read into the page cache ahead of use
     and counted on to stay there (1 where the memory is not known)."""
 def hint_sequential(fd: int, offset: int, length: int, /) -> bool: ...
+def read_threads() -> int:
+    """The threads a read plan of two requests or more is shared by now: the
+    ``threads`` of `read_options`, or by default one per usable CPU, at most 4."""
 def usable_cpus() -> int: ...
 def foreign_format(head: Buffer, /) -> str | None:
     """What the first bytes of a file say it is, when its length prefix is no

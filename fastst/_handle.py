@@ -11,7 +11,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Itera
                     Literal, NamedTuple, Optional, Protocol, Set, Tuple, Union, overload,
                     runtime_checkable)
 
-from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
+from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
                     TensorInfo, read_runs)
 from ._files import PathLike
@@ -21,6 +21,8 @@ from ._source import Buffer, FileObject, Identity, LocalFile, Source, identity_o
 
 if TYPE_CHECKING:   # none of these is imported when fastst is
     import numpy.typing as npt
+
+    from ._prefetch import Plan, PrefetchLoader
 
 __all__ = ["ArrayHandle", "Backend", "FrameworkHandle", "Handle", "NumpyHandle", "Openable",
            "ReadableFile", "TensorMeta", "VerifyingHandle", "meta_of", "open_handle"]
@@ -86,6 +88,9 @@ class Handle(Protocol[T]):
     def gather(self, name: str, rows: Any, /) -> T: ...
     def info(self, name: str, /) -> TensorInfo: ...
     def get_tensor_meta(self, name: str, /) -> TensorMeta: ...
+    def prefetch(self, plan: Optional[Plan] = None, *, device: Any = None,
+                 threads: Optional[int] = None, max_bytes_in_flight: int = ...
+                 ) -> PrefetchLoader[T]: ...
     def keys(self) -> List[str]: ...
     def offset_keys(self) -> List[str]: ...
     def metadata(self) -> Optional[Dict[str, Any]]: ...
@@ -325,6 +330,90 @@ class NumpyHandle(Reader):
         """
         return ReadAhead([(self, name, None) for name in _names_to_read(self, names)],
                          prefetch_bytes)
+
+    def prefetch(self, plan: Optional[Plan] = None, *, device: Any = None,
+                 threads: Optional[int] = None,
+                 max_bytes_in_flight: int = DEFAULT_PREFETCH_BYTES
+                 ) -> PrefetchLoader[npt.NDArray[Any]]:
+        """Start reading the tensors of `plan` (whole, or a run of rows of each)
+        in the background, within a budget of bytes: the reference's
+        ``prefetch`` (safetensors 0.9, where it loads torch tensors onto CUDA
+        devices only), here for every handle, framework and device.
+
+        The plan is checked whole before anything is read. Threads then read
+        its tensors in file order into fresh memory: several small ones in one
+        read plan, a larger one in pieces that they share. The loader hands out
+        each tensor once: ``take(name)`` (waiting for its bytes), or iterating
+        over it, which gives them as their bytes land. The bytes read and not
+        yet handed out, with those being read, never exceed
+        `max_bytes_in_flight`: a tensor larger than that, or one taken before
+        the threads reach it, is read when taken, by the caller's thread.
+
+        Parameters
+        ----------
+        plan : dict of str to slice or None, optional
+            The tensors to read: each name maps to None for the whole tensor, or
+            to a slice of step 1 of its first axis (negative bounds count from
+            its end; bounds past it are an error, not clamped). Tensors left out
+            are not read. None (the default): every tensor, whole.
+        device : str, optional
+            Where the tensors go: for NumPy, ``"cpu"`` (the default, None, is the
+            handle's).
+        threads : int, optional
+            The threads that read, 1 to 64; by default as many as share a read
+            plan (``fastst.read_options().threads``: one per usable CPU, at most
+            4, unless set). The reference reads with 8 threads a file.
+        max_bytes_in_flight : int, default 256 MiB
+            The budget: bytes being read, and read but not yet handed out.
+
+        Returns
+        -------
+        PrefetchLoader
+            The tensors, as NumPy arrays in fresh memory; a context manager that
+            stops its threads on exit.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When a name of the plan is not a tensor of the file.
+        SafetensorError
+            When the plan selects no tensors; a slice has a step other than 1,
+            is of a 0-d tensor, reaches past the tensor's first axis
+            (`SafetensorIndexError`), or cuts a sub-byte tensor (F4, F6_*)
+            inside a byte; `threads` or `max_bytes_in_flight` is out of range;
+            the handle is closed.
+        SafetensorTypeError
+            When the plan is not a dict of names to None or slices (a list of
+            names: see `will_need`, the page-cache hint this method's name
+            stood for before).
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"embed": np.arange(12.0).reshape(6, 2), "bias": np.ones(2),
+        ...                   "skipped": np.zeros(3)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     with f.prefetch({"embed": slice(2, 4), "bias": None}) as loader:
+        ...         rows = loader.take("embed")        # rows 2 and 3 only
+        ...         rest = dict(loader)                # the others, as their bytes land
+        >>> rows.tolist(), sorted(rest)
+        ([[4.0, 5.0], [6.0, 7.0]], ['bias'])
+        """
+        from ._prefetch import PrefetchLoader, checked_plan   # imported on first use
+
+        return PrefetchLoader(self._prefetched(checked_plan(plan, self.source), device),
+                              self.source, threads=threads,
+                              max_bytes_in_flight=max_bytes_in_flight)
+
+    def _prefetched(self, plan: Optional[Dict[str, Optional[slice]]], device: Any
+                    ) -> List[Any]:
+        """The tensors a checked `plan` selects, for a PrefetchLoader."""
+        if device is not None:
+            check_numpy_device(device)
+        from ._prefetch import planned_tensors
+
+        return planned_tensors(self, plan, None)
 
     def __reduce__(self) -> Tuple[Any, ...]:
         """Pickled, a handle opens its Source again (see ``_reopened``)."""
@@ -594,6 +683,46 @@ class FrameworkHandle(Generic[T]):
 
         return ReadAhead([(self._reader, name, converted)
                           for name in _names_to_read(self._reader, names)], prefetch_bytes)
+
+    def prefetch(self, plan: Optional[Plan] = None, *, device: Any = None,
+                 threads: Optional[int] = None,
+                 max_bytes_in_flight: int = DEFAULT_PREFETCH_BYTES) -> PrefetchLoader[T]:
+        """Start reading the tensors of `plan` in the background, within a budget
+        of bytes (see ``NumpyHandle.prefetch``, whose parameters it takes); each is
+        converted to the framework's tensor when handed out, on the handle's device
+        unless `device` names another (a ``str``, an ``int``, a ``torch.device``
+        or a ``jax.Device``, as ``safe_open`` takes it).
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> fastst.save_file({"w": np.arange(6, dtype=np.float32).reshape(3, 2)}, path)
+        >>> with fastst.safe_open(path, framework="pt") as f:
+        ...     with f.prefetch({"w": slice(-1, None)}) as loader:
+        ...         loader.take("w")
+        tensor([[4., 5.]])
+        """
+        from ._prefetch import PrefetchLoader, checked_plan   # imported on first use
+
+        return PrefetchLoader(self._prefetched(checked_plan(plan, self.source), device),
+                              self.source, threads=threads,
+                              max_bytes_in_flight=max_bytes_in_flight)
+
+    def _prefetched(self, plan: Optional[Dict[str, Optional[slice]]], device: Any
+                    ) -> List[Any]:
+        """The tensors a checked `plan` selects, for a PrefetchLoader, each converted
+        for `device` (None: the handle's)."""
+        from ._prefetch import planned_tensors
+
+        convert = self._convert
+        if device is not None:
+            if self._opened_as is None:
+                raise SafetensorTypeError(f"{self.source}: device= needs a handle from "
+                                          f"safe_open, which knows its framework")
+            convert = _naming_the_file(framework_converter(self._opened_as[0], device),
+                                       self.source)
+        return planned_tensors(self._reader, plan, convert)
 
     def will_need(self, names: Iterable[str]) -> int:
         """Ask the kernel to start reading tensors into the page cache (see

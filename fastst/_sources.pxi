@@ -363,7 +363,7 @@ cdef class _ReadPlan:
         cdef Py_ssize_t threads = 1
         self.group()
         if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
-            threads = min(READ_THREADS or min(usable_cpus(), AUTO_THREADS), self.ngroups)
+            threads = min(read_threads(), self.ngroups)
         fastst_primer_signal(&self.primer)   # the readers take over from here
         if threads > 1:
             self._run_on(threads)
@@ -578,6 +578,12 @@ cdef Py_ssize_t _read_direct(int direct_fd, int fd, ReadJob* job, char* bounce,
             break                           # end of file
         at += span
     return done
+
+
+def read_threads():
+    """The threads a read plan of two requests or more is shared by now: read_options'
+    `threads`, or by default the usable CPUs, at most AUTO_THREADS."""
+    return READ_THREADS or min(usable_cpus(), AUTO_THREADS)
 
 
 def usable_cpus():

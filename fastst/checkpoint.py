@@ -29,8 +29,8 @@ import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import (Any, Callable, Dict, Generic, Hashable, Iterable, Iterator, List, Mapping,
-                    NamedTuple, Optional, Sequence, Tuple, Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Hashable, Iterable, Iterator,
+                    List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union)
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
 from ._checksums import plan_with_checksums
@@ -44,6 +44,9 @@ from ._progress import byte_bar
 from ._readahead import DEFAULT_PREFETCH_BYTES, ChainedReadAhead
 from ._slicing import Converter, SafeSlice, T
 from ._source import Identity, LocalFile, Source, as_source, identity_of
+
+if TYPE_CHECKING:
+    from ._prefetch import Plan, PrefetchLoader
 
 __all__ = ["DEFAULT_PATTERN", "INDEX_SUFFIX", "ShardEntry", "ShardedHandle",
            "NumpyShardedHandle", "CheckpointIndex", "data_bytes", "is_checkpoint",
@@ -363,6 +366,38 @@ class ShardedHandle(Generic[T]):
             return lambda: handle.iter_tensors(run, prefetch_bytes=prefetch_bytes)
 
         return ChainedReadAhead([part(handle, run) for handle, run in runs], prefetch_bytes)
+
+    def prefetch(self, plan: Optional[Plan] = None, *, device: Any = None,
+                 threads: Optional[int] = None,
+                 max_bytes_in_flight: int = DEFAULT_PREFETCH_BYTES) -> PrefetchLoader[T]:
+        """Start reading the tensors of `plan` in the background, within one budget
+        of bytes for all the shards (see ``NumpyHandle.prefetch``, whose parameters
+        it takes): shard by shard in index order, each shard's in the order of its
+        bytes. A name the index lacks is a `TensorNotFoundError`.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> fastst.save_file({f"w{i}": np.full(100, i, np.float32) for i in range(3)}, folder,
+        ...                  max_shard_size=800)
+        >>> with fastst.safe_open(folder) as f, f.prefetch() as loader:
+        ...     loader.names(), float(loader.take("w2").sum())
+        (['w0', 'w1', 'w2'], 200.0)
+        """
+        from ._prefetch import PrefetchLoader, checked_plan   # imported on first use
+
+        checked = checked_plan(plan, self._index.path)
+        for name in checked or ():
+            self._shard_of(name)     # TensorNotFoundError for a name the index lacks
+        tensors = []
+        for shard, names in self._index.shards.items():
+            part = None if checked is None else {name: checked[name] for name in names
+                                                 if name in checked}
+            if part is None or part:
+                tensors += self._shard(shard, names[0])._prefetched(part, device)
+        return PrefetchLoader(tensors, self._index.path, threads=threads,
+                              max_bytes_in_flight=max_bytes_in_flight)
 
     def will_need(self, names: Iterable[str]) -> int:
         """Ask the kernel to start reading tensors into the page cache, each from

@@ -230,9 +230,9 @@ def test_strict_build_fails_on(fault, tmp_path):
 # example in them runs, those needing a package that is not installed left out.
 DOCSTRING_MODULES = ["fastst", "fastst._api", "fastst._checksums", "fastst._core", "fastst._edit",
                      "fastst._files", "fastst._handle", "fastst._index", "fastst._loader",
-                     "fastst._lowlevel", "fastst._ranged", "fastst._readahead", "fastst._slicing",
-                     "fastst._specs", "fastst._switch", "fastst._torch_adapter", "fastst.checkpoint",
-                     "fastst.dask",
+                     "fastst._lowlevel", "fastst._prefetch", "fastst._ranged", "fastst._readahead",
+                     "fastst._slicing", "fastst._specs", "fastst._switch", "fastst._torch_adapter",
+                     "fastst.checkpoint", "fastst.dask",
                      "fastst.data",
                      "fastst.distributed", "fastst.flax", "fastst.integrity", "fastst.jax",
                      "fastst.numpy", "fastst.remote", "fastst.state", "fastst.torch",

@@ -23,13 +23,13 @@ LAYERS = [
     # frameworks
     "_cuda", "_torch_adapter", "jax", "_adapters",
     # handles
-    "_specs", "_handle", "_edit",
+    "_specs", "_prefetch", "_handle", "_edit",
     # capabilities
     "checkpoint", "integrity", "writer",
     # API
     "_api",
     # on top
-    "numpy", "_rowblocks", "_order", "_pipeline", "_loader", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_inspect", "_demo", "cli",
+    "numpy", "_rowblocks", "_order", "_pipeline", "_loader", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_inspect", "_demo", "cli", "_switch",
     "__main__", "__init__",
 ]
 

@@ -772,6 +772,24 @@ class Reader:
     @property
     def data_start(self) -> int:
         """Where the tensor data starts in the file: 8 + the header's length."""
+    @property
+    def uses_ml_dtypes(self) -> bool:
+        """Whether tensors of the dtypes NumPy lacks (bfloat16, float8) come as
+        arrays of ml_dtypes' dtypes (True, the default: ml_dtypes is imported when
+        a file holding one opens, so that reads never import) or as their bits,
+        unsigned integers of their width (False: what a framework with dtypes of
+        its own views, with no ml_dtypes loaded)."""
+    @uses_ml_dtypes.setter
+    def uses_ml_dtypes(self, value: bool) -> None: ...
+    def array_dtype(self, code: str) -> np.dtype[Any]:
+        """The NumPy dtype of this reader's arrays of header dtype `code`:
+        ``fastst.numpy_dtype(code)``, or its bits where `uses_ml_dtypes` is False.
+
+        Raises
+        ------
+        SafetensorError
+            When `code` is not a dtype of the format.
+        """
     def __len__(self) -> int: ...
     def __contains__(self, name: object, /) -> bool: ...
     def __iter__(self) -> Iterator[str]: ...

@@ -75,42 +75,62 @@ cdef inline int _code_of(const char* text, Py_ssize_t length) noexcept nogil:
     return -1
 
 
-# Filled on first open or write, so that `import fastst` does not pay for importing
-# ml_dtypes (and reads never import while they run).
-cdef tuple _NUMPY_DTYPES = None      # code -> the NumPy dtype its tensors surface as
-cdef dict _CODE_OF_NUMPY_NAME = None  # NumPy dtype name -> code, for writing
-
-
-cdef inline tuple _numpy_dtypes():
-    if _NUMPY_DTYPES is None:
-        _load_dtype_tables()
-    return _NUMPY_DTYPES
-
-
-cdef _load_dtype_tables():
-    global _NUMPY_DTYPES, _CODE_OF_NUMPY_NAME
-    import ml_dtypes
-    dtypes = tuple([_numpy_dtype_named(ml_dtypes, row.numpy) for row in DTYPES])
-    # Sub-byte codes have no NumPy dtype of their own (they surface as packed uint8),
-    # so they cannot be written from NumPy.
-    _CODE_OF_NUMPY_NAME = {
-        dt.name: code for code, dt in enumerate(dtypes) if BITS[code] >= 8}
-    _NUMPY_DTYPES = dtypes
-
-
-cdef object _numpy_dtype_named(object ml_dtypes, str name):
-    extension = getattr(ml_dtypes, name, None)
-    if extension is not None:
-        return np.dtype(extension)
-    # The format is little-endian. Spelled "<f4" rather than made with newbyteorder,
-    # NumPy hands back its own shared dtype object, which arrays are faster to make from.
+cdef object _little_endian(str name):
+    # Spelled "<f4" rather than made with newbyteorder, NumPy hands back its own
+    # shared dtype object, which arrays are faster to make from.
     return np.dtype("<" + np.dtype(name).str[1:])
+
+
+# The dtypes NumPy lacks (bfloat16, float8) come from ml_dtypes, whose import takes
+# over a second: it is paid only where such arrays are handed out as NumPy's. Their
+# rows stay None until then; a NumPy-facing reader fills them when it opens a file
+# that holds one (so that reads never import while they run), a writer when it meets
+# one. A reader that leaves them out hands out their bits: the unsigned integer of
+# their width.
+cdef bint[MAX_CODES] FROM_ML_DTYPES
+cdef bint ML_DTYPES_LOADED = False
+cdef list _NUMPY_DTYPES = []      # code -> the NumPy dtype its tensors surface as
+cdef list _BITS_DTYPES = []       # code -> the same, or its bits where ml_dtypes has it
+
+
+cdef _fill_numpy_tables():
+    for code, row in enumerate(DTYPES):
+        FROM_ML_DTYPES[code] = not hasattr(np, row.numpy)
+        native = None if FROM_ML_DTYPES[code] else _little_endian(row.numpy)
+        _NUMPY_DTYPES.append(native)
+        _BITS_DTYPES.append(native if native is not None else
+                            _little_endian(f"uint{row.bits}"))
+
+
+_fill_numpy_tables()
+# NumPy dtype name -> code, for writing. Sub-byte codes have no NumPy dtype of their
+# own (they surface as packed uint8), so they cannot be written from NumPy.
+cdef dict _CODE_OF_NUMPY_NAME = {
+    row.numpy: code for code, row in enumerate(DTYPES) if row.bits >= 8}
+
+
+cdef object _numpy_dtype_of(int code):
+    """The NumPy dtype of code's tensors, importing ml_dtypes for the rows it has."""
+    dtype = _NUMPY_DTYPES[code]
+    if dtype is None:
+        _load_ml_dtypes()
+        dtype = _NUMPY_DTYPES[code]
+    return dtype
+
+
+cdef _load_ml_dtypes():
+    global ML_DTYPES_LOADED
+    import ml_dtypes
+    for code, row in enumerate(DTYPES):
+        if FROM_ML_DTYPES[code]:
+            _NUMPY_DTYPES[code] = np.dtype(getattr(ml_dtypes, row.numpy))
+    ML_DTYPES_LOADED = True
 
 
 def numpy_dtype(str code):
     """The NumPy dtype that tensors of header dtype `code` surface as."""
     try:
-        return _numpy_dtypes()[_CODE_OF_NAME[code]]
+        return _numpy_dtype_of(_CODE_OF_NAME[code])
     except KeyError:
         raise SafetensorError(f"unknown dtype {_shown(code)}") from None
 

@@ -937,12 +937,21 @@ def _reopened(source: Source, seen: Identity, header_size: int, framework: str, 
     """A pickled handle, unpickled: its Source opened again, as before. A file that
     is not the one pickled (replaced, rewritten, resized) is refused."""
     convert = None if framework in NUMPY_FRAMEWORKS else framework_converter(framework, device)
-    reader = (reader_class or NumpyHandle)()
+    reader = _reader_for(convert, reader_class or NumpyHandle)
     # the header's length is known: a longer one is not the same file
     source.reopen(reader, seen, max_header_size=header_size, what="file",
                   since="the handle was pickled", remedy="open it again to read the new file")
     reader.origin = source
     return reader if convert is None else FrameworkHandle(reader, convert, (framework, device))
+
+
+def _reader_for(convert: Optional[Converter[Any]], reader_class: type,
+                uses_ml_dtypes: bool = True) -> NumpyHandle:
+    """A reader, not open yet, for `convert`: one whose bfloat16 and float8 tensors
+    come as their bits where the converter, or the caller, needs no ml_dtypes."""
+    reader: NumpyHandle = reader_class()
+    reader.uses_ml_dtypes = uses_ml_dtypes and getattr(convert, "uses_ml_dtypes", True)
+    return reader
 
 
 def _naming_the_file(convert: Converter[T], source: str) -> Converter[T]:
@@ -1183,26 +1192,30 @@ class VerifyingHandle(NumpyHandle):
 @overload
 def open_handle(source: Source, convert: None = None, *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-                opened_as: Optional[Tuple[str, Any]] = None) -> NumpyHandle: ...
+                opened_as: Optional[Tuple[str, Any]] = None,
+                uses_ml_dtypes: bool = True) -> NumpyHandle: ...
 @overload
 def open_handle(source: Source, convert: Converter[T], *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-                opened_as: Optional[Tuple[str, Any]] = None) -> FrameworkHandle[T]: ...
+                opened_as: Optional[Tuple[str, Any]] = None,
+                uses_ml_dtypes: bool = True) -> FrameworkHandle[T]: ...
 @overload
 def open_handle(source: Source, convert: Optional[Converter[Any]], *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-                opened_as: Optional[Tuple[str, Any]] = None
+                opened_as: Optional[Tuple[str, Any]] = None, uses_ml_dtypes: bool = True
                 ) -> Union[NumpyHandle, FrameworkHandle[Any]]: ...
 def open_handle(source: Source, convert: Optional[Converter[Any]] = None, *,
                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
-                opened_as: Optional[Tuple[str, Any]] = None
+                opened_as: Optional[Tuple[str, Any]] = None, uses_ml_dtypes: bool = True
                 ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
     """One safetensors file where `source` says, its tensors passed through
     `convert` (a framework's converter, see ``fastst._adapters``) or NumPy arrays
     when it is None; with `verify`, each tensor's checksum is checked on its first
     read. `opened_as`, the (framework, device) `convert` is for, lets a
-    FrameworkHandle pickle."""
-    reader = VerifyingHandle() if verify else NumpyHandle()
+    FrameworkHandle pickle. Without `uses_ml_dtypes` (for a caller that reads the
+    header, or bytes), NumPy arrays of bfloat16 and float8 tensors come as their
+    bits (see ``Reader.uses_ml_dtypes``)."""
+    reader = _reader_for(convert, VerifyingHandle if verify else NumpyHandle, uses_ml_dtypes)
     source.open(reader, max_header_size=max_header_size)
     reader.origin = source
     return reader if convert is None else FrameworkHandle(reader, convert, opened_as)

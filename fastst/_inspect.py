@@ -13,10 +13,9 @@ import stat
 import struct
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._api import safe_open
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
 from ._source import as_source
-from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path
+from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path, open_checkpoint
 from .convert import CONVERTIBLE_HEAD_BYTES, convertible_kind
 
 __all__ = ["describe", "describe_checkpoint", "diagnose", "explain", "format_table",
@@ -89,7 +88,7 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
     """
     if is_checkpoint_path(path):
         return describe_checkpoint(path, max_header_size)
-    with safe_open(path, max_header_size=max_header_size) as reader:
+    with open_checkpoint(path, max_header_size=max_header_size, uses_ml_dtypes=False) as reader:
         tensors = []
         for name in reader.offset_keys():
             info = reader.info(name)
@@ -117,7 +116,7 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
     """What `fastst inspect` reports about the sharded checkpoint at `path`: every
     tensor with its shard, each shard, the totals and the index's metadata. A
     directory holding one unsharded file gets that file's `describe()`."""
-    with safe_open(path, framework="np", max_header_size=max_header_size) as handle:
+    with open_checkpoint(path, max_header_size=max_header_size, uses_ml_dtypes=False) as handle:
         if not isinstance(handle, ShardedHandle):
             return describe(handle.source, max_header_size)
         # in the order of the files, not of the index (which lists tensors by name)

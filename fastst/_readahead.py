@@ -18,7 +18,7 @@ from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Sequ
 
 import numpy as np
 
-from ._core import SafetensorError, numpy_dtype
+from ._core import SafetensorError
 
 T = TypeVar("T")
 
@@ -112,7 +112,7 @@ def _read_batch(batch: List[Tuple[Step, int]]) -> List[Tuple[str, Any]]:
         info = reader.info(name)
         if info.array_shape is None:
             reader.get_tensor(name)     # raises the error that says why
-        arrays[name] = np.empty(info.array_shape, numpy_dtype(info.dtype))
+        arrays[name] = np.empty(info.array_shape, reader.array_dtype(info.dtype))
     reader.read_into(arrays)
     return list(arrays.items())
 

@@ -36,11 +36,54 @@ cdef class Reader:
     cdef object identity         # ranges: what the opener says names this version of the file
     cdef object first_piece_lock # cache_rows: held while the first 2 MiB piece is prepared
     cdef bint first_piece_ready  # cache_rows: the first piece was prepared (see there)
+    cdef list dtypes             # code -> the dtype of its arrays (see uses_ml_dtypes)
+    cdef bint leaves_ml_dtypes
     cdef readonly str source
 
     def __cinit__(self):
         self.fd = -1
         self.is_closed = True
+        self.dtypes = _NUMPY_DTYPES
+
+    @property
+    def uses_ml_dtypes(self):
+        """Whether bfloat16 and float8 tensors come as ml_dtypes arrays (else as
+        their bits, unsigned integers of their width)."""
+        return not self.leaves_ml_dtypes
+
+    @uses_ml_dtypes.setter
+    def uses_ml_dtypes(self, bint value):
+        self.leaves_ml_dtypes = not value
+        if self.header is not None:
+            self._ready_dtypes()
+
+    cdef _ready_dtypes(self):
+        """Take the dtypes of the file's arrays, importing ml_dtypes now if they need
+        it: reads must not import (nor need a free file descriptor)."""
+        if self.leaves_ml_dtypes:
+            self.dtypes = _BITS_DTYPES
+            return
+        self.dtypes = _NUMPY_DTYPES
+        if ML_DTYPES_LOADED:
+            return
+        cdef _Header h = self.header
+        cdef Py_ssize_t i
+        for i in range(h.n):
+            if FROM_ML_DTYPES[h.entries[i].code]:
+                _load_ml_dtypes()
+                return
+
+    cdef inline object _dtype_of(self, int code):
+        dtype = self.dtypes[code]
+        # None only for a code the file does not hold (open readied the others)
+        return dtype if dtype is not None else _numpy_dtype_of(code)
+
+    def array_dtype(self, str code):
+        """The NumPy dtype of this reader's arrays of header dtype `code`."""
+        try:
+            return self._dtype_of(_CODE_OF_NAME[code])
+        except KeyError:
+            raise SafetensorError(f"unknown dtype {_shown(code)}") from None
 
     def open_file(self, filename, backend="mmap", *,
                   max_header_size=DEFAULT_MAX_HEADER_SIZE):
@@ -48,8 +91,6 @@ cdef class Reader:
         if not (type(backend) is str and backend in ("mmap", "pread")):
             raise SafetensorError(f"backend must be 'mmap' or 'pread', got {_shown(backend)}")
         cdef bint use_pread = backend == "pread"
-        # Imported now: reads must not need a free file descriptor.
-        _numpy_dtypes()
         if use_pread:
             import threading    # large pread copies share the work among threads
         path = os.fspath(filename)
@@ -90,6 +131,7 @@ cdef class Reader:
         if <uint64_t>len(header) != n:
             _fail(self.source, "file was truncated while its header was read")
         self.header = parse_header(header, self.source, size - start)
+        self._ready_dtypes()
         self.data_offset = start
         os.set_blocking(fd, True)
         if not use_pread:
@@ -108,7 +150,6 @@ cdef class Reader:
     def open_buffer(self, data, *, max_header_size=DEFAULT_MAX_HEADER_SIZE,
                     str source="<buffer>"):
         cdef uint64_t max_header = _checked_limit(max_header_size)
-        _numpy_dtypes()
         cdef _BufferOwner owner = _hold_buffer(data)
         self.source = source
         cdef const uint8_t* p = <const uint8_t*>owner.view.buf
@@ -117,6 +158,7 @@ cdef class Reader:
         n, start = _split_prefix(source, p, size, size, max_header)
         header = PyBytes_FromStringAndSize(<const char*>p + 8, n)
         self.header = parse_header(header, source, size - start)
+        self._ready_dtypes()
         self.data_offset = start
         self.kind = BACKEND_BUFFER
         self.owner = owner
@@ -143,7 +185,6 @@ cdef class Reader:
             raise SafetensorTypeError(f"fetch must be callable, got {type(fetch).__name__}")
         if type(size) is not int or not 0 <= size <= UINT64_MAX:
             raise SafetensorError(f"{source}: size must be an integer >= 0, got {_shown(size)}")
-        _numpy_dtypes()
         self.source = source
         cdef uint64_t n, start
         head = self._fetch_one(fetch, 0, min(size, HEAD_BYTES), "the header")
@@ -362,7 +403,7 @@ cdef class Reader:
                                f"nonzero product in bytes stays below 2**63)")
         if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
             return self._pread_array(i)
-        descr = _numpy_dtypes()[entry.code]
+        descr = self._dtype_of(entry.code)
         # A local reference: another thread's close() cannot unmap the memory under us.
         owner = self.owner
         if owner is None:
@@ -631,7 +672,7 @@ cdef class Reader:
         """A fresh array of tensor i's dtype and ndim, with the given dims."""
         cdef _Header h = self.header
         cdef Entry* entry = &h.entries[i]
-        descr = _numpy_dtypes()[entry.code]
+        descr = self._dtype_of(entry.code)
         Py_INCREF(descr)
         try:
             return _fresh_array(entry.np_ndim, dims, descr)
@@ -704,7 +745,7 @@ cdef class Reader:
             out = self._empty_with(i, dims)
         else:
             shape = tuple([dims[k] for k in range(entry.np_ndim)])
-            _checked_out(self.source, name, out, (shape, _numpy_dtypes()[entry.code]))
+            _checked_out(self.source, name, out, (shape, self._dtype_of(entry.code)))
         cdef uint64_t row_bytes = _row_bytes(entry, count)
         cdef uint64_t start = self.data_offset + entry.begin
         if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
@@ -848,7 +889,7 @@ cdef class Reader:
         shape = self._numpy_shape(i)
         if shape is None:
             self._array(i)   # raises the error that says why
-        return shape, _numpy_dtypes()[self.header.entries[i].code]
+        return shape, self._dtype_of(self.header.entries[i].code)
 
     cdef object _numpy_shape(self, Py_ssize_t i):
         """The shape of tensor i's NumPy array (packed for sub-byte dtypes), or None

@@ -144,6 +144,12 @@ class SafeSlice(Generic[T]):
         """The NumPy dtype the tensor loads as (``uint8`` for packed sub-byte codes)."""
         return numpy_dtype(self._info.dtype)
 
+    def _array_dtype(self) -> np.dtype[Any]:
+        """The dtype of the reader's arrays of the tensor: `dtype`, or its bits where
+        the reader leaves ml_dtypes out (see ``Reader.uses_ml_dtypes``)."""
+        dtype: np.dtype[Any] = self._reader.array_dtype(self._info.dtype)
+        return dtype
+
     def __len__(self) -> int:
         if not self._info.shape:
             raise TypeError("len() of a 0-d tensor")
@@ -199,7 +205,8 @@ class SafeSlice(Generic[T]):
         found = box_of_index(index, shape)
         if found is not None:
             box, local_index = found
-            read = widened(box, shape, self.dtype.itemsize, join_gap(self._reader.backend))
+            read = widened(box, shape, self._array_dtype().itemsize,
+                           join_gap(self._reader.backend))
             if any(span != (0, n) for span, n in zip(read[1:], shape[1:])):
                 boxed = self._read_box(read, shape)[within(box, read)]
                 return boxed[local_index]  # type: ignore[no-any-return]
@@ -213,8 +220,9 @@ class SafeSlice(Generic[T]):
 
     def _read_box(self, box: Box, shape: Tuple[int, ...]) -> npt.NDArray[Any]:
         """The bytes of `box`, and only those, read into a fresh array of its shape."""
-        offsets, length = runs_of(box, shape, self.dtype.itemsize)
-        out = np.empty(shape_of(box), self.dtype)
+        dtype = self._array_dtype()
+        offsets, length = runs_of(box, shape, dtype.itemsize)
+        out = np.empty(shape_of(box), dtype)
         read = getattr(self._reader, "read_runs", None)   # a handle's (it may verify first)
         if read is None:
             return read_runs(self._reader, self._name, offsets, length, out)
@@ -236,7 +244,7 @@ class SafeSlice(Generic[T]):
 
     def _row_bytes(self) -> int:
         shape = self._info.array_shape or ()
-        return int(np.prod(shape[1:], dtype=object)) * self.dtype.itemsize
+        return int(np.prod(shape[1:], dtype=object)) * self._array_dtype().itemsize
 
     def __repr__(self) -> str:
         return f"<fastst.SafeSlice {self._name!r} {self._info.dtype} {self._info.shape}>"

@@ -11,7 +11,7 @@ from typing import Any, Iterable, List, Mapping, Sequence, Tuple, Union
 import numpy as np
 
 from ._adapters import tensor_adapter
-from ._core import SafetensorTypeError, WriteSpec, spec_of_array
+from ._core import DTYPES, SafetensorTypeError, WriteSpec, spec_of_array
 from ._torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
 
 __all__ = ["Declared", "as_array", "declared_specs", "is_tensor", "spec_of", "specs_of"]
@@ -19,6 +19,8 @@ __all__ = ["Declared", "as_array", "declared_specs", "is_tensor", "spec_of", "sp
 # every tensor of a file, declared as a mapping name -> (dtype, shape), or as
 # (name, dtype, shape) triples
 Declared = Union[Mapping[str, Tuple[Any, Sequence[int]]], Iterable[Tuple[str, Any, Sequence[int]]]]
+# NumPy dtype name -> header code: NumPy knows ml_dtypes' names only once it is imported
+CODE_OF_NUMPY_NAME = {row.numpy: row.code for row in DTYPES if row.bits >= 8}
 
 
 def spec_of(name: str, value: Any) -> WriteSpec:
@@ -107,6 +109,8 @@ def _code_and_shape(name: Any, dtype: Any, shape: Any) -> Tuple[str, Any]:
     """The header code and shape a declared dtype stands for."""
     if isinstance(dtype, str) and dtype.isupper():
         return dtype, shape    # header codes are upper case; plan_write says if it is unknown
+    if isinstance(dtype, str) and dtype in CODE_OF_NUMPY_NAME:
+        return CODE_OF_NUMPY_NAME[dtype], shape
     text = str(dtype)
     if text.startswith("torch."):
         code = CODE_OF_TORCH_NAME.get(text[len("torch."):])

@@ -18,11 +18,11 @@ import torch
 
 from ._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
                     TensorInfo, WriteSpec, numpy_dtype)
-from ._torch_dtypes import (NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER, codes_of_ml_dtypes,
+from ._torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER,
                             codes_of_torch, same_width_torch, torch_dtype)
 
-__all__ = ["TorchCpuConverter", "TorchCudaConverter", "as_numpy", "converter", "is_tensor",
-           "spec_of_tensor", "target_device", "tensor_of"]
+__all__ = ["TorchCpuConverter", "TorchCudaConverter", "TorchDeviceConverter", "as_numpy",
+           "converter", "is_tensor", "spec_of_tensor", "target_device", "tensor_of"]
 
 
 def converter(device: Any = "cpu"
@@ -71,16 +71,16 @@ def converter(device: Any = "cpu"
         return TorchCpuConverter()
     if target.type == "cuda":
         return TorchCudaConverter(target)
-
-    def convert(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
-        return tensor_of(array, name, info).to(target)
-
-    return convert
+    return TorchDeviceConverter(target)
 
 
 class TorchCpuConverter:
     """The converter to CPU torch tensors, each viewing its array's memory; with
     ``convert_file``, every tensor of an open file at once."""
+
+    # bfloat16 and float8 come as their bits, which torch views as its own dtypes:
+    # reading them into torch needs no ml_dtypes
+    uses_ml_dtypes = False
 
     def __call__(self, array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
         return tensor_of(array, name, info)
@@ -113,10 +113,25 @@ def torch_takes_as_is() -> FrozenSet[np.dtype]:
     return frozenset(np.dtype(name) for name in NUMPY_VIEWS_TORCH if name != "uint8")
 
 
+class TorchDeviceConverter:
+    """The converter to torch tensors on a device other than the CPU and CUDA: each
+    CPU tensor moved there with ``.to``."""
+
+    uses_ml_dtypes = False
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
+        return tensor_of(array, name, info).to(self.device)
+
+
 class TorchCudaConverter:
     """The converter to torch tensors on a CUDA device: one tensor through the pinned ring
     (large ones; small ones with ``.to``), or, with ``convert_file``, every
     tensor of an open file through one ring (see ``fastst._cuda``)."""
+
+    uses_ml_dtypes = False
 
     def __init__(self, device: torch.device) -> None:
         from . import _cuda   # only when CUDA is asked for
@@ -136,13 +151,14 @@ class TorchCudaConverter:
 
 def tensor_of(array: npt.NDArray[Any], name: str, info: TensorInfo) -> torch.Tensor:
     """The CPU tensor of fastst's NumPy array for tensor `name` (described by
-    `info`), viewing its memory."""
+    `info`), viewing its memory. A bfloat16 or float8 array may be ml_dtypes' or
+    hold the bits (see ``Reader.uses_ml_dtypes``): either is viewed the same way."""
     if not array.flags.behaved or (array.ndim and min(array.strides) < 0):
         array = np.array(array, order="C")   # torch wants writable, aligned, forward strides
-    code = codes_of_ml_dtypes().get(array.dtype)
-    if code is not None:
+    if info.dtype in FROM_ML_DTYPES:
         integer = np.dtype(SAME_WIDTH_INTEGER[array.dtype.itemsize])
-        return torch.from_numpy(array.view(integer)).view(torch_dtype(code, f"tensor {name!r}"))
+        return torch.from_numpy(array.view(integer)).view(
+            torch_dtype(info.dtype, f"tensor {name!r}"))
     if array.dtype == np.uint8 and info.dtype in PACKED_PAIRS:
         if info.array_shape is None or len(info.array_shape) != len(info.shape):
             raise SafetensorError(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, Optional
 
 import numpy as np
 
-from ._core import DTYPES, SafetensorError, numpy_dtype
+from ._core import DTYPES, SafetensorError
 
 if TYPE_CHECKING:
     import torch  # type: ignore[import-not-found, unused-ignore]
@@ -30,11 +30,10 @@ NUMPY_VIEWS_TORCH = frozenset({"bool", "uint8", "int8", "int16", "float16", "int
                                "float32", "complex64", "float64", "int64"})
 
 
-@functools.lru_cache(maxsize=None)
-def codes_of_ml_dtypes() -> Dict[np.dtype, str]:
-    """NumPy dtypes that ml_dtypes adds (bfloat16, float8), which torch cannot take
-    from NumPy -> their header code. (Made on first use: ml_dtypes loads then.)"""
-    return {numpy_dtype(row.code): row.code for row in DTYPES if not hasattr(np, row.numpy)}
+# codes whose NumPy dtype ml_dtypes adds (bfloat16, float8): torch takes such arrays,
+# and their bits, only through a same-width integer
+FROM_ML_DTYPES: FrozenSet[str] = frozenset(row.code for row in DTYPES
+                                           if not hasattr(np, row.numpy))
 
 
 @functools.lru_cache(maxsize=None)

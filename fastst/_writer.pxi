@@ -10,7 +10,6 @@ The data's dtype need not be the code's: torch float4 comes as packed uint8."""
 
 cdef int _code_for_array(str name, object array) except -1:
     dtype = array.dtype
-    _numpy_dtypes()
     code = _CODE_OF_NUMPY_NAME.get(dtype.name)
     if code is None or dtype.fields is not None:
         if dtype.hasobject:
@@ -177,9 +176,11 @@ cdef object _array_shape(_Header h, Entry* entry):
 
 
 cdef _check_piece_dtype(str target, object name, int code, object dtype):
-    expected = _numpy_dtypes()[code]
-    if dtype == expected or (dtype.byteorder == ">" and dtype.newbyteorder("<") == expected):
-        return
+    cdef str expected = DTYPES[code].numpy
+    if dtype.name == expected:   # so a piece of ml_dtypes' dtype has imported it already
+        wanted = _numpy_dtype_of(code)
+        if dtype == wanted or (dtype.byteorder == ">" and dtype.newbyteorder("<") == wanted):
+            return
     raise SafetensorTypeError(f"{target}: tensor {_shown(name)} is {DTYPE_CODES[code]}: its "
                               f"pieces must be {expected} arrays, got {dtype}")
 

@@ -783,7 +783,8 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
                     backend: str = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                     verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None,
                     shards_seen: Optional[Dict[str, Identity]] = None,
-                    storage_options: Optional[Mapping[str, Any]] = None
+                    storage_options: Optional[Mapping[str, Any]] = None,
+                    uses_ml_dtypes: bool = True
                     ) -> Union[NumpyHandle, FrameworkHandle[Any], ShardedHandle[Any]]:
     """Open a sharded checkpoint, a directory or an ``*.index.json``, as one handle.
 
@@ -814,6 +815,10 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
         changed since are refused.
     storage_options : dict, optional
         For a URL: the options of its fsspec file system.
+    uses_ml_dtypes : bool, default True
+        False for a caller that reads headers or bytes: NumPy arrays of
+        bfloat16 and float8 tensors then hold their bits (unsigned integers
+        of their width), and ml_dtypes is not imported.
 
     Returns
     -------
@@ -845,14 +850,14 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
         source = LocalFile(find_checkpoint(source.label), source.backend)
     if not is_index_name(source.name):
         return open_handle(source, convert, max_header_size=max_header_size, verify=verify,
-                           opened_as=opened_as)
+                           opened_as=opened_as, uses_ml_dtypes=uses_ml_dtypes)
     index = read_index(source, max_size=max_header_size)
     opening = None if opened_as is None else Opening(source, *opened_as, max_header_size,
                                                      verify)
 
     def open_shard(shard: Source) -> Shard:   # (framework, device): a shard's slices pickle
         return open_handle(shard, convert, max_header_size=max_header_size, verify=verify,
-                           opened_as=opened_as)
+                           opened_as=opened_as, uses_ml_dtypes=uses_ml_dtypes)
 
     kind = NumpyShardedHandle if convert is None else ShardedHandle
     return kind(index, source, open_shard, opening, shards_seen)

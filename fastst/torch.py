@@ -171,6 +171,7 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
     {'x': tensor([1.5000, 2.5000])}
     """
     reader = Reader()
+    reader.uses_ml_dtypes = False   # torch views the bits of bfloat16 and float8 as its own
     reader.open_buffer(data)
     convert = converter("cpu")
     return {name: convert(array, name, reader.info(name))

@@ -37,7 +37,7 @@ from .._index import (CheckpointIndex, commit_files, index_name, index_text, is_
 from .._source import LocalFile
 from ..checkpoint import ShardEntry, parse_size, split_into_shards
 from ._output import (DEFAULT_MAX_EXPANSION, OnPhase, OutputBudget, Reporter, StreamedFile,
-                      TensorToWrite, ready_to_verify, verify_written, write_declared)
+                      TensorToWrite, verify_written, write_declared)
 from ._torch import (declare, flatten, max_repeated_entries, tied_names,
                      training_checkpoint_note)
 from ._torch_files import LEGACY_MAGIC, LOCAL_HEADER, ZIP_ERRORS, open_torch_checkpoint
@@ -119,8 +119,6 @@ def _torch_file(source: str, dst: str, budget: OutputBudget, *, key: Optional[st
     start = time.perf_counter()
     report = Reporter(progress, on_phase)
     report.phase("reading")
-    if verify:
-        ready_to_verify()
     with open_torch_checkpoint(source) as checkpoint:
         tensors, state_metadata = flatten(
             checkpoint.tree, source, key, max_text=budget.left(),
@@ -271,8 +269,6 @@ def _numpy_file(source: str, dst: str, budget: OutputBudget, *, verify: bool = T
     start = time.perf_counter()
     report = Reporter(progress, on_phase)
     report.phase("reading")
-    if verify:
-        ready_to_verify()
     with declared_arrays(source) as declared:
         budget.spend(source, declared, None)
         write_declared(dst, declared, None, fsync=fsync, progress=report, align=align)

@@ -10,13 +10,12 @@ from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, 
 
 import numpy as np
 
-from .._api import safe_open
-from .._core import SafetensorError, numpy_dtype, plan_write
+from .._core import Reader, SafetensorError, plan_write
 from .._files import write_atomically
 from ._torch_files import ByteRange
 
 __all__ = ["TensorToWrite", "OutputBudget", "Reporter", "StreamedFile", "write_declared",
-           "ready_to_verify", "verify_written", "DEFAULT_MAX_EXPANSION", "EXPANSION_ALLOWANCE"]
+           "verify_written", "DEFAULT_MAX_EXPANSION", "EXPANSION_ALLOWANCE"]
 
 Progress = Optional[Callable[[int], None]]
 OnPhase = Optional[Callable[[str], None]]
@@ -147,14 +146,6 @@ def write_declared(filename: str, tensors: Sequence[TensorToWrite],
     write_atomically(StreamedFile(tensors, metadata, progress, align), filename, fsync=fsync)
 
 
-def ready_to_verify() -> None:
-    """Load what reading the output back needs before any byte is written: the
-    first file opened loads the dtype tables (importing ml_dtypes, which takes a
-    second or more), and would otherwise stall the progress between the writing
-    and the verifying."""
-    numpy_dtype("F32")
-
-
 def verify_written(filename: str, tensors: Sequence[TensorToWrite], progress: Reporter,
                    label: Optional[str] = None) -> None:
     """Read every tensor of `filename` back and compare it, chunk by chunk, with
@@ -163,11 +154,16 @@ def verify_written(filename: str, tensors: Sequence[TensorToWrite], progress: Re
     Memory: two chunks (or one strided tensor and a chunk)."""
     progress.phase("verifying")
     label = label or filename
-    with safe_open(filename, backend="pread") as reader:
+    reader = Reader()
+    reader.uses_ml_dtypes = False     # only the header is read here: no array is made
+    reader.open_file(filename, "pread")
+    try:
         if set(reader.keys()) != {tensor.name for tensor in tensors}:
             raise SafetensorError(f"{label}: does not hold the tensors written to it")
         starts = {tensor.name: reader.data_start + reader.info(tensor.name).data_offsets[0]
                   for tensor in tensors}
+    finally:
+        reader.close()
     buffer = np.empty(0, np.uint8)
     with open(filename, "rb", buffering=0) as written:
         whole_file = ByteRange(written.fileno(), 0, os.fstat(written.fileno()).st_size,

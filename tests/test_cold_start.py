@@ -1,0 +1,140 @@
+"""What a fresh process imports for its first call. ml_dtypes, over a second of CPU to
+import, loads only where an array of a dtype NumPy lacks (bfloat16, float8) is handed
+out as NumPy's: never for an F32 file, a save of NumPy's own dtypes, bfloat16 read
+into torch, a conversion, nor a look at a header."""
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fastst
+from conftest import modules_loaded_by
+from fastst._core import Reader
+
+
+@pytest.fixture
+def f32_file(tmp_path):
+    path = tmp_path / "f32.safetensors"
+    fastst.save_file({"x": np.arange(4, dtype=np.float32)}, path)
+    return path
+
+
+@pytest.fixture
+def wide_file(tmp_path):
+    """Tensors of two dtypes ml_dtypes adds, beside one NumPy has."""
+    path = tmp_path / "wide.safetensors"
+    fastst.save_file({"b": np.arange(6).astype(ml_dtypes.bfloat16).reshape(2, 3),
+                      "f": np.arange(4).astype(ml_dtypes.float8_e4m3fn),
+                      "i": np.arange(4, dtype=np.int32)}, path)
+    return path
+
+
+def run_python(code: str) -> str:
+    """Run `code` in a fresh interpreter; its stdout."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_first_load_of_an_f32_file_imports_no_ml_dtypes(f32_file):
+    assert modules_loaded_by(f"import fastst; fastst.load_file({str(f32_file)!r})",
+                             ["ml_dtypes"]) == []
+
+
+def test_a_save_of_numpy_dtypes_imports_no_ml_dtypes(tmp_path):
+    path = tmp_path / "saved.safetensors"
+    assert modules_loaded_by(
+        f"import fastst, numpy as np; "
+        f"fastst.save_file({{'x': np.ones(2, np.float32), 'm': np.ones(2, bool)}}, {str(path)!r}); "
+        f"fastst.save({{'y': np.arange(3)}})", ["ml_dtypes"]) == []
+
+
+def test_a_bfloat16_array_handed_out_as_numpy_imports_ml_dtypes(wide_file):
+    assert modules_loaded_by(
+        f"import fastst; array = fastst.load_file({str(wide_file)!r})['b']; "
+        f"assert array.dtype.name == 'bfloat16', array.dtype", ["ml_dtypes"]) == ["ml_dtypes"]
+
+
+@pytest.mark.needs("torch")
+def test_bfloat16_and_float8_read_into_torch_import_no_ml_dtypes(wide_file):
+    out = run_python(f"""
+        import sys, fastst, fastst.torch
+        path = {str(wide_file)!r}
+        loaded = fastst.torch.load_file(path)
+        with open(path, "rb") as file:
+            from_bytes = fastst.torch.load(file.read())
+        with fastst.safe_open(path, framework="pt", backend="pread") as f:
+            rows = f.get_slice("b")[:, 1:]
+            read_ahead = dict(f.iter_tensors())
+        print("ml_dtypes" in sys.modules)
+        print(loaded["b"].float().tolist(), from_bytes["f"].float().tolist())
+        print(rows.dtype, rows.float().tolist(), read_ahead["f"].dtype)
+    """)
+    assert out.splitlines() == [
+        "False", "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] [0.0, 1.0, 2.0, 3.0]",
+        "torch.bfloat16 [[1.0, 2.0], [4.0, 5.0]] torch.float8_e4m3fn"]
+
+
+def test_inspecting_files_imports_no_ml_dtypes(wide_file, tmp_path):
+    """`fastst inspect` of a file and of a sharded checkpoint, as text and JSON."""
+    folder = tmp_path / "sharded"
+    fastst.save_file(fastst.load_file(wide_file), folder, max_shard_size=16)
+    assert len(list(folder.glob("*.safetensors"))) > 1
+    out = run_python(f"""
+        import contextlib, io, sys
+        from fastst.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            statuses = [main(["inspect", {str(wide_file)!r}, {str(folder)!r}]),
+                        main(["inspect", "--json", {str(folder)!r}])]
+        print(statuses, "ml_dtypes" in sys.modules)
+    """)
+    assert out.split() == ["[0,", "0]", "False"]
+
+
+@pytest.mark.needs("torch")
+def test_converting_a_bfloat16_checkpoint_imports_no_ml_dtypes(tmp_path):
+    import torch
+
+    source, target = tmp_path / "model.pt", tmp_path / "model.safetensors"
+    torch.save({"w": torch.arange(6, dtype=torch.bfloat16)}, source)
+    assert modules_loaded_by(
+        f"from fastst.convert import torch_to_safetensors; "
+        f"torch_to_safetensors({str(source)!r}, {str(target)!r})", ["ml_dtypes"]) == []
+    assert fastst.load_file(target)["w"].astype(np.float32).tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_dtype_declared_by_its_numpy_name_needs_no_ml_dtypes_imported_first(tmp_path):
+    path = tmp_path / "declared.safetensors"
+    out = run_python(f"""
+        import sys
+        from fastst.writer import StreamWriter, declared_specs
+        print([spec.dtype for spec in declared_specs({{"b": ("bfloat16", [2]),
+                                                       "f": ("float8_e5m2", [1])}})])
+        print("ml_dtypes" in sys.modules)
+        with StreamWriter({str(path)!r}, {{"b": ("bfloat16", [2])}}) as writer:
+            writer.write_bytes("b", bytes([0x80, 0x3f, 0x00, 0x40]))
+    """)
+    assert out.splitlines() == ["['BF16', 'F8_E5M2']", "False"]
+    assert fastst.load_file(path)["b"].astype(np.float32).tolist() == [1.0, 2.0]
+
+
+def test_a_reader_leaving_ml_dtypes_out_hands_out_the_bits(wide_file):
+    reader = Reader()
+    reader.uses_ml_dtypes = False
+    reader.open_file(wide_file)
+    bits = reader.get_tensor("b")
+    assert (bits.dtype, reader.get_tensor("f").dtype, reader.get_tensor("i").dtype) == (
+        np.dtype("<u2"), np.dtype("u1"), np.dtype("<i4"))
+    assert reader.array_dtype("BF16") == np.dtype("<u2")
+    reader.uses_ml_dtypes = True
+    array = reader.get_tensor("b")
+    assert array.dtype == ml_dtypes.bfloat16 and reader.array_dtype("BF16") == array.dtype
+    assert bits.tobytes() == array.tobytes()
+    assert array.astype(np.float32).tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(fastst.SafetensorError, match="unknown dtype 'F7'"):
+        reader.array_dtype("F7")
+

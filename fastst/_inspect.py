@@ -5,7 +5,6 @@ read (``diagnose``). The command line and the demo print it.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -16,7 +15,6 @@ from typing import Any, Dict, List, Optional, Sequence
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
 from ._source import as_source
 from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path, open_checkpoint
-from .convert import CONVERTIBLE_HEAD_BYTES, convertible_kind
 
 __all__ = ["describe", "describe_checkpoint", "diagnose", "explain", "format_table",
            "human_size", "inspect_file", "json_lines", "printable", "render_checkpoint",
@@ -175,6 +173,8 @@ def render_checkpoint(info: Dict[str, Any]) -> List[str]:
                           [False, True, True])[2:]
     metadata = info["metadata"] or {}
     if metadata:
+        import json     # an index's metadata may hold more than text
+
         lines += ["", "metadata"]
         width = max(len(printable(key)) for key in metadata)
         for key, value in metadata.items():
@@ -189,6 +189,9 @@ def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optio
     the command that converts it, and a header over the limit is read by raising
     --max-header-size. None when the core's message says it all.
     """
+    # imported for a file that cannot be read: the converter's modules are many
+    from .convert import CONVERTIBLE_HEAD_BYTES, convertible_kind
+
     # O_NONBLOCK: a FIFO must not wait for a writer; only regular files are looked at.
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
         status = os.fstat(fh.fileno())
@@ -257,6 +260,8 @@ def render_inspect(info: Dict[str, Any]) -> List[str]:
 def json_lines(report: Dict[str, Any]) -> List[str]:
     """A report of `describe()` (or an error report) as indented JSON, one line per
     tensor."""
+    import json     # for --json only
+
     lines = ["{"]
     for key, value in report.items():
         if key == "tensors" and value:

@@ -10,16 +10,18 @@ loading copies nothing; a tensor to write is viewed by NumPy the same way.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, FrozenSet, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from ._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
                     TensorInfo, WriteSpec, numpy_dtype)
 from ._torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER,
                             codes_of_torch, same_width_torch, torch_dtype)
+
+if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
+    import numpy.typing as npt
 
 __all__ = ["TorchCpuConverter", "TorchCudaConverter", "TorchDeviceConverter", "as_numpy",
            "converter", "is_tensor", "spec_of_tensor", "target_device", "tensor_of"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Hashable, Iterable, Iterator,
                     List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union)
 
@@ -686,6 +685,8 @@ class NumpyShardedHandle(ShardedHandle[Any]):
         small = [handle for shard, handle in shards if data_bytes(handle) < PARALLEL_BELOW]
         parts: Dict[int, Dict[str, Any]] = {}
         if len(small) > 1:
+            from concurrent.futures import ThreadPoolExecutor   # a first load needs none
+
             with ThreadPoolExecutor(min(len(small), usable_cpus())) as pool:
                 parts = dict(zip(map(id, small), pool.map(_copy_of, small)))
         tensors: Dict[str, Any] = {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, TextIO
@@ -11,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
 from ._inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
                        render_checkpoint, render_inspect)
+from ._limits import DEFAULT_MAX_EXPANSION
 from ._progress import byte_bar
 from ._version import __version__
 
@@ -161,6 +161,8 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
                for path in args.paths]
     _explain_unread_files(reports, args.max_header_size)
     if args.json:
+        import json
+
         out.write(json.dumps(reports, indent=2) + "\n")
     else:
         out.write("".join(line + "\n" for report in reports for line in report_lines(report)))
@@ -180,7 +182,6 @@ def _explain_unread_files(reports: Sequence[Dict[str, Any]], max_header_size: in
 # ---------------------------------------------------------------------------
 
 def _add_convert(commands: Any) -> None:
-    from .convert import DEFAULT_MAX_EXPANSION     # light: numpy and the writer, loaded already
     convert = commands.add_parser(
         "convert", help="convert PyTorch checkpoints and .npy/.npz files to safetensors",
         description="Convert a torch.save checkpoint (.bin, .pt, .pth: zip or legacy "

@@ -138,3 +138,28 @@ def test_a_reader_leaving_ml_dtypes_out_hands_out_the_bits(wide_file):
     with pytest.raises(fastst.SafetensorError, match="unknown dtype 'F7'"):
         reader.array_dtype("F7")
 
+
+@pytest.mark.needs("torch")
+def test_a_first_torch_load_imports_nothing_beyond_torch_but_fastst(wide_file):
+    out = run_python(f"""
+        import sys, torch
+        before = set(sys.modules)
+        import fastst.torch
+        fastst.torch.load_file({str(wide_file)!r})
+        print(sorted(name for name in set(sys.modules) - before
+                     if not name.startswith(("fastst", "_cython", "cython"))))
+    """)
+    assert out.strip() == "[]"
+
+
+def test_inspecting_a_file_imports_neither_the_converter_nor_a_thread_pool(wide_file):
+    """Nor json (a file's report is text), which a first inspect paid for."""
+    out = run_python(f"""
+        import contextlib, io, sys
+        from fastst.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            status = main(["inspect", {str(wide_file)!r}])
+        print(status, sorted(name for name in ("fastst.convert", "zipfile", "concurrent.futures",
+                                               "logging", "json") if name in sys.modules))
+    """)
+    assert out.strip() == "0 []"

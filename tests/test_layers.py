@@ -15,7 +15,8 @@ LAYERS = [
     # core
     "_core",
     # facts
-    "_version", "_progress", "_blocks", "_slicing", "_files", "_checksums", "_torch_dtypes",
+    "_version", "_limits", "_progress", "_blocks", "_slicing", "_files", "_checksums",
+    "_torch_dtypes",
     # where bytes are
     "_ranged", "_http", "remote", "_source", "_readahead",
     # formats

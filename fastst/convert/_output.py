@@ -12,6 +12,7 @@ import numpy as np
 
 from .._core import Reader, SafetensorError, plan_write
 from .._files import write_atomically
+from .._limits import DEFAULT_MAX_EXPANSION, EXPANSION_ALLOWANCE
 from ._torch_files import ByteRange
 
 __all__ = ["TensorToWrite", "OutputBudget", "Reporter", "StreamedFile", "write_declared",
@@ -19,12 +20,6 @@ __all__ = ["TensorToWrite", "OutputBudget", "Reporter", "StreamedFile", "write_d
 
 Progress = Optional[Callable[[int], None]]
 OnPhase = Optional[Callable[[str], None]]
-# A conversion writes at most DEFAULT_MAX_EXPANSION times the bytes of its input,
-# plus EXPANSION_ALLOWANCE: a torch checkpoint converts to about its own size
-# (more only where views of one storage, or tied weights in a nest, are each
-# written out), and an .npz of real weights is compressed far less than 8 times.
-DEFAULT_MAX_EXPANSION = 8.0
-EXPANSION_ALLOWANCE = 16 << 20      # for tiny checkpoints, whose header alone can be larger
 HEADER_ENTRY_BYTES = 64             # about what a tensor adds to the header, past its name
 
 

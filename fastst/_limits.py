@@ -1,0 +1,10 @@
+"""How much a conversion may write: the converter's bound, here so that the command line
+shows it without importing the converter (whose modules are many).
+
+A conversion writes at most DEFAULT_MAX_EXPANSION times the bytes of its input, plus
+EXPANSION_ALLOWANCE: a torch checkpoint converts to about its own size (more only where
+views of one storage, or tied weights in a nest, are each written out), and an .npz of
+real weights is compressed far less than 8 times.
+"""
+DEFAULT_MAX_EXPANSION = 8.0
+EXPANSION_ALLOWANCE = 16 << 20      # for tiny checkpoints, whose header alone can be larger

@@ -172,7 +172,7 @@ class SafetensorIndexError(SafetensorError, IndexError):
     ...         f.get_slice("x")[5]
     ... except IndexError as error:
     ...     print(type(error).__name__, "-", error)
-    SafetensorIndexError - ...x.safetensors: tensor 'x': index 5 out of bounds for tensor dimension #0 of size 3
+    SafetensorIndexError - Error during slicing [5] with shape [3]: index 5 out of bounds for tensor dimension #0 of size 3 (tensor 'x' of ...x.safetensors)
     """
 
 class SafetensorTypeError(SafetensorError, TypeError):

@@ -84,13 +84,14 @@ class SafeSlice(Generic[T]):
     ...     x.shape, x.get_dtype(), x[::2, 1].tolist(), x[[3, 0]].tolist()
     ((4, 3), 'I64', [1, 7], [[9, 10, 11], [0, 1, 2]])
 
-    An index outside the tensor is an error, as in NumPy (worded as in the reference):
+    An index outside the tensor is an error, as in NumPy; the message starts with the
+    reference's:
 
     >>> with fastst.safe_open(path) as f:
     ...     f.get_slice("x")[4]
     Traceback (most recent call last):
       ...
-    fastst._core.SafetensorIndexError: ...: tensor 'x': index 4 out of bounds for tensor dimension #0 of size 4
+    fastst._core.SafetensorIndexError: Error during slicing [4] with shape [4, 3]: index 4 out of bounds for tensor dimension #0 of size 4 (tensor 'x' of ...model.safetensors)
     """
 
     def __init__(self, reader: Reader, name: str, convert: Optional[Converter[T]] = None,
@@ -162,8 +163,11 @@ class SafeSlice(Generic[T]):
             raise
         except (IndexError, ValueError) as error:   # NumPy's, for this index
             kind = SafetensorIndexError if isinstance(error, IndexError) else SafetensorError
-            raise kind(f"{self._reader.source}: tensor {self._name!r}: "
-                       f"{_in_reference_words(str(error))}") from None
+            words = _in_reference_words(str(error), index, self._info.shape)
+            if words is None:
+                raise kind(f"{self._reader.source}: tensor {self._name!r}: {error}") from None
+            # the reference's message first: code written for it compares the start
+            raise kind(f"{words} (tensor {self._name!r} of {self._reader.source})") from None
         if self._convert is None:
             return array  # type: ignore[return-value]  # T is the NumPy array here
         return self._convert(array, self._name, self._info)
@@ -385,15 +389,41 @@ NUMPY_OUT_OF_BOUNDS = re.compile(r"index (-?\d+) is out of bounds for axis (\d+)
 TOO_MANY_INDICES = "too many indices for array"
 
 
-def _in_reference_words(message: str) -> str:
-    """NumPy's message for an index that does not fit a tensor, as the reference
-    words it."""
+def _in_reference_words(message: str, index: Any, shape: List[int]) -> Optional[str]:
+    """NumPy's message for `index`, which does not fit a tensor of `shape`, as the
+    reference words it; None where the reference has no such message."""
     found = NUMPY_OUT_OF_BOUNDS.search(message)
     if found:
-        index, axis, size = found.groups()
-        if index.startswith("-"):
-            return f"Invalid index {index} for dimension {axis} of size {size}"
-        return f"index {index} out of bounds for tensor dimension #{axis} of size {size}"
+        position, axis, size = found.groups()
+        if position.startswith("-"):
+            return f"Invalid index {position} for dimension {axis} of size {size}"
+        words = f"index {position} out of bounds for tensor dimension #{axis} of size {size}"
+        written = _as_the_reference_writes(index, shape)
+        if written is None:
+            return words
+        return f"Error during slicing {written} with shape {list(shape)}: {words}"
     if message.startswith(TOO_MANY_INDICES):
         return f"more slicing indexes than dimensions in tensor ({message})"
-    return message
+    return None
+
+
+def _as_the_reference_writes(index: Any, shape: List[int]) -> Optional[str]:
+    """`index` as the reference writes it in its messages (``[2:, 20]``: integers
+    counted from the start, slices as ``start:stop``), where it is an index the
+    reference takes (integers, and slices of step 1 with no negative bound, at most
+    one a dimension); None otherwise."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if len(parts) > len(shape):
+        return None
+    written = []
+    for part, size in zip(parts, shape):
+        if isinstance(part, (int, np.integer)) and not isinstance(part, (bool, np.bool_)):
+            written.append(str(int(part) + size if part < 0 else int(part)))
+        elif (isinstance(part, slice) and part.step in (None, 1)
+              and all(bound is None or isinstance(bound, (int, np.integer)) and bound >= 0
+                      for bound in (part.start, part.stop))):
+            written.append(":".join("" if bound is None else str(int(bound))
+                                    for bound in (part.start, part.stop)))
+        else:
+            return None
+    return f"[{', '.join(written)}]"

@@ -11,9 +11,16 @@ refuses to run if `import fastst` finds the checkout instead. The Pythons must b
 PATH as python3.10 ... python3.13 (with pyenv:
 ``PATH=$(printf '%s/bin:' $(pyenv root)/versions/3.1[0-3].*)$PATH nox``). The whole
 suite, frameworks included, runs on one Python: the README's second command.
+
+    nox -s reference      # the reference's own tests through the switch
+
+fetches huggingface safetensors' Python tests at the tag of the release whose API
+fastst offers, installs that release beside fastst, and runs them with it and through
+the switch (tests/test_reference_suite.py).
 """
 import os
 import pathlib
+import shutil
 import tarfile
 import zipfile
 
@@ -23,6 +30,14 @@ ROOT = pathlib.Path(__file__).resolve().parent
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 # The oldest releases pyproject.toml's dependencies allow.
 OLDEST = ["numpy==2.0.0", "orjson==3.9.15", "ml_dtypes==0.5.0"]
+# Where `nox -s reference` fetches the reference's tests from: a git URL or folder.
+REFERENCE_REPOSITORY = os.environ.get("FASTST_REFERENCE_REPOSITORY",
+                                      "https://github.com/huggingface/safetensors")
+# What the reference's tests import beyond fastst's test-core extra: the `test`
+# extra's torch, flax for test_flax_comparison.py, TensorFlow and h5py for
+# test_tf_comparison.py. Not paddlepaddle: with paddlepaddle 3.3 beside torch and
+# TensorFlow, the reference's own run crashes in its test_paddle_comparison.py.
+REFERENCE_TEST_NEEDS = ["torch==2.13.0", "jax", "flax", "tensorflow-cpu", "h5py"]
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
@@ -63,6 +78,34 @@ def dist(session):
     check_contents(session, sdist, wheel)
     session.install(f"{wheel}[test-core]")
     run_core_tests(session)
+
+
+@nox.session(python="3.11")
+def reference(session):
+    """The reference's own tests with the reference, then through the switch: each
+    that passes with it must pass with fastst, or be listed, with why, in
+    tests/reference_differences.py."""
+    session.install(f"{ROOT}[test-core]", *REFERENCE_TEST_NEEDS)
+    version = session.run("python", "-c", "from fastst._switch import REFERENCE_VERSION; "
+                          "print(REFERENCE_VERSION)", silent=True).strip()
+    session.install(f"safetensors=={version}")
+    tests = fetch_reference_tests(session, f"v{version}")
+    with session.chdir(session.create_tmp()):
+        session.run("pytest", str(ROOT / "tests" / "test_reference_suite.py"),
+                    "-p", "no:cacheprovider", *session.posargs,
+                    env={"FASTST_TEST_INSTALLED": "1", "FASTST_REFERENCE_TESTS": str(tests)})
+
+
+def fetch_reference_tests(session, tag):
+    """The folder of the reference's Python tests at `tag`, fetched anew from
+    REFERENCE_REPOSITORY (that commit alone)."""
+    clone = pathlib.Path(session.create_tmp()).resolve() / "safetensors"
+    shutil.rmtree(clone, ignore_errors=True)
+    session.run("git", "init", "--quiet", str(clone), external=True)
+    session.run("git", "-C", str(clone), "fetch", "--quiet", "--depth", "1",
+                REFERENCE_REPOSITORY, f"refs/tags/{tag}", external=True)
+    session.run("git", "-C", str(clone), "checkout", "--quiet", "FETCH_HEAD", external=True)
+    return clone / "bindings" / "python" / "tests"
 
 
 def check_contents(session, sdist, wheel):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 try:
     import torch
@@ -28,7 +28,6 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("fastst.torch needs PyTorch: pip install torch") from error
 
 import numpy as np
-import numpy.typing as npt
 
 from ._api import safe_open
 from ._checksums import plan_with_checksums
@@ -40,6 +39,9 @@ from ._source import as_source
 from ._torch_adapter import bytes_of, converter, spec_of_tensor, target_device
 from ._torch_dtypes import torch_dtypes
 from .checkpoint import ShardEntry, save_checkpoint
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
            "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES", "safe_open",

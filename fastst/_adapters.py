@@ -133,7 +133,7 @@ def check_numpy_device(device: Any) -> None:
 
 def tensor_adapter(value: Any) -> Optional[ModuleType]:
     """The adapter that writes `value`, a framework's tensor (with ``spec_of_tensor``
-    and ``as_numpy``); None for anything else."""
+    and ``piece_of_tensor``); None for anything else."""
     load = TENSOR_PACKAGES.get(type(value).__module__.partition(".")[0])
     if load is None:
         return None

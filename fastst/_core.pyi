@@ -1005,14 +1005,17 @@ class WritePlan:
         """
     def write_rows(
         self, fd: int, name: str, first_row: int, array: npt.NDArray[Any],
-        target: str = "<file>"
+        target: str = "<file>", bits_of: str | None = None
     ) -> tuple[int, int]:
         """Write `array` as rows ``[first_row, first_row + len(array))`` of tensor
         `name`, at their place in the file open as `fd` (a ``pwrite``).
 
         The array's dtype must be the tensor's NumPy dtype (either byte order),
-        its rows of the tensor's row shape, every row within the tensor: all
-        checked before a byte is written.
+        or, with `bits_of` (the header code of a dtype NumPy lacks, whose bits
+        the array holds as integers of its width: a framework's bfloat16
+        tensor), that code must be the tensor's; its rows of the tensor's row
+        shape, every row within the tensor: all checked before a byte is
+        written.
 
         Returns
         -------

@@ -127,17 +127,19 @@ cdef _load_ml_dtypes():
     ML_DTYPES_LOADED = True
 
 
-def numpy_dtype(str code):
-    """The NumPy dtype that tensors of header dtype `code` surface as."""
+cdef int _code_of_name(str code) except -1:
+    """The code number of header dtype `code`."""
     try:
-        return _numpy_dtype_of(_CODE_OF_NAME[code])
+        return _CODE_OF_NAME[code]
     except KeyError:
         raise SafetensorError(f"unknown dtype {_shown(code)}") from None
+
+
+def numpy_dtype(str code):
+    """The NumPy dtype that tensors of header dtype `code` surface as."""
+    return _numpy_dtype_of(_code_of_name(code))
 
 
 def dtype_bits(str code):
     """Bits per element of header dtype `code`."""
-    try:
-        return BITS[_CODE_OF_NAME[code]]
-    except KeyError:
-        raise SafetensorError(f"unknown dtype {_shown(code)}") from None
+    return BITS[_code_of_name(code)]

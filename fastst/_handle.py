@@ -897,8 +897,9 @@ class FrameworkHandle(Generic[T]):
 def _pickled(reader: NumpyHandle, framework: str, device: Any) -> Tuple[Any, ...]:
     """How a handle pickles: the function that opens it again (``_reopened``) and its
     arguments: the Source, the version of the file read (its ``Identity``), the
-    header's length, the framework, the device, and the class of the reader (a
-    NumpyHandle, or a subclass such as one that verifies)."""
+    header's length, the framework, the device, the class of the reader (a
+    NumpyHandle, or a subclass such as one that verifies), and whether its arrays
+    of bfloat16 and float8 are ml_dtypes' (else their bits)."""
     if reader.closed:
         raise SafetensorError(f"{reader.source}: file is closed; a closed handle cannot be "
                               f"pickled")
@@ -906,7 +907,7 @@ def _pickled(reader: NumpyHandle, framework: str, device: Any) -> Tuple[Any, ...
     if seen is None:
         raise SafetensorTypeError(f"{reader.source}: {reader.origin.cannot_reopen()}")
     return (_reopened, (reader.origin, seen, reader.data_start - 8, framework, device,
-                        type(reader)))
+                        type(reader), reader.uses_ml_dtypes))
 
 
 def _names_to_read(reader: Any, names: Optional[Iterable[str]]) -> List[str]:
@@ -933,11 +934,12 @@ def _origin_of(reader: Reader) -> Source:
 
 
 def _reopened(source: Source, seen: Identity, header_size: int, framework: str, device: Any,
-              reader_class: type = None) -> Union[NumpyHandle, FrameworkHandle[Any]]:
+              reader_class: type = None, uses_ml_dtypes: bool = True
+              ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
     """A pickled handle, unpickled: its Source opened again, as before. A file that
     is not the one pickled (replaced, rewritten, resized) is refused."""
     convert = None if framework in NUMPY_FRAMEWORKS else framework_converter(framework, device)
-    reader = _reader_for(convert, reader_class or NumpyHandle)
+    reader = _reader_for(convert, reader_class or NumpyHandle, uses_ml_dtypes)
     # the header's length is known: a longer one is not the same file
     source.reopen(reader, seen, max_header_size=header_size, what="file",
                   since="the handle was pickled", remedy="open it again to read the new file")

@@ -15,14 +15,15 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Option
 
 import numpy as np
 
+from ._adapters import NUMPY_FRAMEWORKS, converter
 from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
-from ._api import safe_open
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
 from ._order import EpochRows
 from ._pipeline import Blocks, Pipeline
 from ._rowblocks import BlockEdges
 from ._source import Identity, LocalFile, as_source, identity_of
+from .checkpoint import open_checkpoint
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -195,10 +196,13 @@ class Loader:
         self.pin_memory = pin_memory
         if pin_memory:
             _check_pinned_memory()
-        self._dataset = _Dataset(source, self.names, backend, storage_options)
+        self._converter: Any = None if framework in NUMPY_FRAMEWORKS else converter(
+            framework, device)
+        # torch views the bits of bfloat16 and float8 as its own: no ml_dtypes
+        self._dataset = _Dataset(source, self.names, backend, storage_options,
+                                 getattr(self._converter, "uses_ml_dtypes", True))
         self.rows = self._dataset.rows
         self._epoch = self._batch = 0
-        self._converter: Any = None
         self._ring: Optional[List[Dict[str, Any]]] = None    # the buffers, between iterations
 
     # -- the order of an epoch ------------------------------------------------
@@ -317,10 +321,9 @@ class Loader:
         return dict(delivered[slot])
 
     def _converted(self, arrays: Dict[str, Any]) -> Dict[str, Any]:
-        if self.framework in ("np", "numpy"):
+        if self.framework in NUMPY_FRAMEWORKS:
             return arrays
-        if self._converter is None:
-            from ._adapters import converter
+        if self._converter is None:     # a pickled loader makes its converter again
             self._converter = converter(self.framework, self.device)
         return {name: self._converter(array, name, self._dataset.infos[name])
                 for name, array in arrays.items()}
@@ -509,7 +512,7 @@ class _Dataset:
     """The rows of tensors `names` of several files, numbered across them."""
 
     def __init__(self, source: Any, names: Tuple[str, ...], backend: Backend,
-                 storage_options: Optional[Dict[str, Any]]) -> None:
+                 storage_options: Optional[Dict[str, Any]], uses_ml_dtypes: bool) -> None:
         if not names or not all(isinstance(name, str) for name in names):
             raise SafetensorError(f"name at least one tensor (str) to read rows of, "
                                   f"got {names!r}")
@@ -519,8 +522,10 @@ class _Dataset:
         self.infos: Dict[str, Any] = {}
         try:
             for target in _dataset_files(source, storage_options):
-                self._add(safe_open(target, "np", backend=backend,
-                                    storage_options=storage_options))
+                self._add(open_checkpoint(target, backend=backend,
+                                          storage_options=storage_options,
+                                          opened_as=("np", "cpu"),
+                                          uses_ml_dtypes=uses_ml_dtypes))
         except BaseException:
             self.close()
             raise

@@ -23,7 +23,7 @@ from typing import (Any, Callable, Deque, Dict, Generic, Iterable, List, Mapping
 import numpy as np
 
 from ._core import (Reader, SafetensorError, SafetensorIndexError, SafetensorTypeError,
-                    TensorInfo, dtype_bits, numpy_dtype, read_options, read_runs, read_threads)
+                    TensorInfo, dtype_bits, read_options, read_runs, read_threads)
 from ._slicing import T
 
 __all__ = ["MAX_THREADS", "Plan", "PrefetchLoader", "checked_plan", "planned_tensors"]
@@ -88,7 +88,7 @@ class _Tensor:
         self.pieces_left = 0
 
     def allocate(self) -> None:
-        self.array = np.empty(self.shape, numpy_dtype(self.info.dtype))
+        self.array = np.empty(self.shape, self.reader.array_dtype(self.info.dtype))
 
     def bytes_of(self, start: int, stop: int) -> Any:
         """Bytes [start, stop) of its array, as a flat uint8 array."""

@@ -80,10 +80,7 @@ cdef class Reader:
 
     def array_dtype(self, str code):
         """The NumPy dtype of this reader's arrays of header dtype `code`."""
-        try:
-            return self._dtype_of(_CODE_OF_NAME[code])
-        except KeyError:
-            raise SafetensorError(f"unknown dtype {_shown(code)}") from None
+        return self._dtype_of(_code_of_name(code))
 
     def open_file(self, filename, backend="mmap", *,
                   max_header_size=DEFAULT_MAX_HEADER_SIZE):

@@ -6,7 +6,7 @@ registry that reading uses, so nothing here asks which frameworks are imported.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from ._adapters import tensor_adapter
 from ._core import DTYPES, SafetensorTypeError, WriteSpec, spec_of_array
 from ._torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
 
-__all__ = ["Declared", "as_array", "declared_specs", "is_tensor", "spec_of", "specs_of"]
+__all__ = ["Declared", "declared_specs", "is_tensor", "piece_of", "spec_of", "specs_of"]
 
 # every tensor of a file, declared as a mapping name -> (dtype, shape), or as
 # (name, dtype, shape) triples
@@ -126,24 +126,26 @@ def _code_and_shape(name: Any, dtype: Any, shape: Any) -> Tuple[str, Any]:
     return code, shape
 
 
-def as_array(target: str, name: str, data: Any) -> np.ndarray:
+def piece_of(target: str, name: str, data: Any) -> Tuple[np.ndarray, Optional[str]]:
     """A piece of tensor `name` of the file `target` (an array, a buffer, a framework's
-    tensor) as a NumPy array of its bytes, in the NumPy dtype of its code."""
+    tensor) as a NumPy array of its bytes, in the NumPy dtype of its code, and None;
+    or, for a framework's tensor of a dtype NumPy has only from ml_dtypes (bfloat16,
+    float8), as the integers of its bits and its header code."""
     if isinstance(data, np.ndarray):
-        return data
+        return data, None
     if isinstance(data, np.generic):
-        return np.asarray(data)
+        return np.asarray(data), None
     adapter = tensor_adapter(data)
     if adapter is not None:
-        array: np.ndarray = adapter.as_numpy(data)
-        return array
+        piece: Tuple[np.ndarray, Optional[str]] = adapter.piece_of_tensor(data)
+        return piece
     try:
-        return np.asarray(memoryview(data))
+        return np.asarray(memoryview(data)), None
     except TypeError:
         pass
     if hasattr(data, "__array__") or hasattr(data, "__dlpack__"):
         try:
-            return np.asarray(data)
+            return np.asarray(data), None
         except (TypeError, ValueError, RuntimeError) as error:
             raise SafetensorTypeError(
                 f"{target}: tensor {name!r}: NumPy cannot view this "

@@ -10,7 +10,7 @@ loading copies nothing; a tensor to write is viewed by NumPy the same way.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 import numpy as np
 import torch
@@ -23,8 +23,8 @@ from ._torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAM
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
 
-__all__ = ["TorchCpuConverter", "TorchCudaConverter", "TorchDeviceConverter", "as_numpy",
-           "converter", "is_tensor", "spec_of_tensor", "target_device", "tensor_of"]
+__all__ = ["TorchCpuConverter", "TorchCudaConverter", "TorchDeviceConverter", "converter",
+           "is_tensor", "piece_of_tensor", "spec_of_tensor", "target_device", "tensor_of"]
 
 
 def converter(device: Any = "cpu"
@@ -271,16 +271,18 @@ def bytes_of(tensor: torch.Tensor) -> npt.NDArray[Any]:
     return array
 
 
-def as_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
-    """A NumPy array over a torch tensor's bytes (copied to the CPU if need be), of
-    the NumPy dtype its code surfaces as: bfloat16 and float8 become ml_dtypes
-    arrays, which NumPy cannot make from torch itself. What writers take a piece
-    of a tensor as (``StreamWriter.write``)."""
+def piece_of_tensor(tensor: torch.Tensor) -> Tuple[npt.NDArray[Any], Optional[str]]:
+    """What writers take a piece of a tensor as (``StreamWriter.write``): a NumPy
+    array over its bytes (copied to the CPU if need be) of the NumPy dtype its code
+    surfaces as, and None; for bfloat16 and float8, which NumPy has only from
+    ml_dtypes, the unsigned integers of their bits, and the header code."""
     code = codes_of_torch().get(tensor.dtype)
     if code is None or code in PACKED_PAIRS:
-        return np.asarray(tensor)      # NumPy's own error says why it cannot
+        return np.asarray(tensor), None      # NumPy's own error says why it cannot
     raw = tensor.detach().cpu().view(same_width_torch(tensor.element_size())).numpy()
-    return raw.view(numpy_dtype(code))
+    if code in FROM_ML_DTYPES:
+        return raw.view(f"<u{raw.itemsize}"), code
+    return raw.view(numpy_dtype(code)), None
 
 
 def is_tensor(value: Any) -> bool:

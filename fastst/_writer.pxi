@@ -100,20 +100,26 @@ cdef class WritePlan:
         return TensorInfo(DTYPE_CODES[entry.code], h.shape(i), (entry.begin, entry.end),
                           _array_shape(h, entry))
 
-    def write_rows(self, int fd, name, first_row, array, str target="<file>"):
+    def write_rows(self, int fd, name, first_row, array, str target="<file>",
+                   str bits_of=None):
         """Write NumPy `array` as rows [first_row, first_row + len(array)) of tensor
         `name`, at their place in the file open as `fd` (a pwrite: the file position
         does not move). Its dtype must be the tensor's NumPy dtype (either byte order),
-        its rows of the tensor's row shape, and every row inside the tensor: all
-        checked before any byte is written. Returns the byte range written,
-        relative to the tensor."""
+        or, with `bits_of` (the header code of a dtype NumPy lacks, whose bits
+        `array` holds: a framework's bfloat16 tensor), that code must be the
+        tensor's; its rows of the tensor's row shape, and every row inside the
+        tensor: all checked before any byte is written. Returns the byte range
+        written, relative to the tensor."""
         cdef _Header h = self._layout()
         cdef Py_ssize_t i = self._position(name, target)
         cdef Entry* entry = &h.entries[i]
         if not isinstance(array, np.ndarray):
             raise SafetensorTypeError(f"{target}: tensor {_shown(name)}: expected a "
                                       f"numpy.ndarray, got {type(array).__name__}")
-        _check_piece_dtype(target, name, entry.code, array.dtype)
+        if bits_of is None:
+            _check_piece_dtype(target, name, entry.code, array.dtype)
+        else:
+            _check_piece_bits(target, name, entry.code, bits_of, array.dtype)
         shape = _array_shape(h, entry)
         if shape is None:
             raise SafetensorError(f"{target}: tensor {_shown(name)}: shape "
@@ -183,6 +189,16 @@ cdef _check_piece_dtype(str target, object name, int code, object dtype):
             return
     raise SafetensorTypeError(f"{target}: tensor {_shown(name)} is {DTYPE_CODES[code]}: its "
                               f"pieces must be {expected} arrays, got {dtype}")
+
+
+cdef _check_piece_bits(str target, object name, int code, str bits_of, object dtype):
+    """A piece that holds the bits of dtype `bits_of` (an unsigned integer of its
+    width) fits a tensor of that dtype alone."""
+    cdef int piece_code = _code_of_name(bits_of)
+    if piece_code != code or dtype.kind not in "ui" or dtype.itemsize * 8 != BITS[code]:
+        raise SafetensorTypeError(
+            f"{target}: tensor {_shown(name)} is {DTYPE_CODES[code]}: its pieces must be "
+            f"{DTYPES[code].numpy} arrays, got {DTYPES[piece_code].numpy}")
 
 
 cdef tuple _checked_rows(str target, object name, tuple shape, tuple piece, object first_row):

@@ -102,6 +102,7 @@ class Opening(NamedTuple):
     device: Any
     max_header_size: int
     verify: bool
+    uses_ml_dtypes: bool = True    # else bfloat16 and float8 arrays hold their bits
 
 
 class ShardedHandle(Generic[T]):
@@ -772,6 +773,7 @@ def _reopened_checkpoint(opening: Opening, index_seen: Identity,
                else framework_converter(opening.framework, opening.device))
     return open_checkpoint(opening.index, convert, max_header_size=opening.max_header_size,
                            verify=opening.verify, opened_as=(opening.framework, opening.device),
+                           uses_ml_dtypes=opening.uses_ml_dtypes,
                            shards_seen=shards_seen)
 
 
@@ -854,7 +856,7 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
                            opened_as=opened_as, uses_ml_dtypes=uses_ml_dtypes)
     index = read_index(source, max_size=max_header_size)
     opening = None if opened_as is None else Opening(source, *opened_as, max_header_size,
-                                                     verify)
+                                                     verify, uses_ml_dtypes)
 
     def open_shard(shard: Source) -> Shard:   # (framework, device): a shard's slices pickle
         return open_handle(shard, convert, max_header_size=max_header_size, verify=verify,

@@ -47,12 +47,11 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping,
 
 import numpy as np
 
-from ._api import safe_open
 from ._blocks import (Box, Split, check_split, device_boxes, grouped, join_gap,
                       leading_index, packed_refusal, part_of, runs_of, whole, widened)
-from ._core import SafetensorError, TensorInfo, numpy_dtype
+from ._core import SafetensorError, TensorInfo
 from ._source import as_source
-from .checkpoint import ShardedHandle, data_bytes
+from .checkpoint import ShardedHandle, data_bytes, open_checkpoint
 
 if TYPE_CHECKING:   # imported when used: JAX users need no torch, and torch users no JAX
     import numpy.typing as npt
@@ -303,7 +302,9 @@ def _index_bytes(opened: Any) -> int:
 
 
 def _open(filename: Any, backend: Any, storage_options: Optional[Mapping[str, Any]]) -> _Files:
-    opened = safe_open(filename, backend=backend, storage_options=storage_options)
+    # torch views the bits of bfloat16 and float8 as its own: no ml_dtypes
+    opened = open_checkpoint(filename, backend=backend, storage_options=storage_options,
+                             uses_ml_dtypes=False)
     try:
         return _Files(opened)    # opens every shard of a checkpoint
     except BaseException:
@@ -314,7 +315,7 @@ def _open(filename: Any, backend: Any, storage_options: Optional[Mapping[str, An
 def _read_of(handle: Any, name: str, info: TensorInfo, box: Box, to: Tuple[Any, ...]) -> Read:
     """The runs of bytes that reading `box` reads: those of the box, widened where
     they would lie closer than RUN_GAP (as a slice of the tensor reads them)."""
-    shape, itemsize = info.array_shape or (), numpy_dtype(info.dtype).itemsize
+    shape, itemsize = info.array_shape or (), handle.array_dtype(info.dtype).itemsize
     read = widened(box, shape, itemsize, join_gap(handle.backend))
     offsets, length = runs_of(read, shape, itemsize)
     return Read(handle.source, name, box, offsets + (handle.data_start + info.data_offsets[0]),

@@ -38,7 +38,7 @@ from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._source import as_source
 from ._torch_adapter import bytes_of, converter, spec_of_tensor, target_device
 from ._torch_dtypes import torch_dtypes
-from .checkpoint import ShardEntry, save_checkpoint
+from .checkpoint import ShardEntry, open_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -83,6 +83,13 @@ def _streamed_cuda_device(device: Any, filename: Any) -> Optional[torch.device]:
             as_source(filename).local_path is not None:
         return target
     return None
+
+
+def _opened_for_ring(filename: PathLike, backend: Backend) -> Any:
+    """The file or checkpoint opened for the CUDA ring, which reads its header and
+    its bytes: its bfloat16 and float8 arrays hold their bits, and ml_dtypes is not
+    imported."""
+    return open_checkpoint(filename, backend=backend, uses_ml_dtypes=False)
 
 
 def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *,
@@ -136,7 +143,7 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     target = _streamed_cuda_device(device, filename)
     if target is not None:
         from . import _cuda   # only when CUDA is asked for
-        with safe_open(filename, backend=backend) as opened:
+        with _opened_for_ring(filename, backend) as opened:
             return _cuda.load_all(opened, target)
     with safe_open(filename, framework="pt", device=device, backend=backend) as f:
         return f.get_tensors()
@@ -605,7 +612,7 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     target = _streamed_cuda_device(device, filename)
     if target is not None:
         from . import _cuda   # only when CUDA is asked for
-        with safe_open(filename, backend=backend) as opened:
+        with _opened_for_ring(filename, backend) as opened:
             placed, state_dict = _cuda.load_into(model.state_dict(), opened, target)
     else:
         placed, state_dict = [], load_file(filename, device=device, backend=backend)

@@ -37,20 +37,21 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ._checksums import checksum_metadata, digests_in_file, reserved_checksums
-from ._core import (MAX_ALIGN, SafetensorError, SafetensorNotImplementedError,
+from ._core import (DTYPES, MAX_ALIGN, SafetensorError, SafetensorNotImplementedError,
                     SafetensorTypeError, TensorInfo, WritePlan, WriteSpec, numpy_dtype,
                     plan_write, spec_of_array, write_array_at)
 from ._edit import update_metadata
 from ._files import AtomicFile, PathLike, write_atomically
 from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._source import as_source
-from ._specs import Declared, as_array, declared_specs, specs_of
+from ._specs import Declared, declared_specs, piece_of, specs_of
 
 __all__ = ["MAX_ALIGN", "PendingFile", "StreamWriter", "TensorRegion", "TensorSpec", "WritePlan", "WriteSpec",
            "declared_specs", "deserialize", "plan_write", "save_file_from", "serialize",
            "serialize_file", "spec_of_array", "specs_of", "update_metadata", "write_atomically"]
 
 SHOWN_GAPS = 4   # tensors, and ranges per tensor, listed when some are left unwritten
+NUMPY_NAMES = {row.code: row.numpy for row in DTYPES}    # header code -> its NumPy dtype's
 
 
 class StreamWriter:
@@ -275,9 +276,9 @@ class StreamWriter:
         >>> fastst.load_file(path)["x"].tolist()
         [4, 5, 6]
         """
-        piece = as_array(self.name, name, array)
+        piece, bits_of = piece_of(self.name, name, array)
         fd = self._open_fd()
-        self._mark(name, self._plan.write_rows(fd, name, start_row, piece, self.name))
+        self._mark(name, self._plan.write_rows(fd, name, start_row, piece, self.name, bits_of))
 
     def write_bytes(self, name: str, data: Any, start: int = 0) -> None:
         """Write the raw bytes of `data` at byte `start` of tensor `name`: for
@@ -637,7 +638,10 @@ class TensorRegion:
         OSError
             When the write fails.
         """
-        piece = self._checked(as_array(self.target, self.name, array), start_row)
+        self._write(*piece_of(self.target, self.name, array), start_row)
+
+    def _write(self, piece: np.ndarray, bits_of: Optional[str], start_row: Any) -> None:
+        piece = self._checked(piece, bits_of, start_row)
         rows = len(piece) if self.shape else 1
         row_bytes = self.size // self.shape[0] if self.shape and self.shape[0] else self.size
         if piece.nbytes != rows * row_bytes:
@@ -649,20 +653,24 @@ class TensorRegion:
         """``region[first:last] = rows``: `rows` must fill the rows selected, all of
         them (a chunk of a dask array must have the shape of its block)."""
         first, end = self._rows(index if isinstance(index, tuple) else (index,))
-        piece = as_array(self.target, self.name, array)
+        piece, bits_of = piece_of(self.target, self.name, array)
         block = (end - first, *self.shape[1:]) if self.shape else ()
         if piece.shape != block:
             raise SafetensorError(f"{self.target}: tensor {self.name!r}: the block of rows "
                                   f"{first}:{end} has shape {block}, but its piece has shape "
                                   f"{piece.shape}")
-        self.write(piece, first)
+        self._write(piece, bits_of, first)
 
-    def _checked(self, piece: np.ndarray, start_row: Any) -> np.ndarray:
+    def _checked(self, piece: np.ndarray, bits_of: Optional[str], start_row: Any
+                 ) -> np.ndarray:
+        """`piece`, checked to fit, as the C-ordered array of the tensor's dtype to
+        write; the bits of a dtype NumPy lacks (see ``piece_of``) stay as they are."""
         where = f"{self.target}: tensor {self.name!r}"
-        expected = numpy_dtype(self.dtype)
-        if spec_of_array(self.name, np.empty(0, piece.dtype)).dtype != self.dtype:
+        code = bits_of or spec_of_array(self.name, np.empty(0, piece.dtype)).dtype
+        if code != self.dtype:
+            got = piece.dtype if bits_of is None else NUMPY_NAMES[bits_of]
             raise SafetensorTypeError(f"{where} is {self.dtype}: its pieces must be "
-                                      f"{expected} arrays, got {piece.dtype} at row "
+                                      f"{NUMPY_NAMES[self.dtype]} arrays, got {got} at row "
                                       f"{start_row}")
         start = operator.index(start_row)
         if not self.shape:
@@ -673,7 +681,8 @@ class TensorRegion:
                 <= self.shape[0]:
             raise SafetensorError(f"{where} has shape {self.shape}: a piece of shape "
                                   f"{piece.shape} does not fit at row {start}")
-        return np.ascontiguousarray(piece).astype(expected, copy=False)
+        piece = np.ascontiguousarray(piece)
+        return piece if bits_of else piece.astype(numpy_dtype(self.dtype), copy=False)
 
     def _rows(self, index: Tuple[Any, ...]) -> Tuple[int, int]:
         """The first row and the row past the last of an index of slices that

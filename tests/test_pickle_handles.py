@@ -180,6 +180,25 @@ def test_a_verifying_handle_pickles_as_one(tmp_path, tensors, framework):
             copy.gather("x", [0])
 
 
+def test_a_handle_that_hands_out_bits_pickles_as_one(tmp_path):
+    """A reader that leaves ml_dtypes out (torch's, a loader's of torch batches) gives
+    the bits of bfloat16 tensors after pickling too, from a file and from a checkpoint."""
+    from fastst.checkpoint import open_checkpoint
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rows = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(3, 2)
+    single, folder = tmp_path / "bits.safetensors", tmp_path / "sharded"
+    fastst.save_file({"b": rows, "i": np.arange(3, dtype=np.int32)}, single)
+    fastst.save_file({"b": rows, "i": np.arange(3, dtype=np.int32)}, folder, max_shard_size=8)
+    for target in (single, folder):
+        with open_checkpoint(target, opened_as=("np", "cpu"), uses_ml_dtypes=False) as f:
+            copy = pickle.loads(pickle.dumps(f))
+        with copy:
+            bits = copy.get_tensor("b")
+            assert bits.dtype == np.dtype("<u2"), target
+            assert bits.tobytes() == rows.tobytes()
+
+
 def rows_of(handle, first, last):
     return handle.read_rows("x", first, last), os.getpid()
 

@@ -29,13 +29,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .._api import safe_open
 from .._core import SafetensorError, WriteSpec
 from .._files import AtomicFile
 from .._index import (CheckpointIndex, commit_files, index_name, index_text, is_index_name,
                       read_index, remove_leftovers, save_place, shard_names, write_files)
 from .._source import LocalFile
-from ..checkpoint import ShardEntry, parse_size, split_into_shards
+from ..checkpoint import ShardEntry, open_checkpoint, parse_size, split_into_shards
 from ._output import (DEFAULT_MAX_EXPANSION, OnPhase, OutputBudget, Reporter, StreamedFile,
                       TensorToWrite, verify_written, write_declared)
 from ._torch import (declare, flatten, max_repeated_entries, tied_names,
@@ -234,7 +233,9 @@ def verify_against_torch(src: str, files: List[str], key: Optional[str],
     tree = torch.load(src, map_location="cpu", weights_only=True)
     expected = dict(flatten(tree, src, key, tensor_type=torch.Tensor)[0])
     for filename in files:
-        with safe_open(filename, backend="pread") as reader, reader.iter_tensors() as read:
+        # the bytes are compared: bfloat16 and float8 come as their bits, without ml_dtypes
+        with open_checkpoint(filename, backend="pread", uses_ml_dtypes=False) as reader, \
+                reader.iter_tensors() as read:
             for name, array in read:    # the next tensors are read while this one is compared
                 tensor = expected[name].detach().contiguous().reshape(-1)
                 reference = tensor.view(torch.uint8).numpy() if tensor.numel() else b""

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from importlib import import_module
 from types import ModuleType, SimpleNamespace
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from ._core import SafetensorError, TensorInfo
-from ._slicing import Converter
+
+if TYPE_CHECKING:   # imported with the handles that slice
+    from ._slicing import Converter
 
 __all__ = ["FRAMEWORKS", "NUMPY_FRAMEWORKS", "converter", "check_numpy_device",
            "tensor_adapter"]

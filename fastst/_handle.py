@@ -8,26 +8,28 @@ opening its Source again, which must hold the same version of the file.
 from __future__ import annotations
 
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Iterator, List,
-                    Literal, NamedTuple, Optional, Protocol, Set, Tuple, Union, overload,
-                    runtime_checkable)
+                    Literal, NamedTuple, Optional, Protocol, Set, Tuple, TypeVar, Union,
+                    overload, runtime_checkable)
 
 from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
                     TensorInfo, read_runs)
 from ._files import PathLike
-from ._readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
-from ._slicing import Converter, SafeSlice, T
+from ._limits import DEFAULT_PREFETCH_BYTES
 from ._source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
 
-if TYPE_CHECKING:   # none of these is imported when fastst is
+if TYPE_CHECKING:   # none of these is imported when fastst is; each on its first use
     import numpy.typing as npt
 
     from ._prefetch import Plan, PrefetchLoader
+    from ._readahead import ReadAhead
+    from ._slicing import Converter, SafeSlice
 
 __all__ = ["ArrayHandle", "Backend", "FrameworkHandle", "Handle", "NumpyHandle", "Openable",
-           "ReadableFile", "TensorMeta", "VerifyingHandle", "meta_of", "open_handle"]
+           "ReadableFile", "TensorMeta", "VerifyingHandle", "data_bytes", "meta_of", "open_handle"]
 
 Backend = Literal["mmap", "pread"]
+T = TypeVar("T")    # a handle's tensors
 
 
 class ReadableFile(Protocol):
@@ -208,6 +210,8 @@ class NumpyHandle(Reader):
         ...     part.get_shape(), part[1:3, -1].tolist()
         ([4, 3], [5, 8])
         """
+        from ._slicing import SafeSlice
+
         return SafeSlice(self, name)
 
     def get_tensor_meta(self, name: str) -> TensorMeta:
@@ -328,6 +332,8 @@ class NumpyHandle(Reader):
         w2 2000.0
         w3 3000.0
         """
+        from ._readahead import ReadAhead
+
         return ReadAhead([(self, name, None) for name in _names_to_read(self, names)],
                          prefetch_bytes)
 
@@ -645,6 +651,8 @@ class FrameworkHandle(Generic[T]):
         tensor([[1, 2],
                 [4, 5]])
         """
+        from ._slicing import SafeSlice
+
         return SafeSlice(self._reader, name, self._convert, handle=self)
 
     def iter_tensors(self, names: Optional[Iterable[str]] = None, *,
@@ -680,6 +688,8 @@ class FrameworkHandle(Generic[T]):
 
         def converted(array: Any, name: str) -> T:
             return convert(array, name, info(name))
+
+        from ._readahead import ReadAhead
 
         return ReadAhead([(self._reader, name, converted)
                           for name in _names_to_read(self._reader, names)], prefetch_bytes)

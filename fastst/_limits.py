@@ -1,5 +1,7 @@
-"""How much a conversion may write: the converter's bound, here so that the command line
-shows it without importing the converter (whose modules are many).
+"""Bounds that modules share without importing each other: how much a conversion may
+write (the command line shows it without importing the converter, whose modules are
+many), and how many bytes a read-ahead holds (a handle gives it as a default without
+importing the reading thread's module until one is asked for).
 
 A conversion writes at most DEFAULT_MAX_EXPANSION times the bytes of its input, plus
 EXPANSION_ALLOWANCE: a torch checkpoint converts to about its own size (more only where
@@ -8,3 +10,4 @@ real weights is compressed far less than 8 times.
 """
 DEFAULT_MAX_EXPANSION = 8.0
 EXPANSION_ALLOWANCE = 16 << 20      # for tiny checkpoints, whose header alone can be larger
+DEFAULT_PREFETCH_BYTES = 256 << 20  # read ahead and not yet taken, by iter_tensors and prefetch

@@ -19,10 +19,10 @@ from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Sequ
 import numpy as np
 
 from ._core import SafetensorError
+from ._limits import DEFAULT_PREFETCH_BYTES
 
 T = TypeVar("T")
 
-DEFAULT_PREFETCH_BYTES = 256 << 20
 # consecutive tensors are read in one plan up to this many bytes, and a quarter of the
 # budget: a plan's bytes are taken from the budget together, so smaller plans keep it full
 BATCH_BYTES = 8 << 20

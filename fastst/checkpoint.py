@@ -36,16 +36,17 @@ from ._checksums import plan_with_checksums
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
 from ._files import PathLike
-from ._handle import FrameworkHandle, NumpyHandle, TensorMeta, meta_of, open_handle
+from ._handle import FrameworkHandle, NumpyHandle, T, TensorMeta, meta_of, open_handle
 from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
                      find_checkpoint, is_checkpoint, index_name, index_text, is_index_name, read_index, remove_leftovers, save_place, shard_names, write_files)
+from ._limits import DEFAULT_PREFETCH_BYTES
 from ._progress import byte_bar
-from ._readahead import DEFAULT_PREFETCH_BYTES, ChainedReadAhead
-from ._slicing import Converter, SafeSlice, T
 from ._source import Identity, LocalFile, Source, as_source, identity_of
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # each imported on its first use
     from ._prefetch import Plan, PrefetchLoader
+    from ._readahead import ChainedReadAhead
+    from ._slicing import Converter, SafeSlice
 
 __all__ = ["DEFAULT_PATTERN", "INDEX_SUFFIX", "ShardEntry", "ShardedHandle",
            "NumpyShardedHandle", "CheckpointIndex", "data_bytes", "is_checkpoint",
@@ -364,6 +365,8 @@ class ShardedHandle(Generic[T]):
 
         def part(handle: Shard, run: Optional[List[str]]) -> Callable[[], Any]:
             return lambda: handle.iter_tensors(run, prefetch_bytes=prefetch_bytes)
+
+        from ._readahead import ChainedReadAhead
 
         return ChainedReadAhead([part(handle, run) for handle, run in runs], prefetch_bytes)
 

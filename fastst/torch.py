@@ -38,7 +38,6 @@ from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._source import as_source
 from ._torch_adapter import bytes_of, converter, spec_of_tensor, target_device
 from ._torch_dtypes import torch_dtypes
-from .checkpoint import ShardEntry, open_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -89,6 +88,8 @@ def _opened_for_ring(filename: PathLike, backend: Backend) -> Any:
     """The file or checkpoint opened for the CUDA ring, which reads its header and
     its bytes: its bfloat16 and float8 arrays hold their bits, and ml_dtypes is not
     imported."""
+    from .checkpoint import open_checkpoint
+
     return open_checkpoint(filename, backend=backend, uses_ml_dtypes=False)
 
 
@@ -291,6 +292,8 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
     ({'epoch': '2'}, tensor([1., 1., 1.]))
     """
     if max_shard_size is not None:
+        from .checkpoint import ShardEntry, save_checkpoint   # a capability: imported when used
+
         _check_for_save(tensors)
         entries = [ShardEntry(spec_of_tensor(name, tensor), storage_size(tensor),
                               None if tensor.device.type == "meta" else

@@ -280,3 +280,137 @@ def test_writing_pieces_of_bfloat16_torch_tensors_imports_no_ml_dtypes(tmp_path)
     loaded = fastst.load_file(path)
     assert loaded["b"].astype(np.float32).tolist() == [[0, 1], [2, 3], [4, 5]]
     assert loaded["f"].astype(np.float32).tolist() == [0, 1, 2, 3]
+
+
+def test_a_first_load_imports_what_slices_reads_ahead_or_opens_checkpoints_on_their_use(
+        f32_file):
+    assert modules_loaded_by(
+        f"import fastst; fastst.load_file({str(f32_file)!r})",
+        ["threading", "fastst._slicing", "fastst._blocks", "fastst._readahead",
+         "fastst.checkpoint"]) == []
+
+
+@pytest.mark.needs("torch")
+def test_a_first_torch_load_imports_what_slices_reads_ahead_or_opens_checkpoints_on_their_use(
+        wide_file):
+    assert modules_loaded_by(
+        f"import fastst.torch; fastst.torch.load_file({str(wide_file)!r})",
+        ["fastst._slicing", "fastst._blocks", "fastst._readahead", "fastst.checkpoint",
+         "fastst._progress"]) == []
+
+
+@pytest.mark.needs("torch")
+def test_loading_onto_cuda_opens_the_file_without_ml_dtypes(wide_file):
+    """The ring that streams a file onto a CUDA device reads its header and bytes
+    only. The device and the ring are stood in for: what is counted is the opening."""
+    out = run_python(f"""
+        import sys, torch, fastst.torch
+        from fastst import _cuda
+        fastst.torch._streamed_cuda_device = lambda device, filename: torch.device("cuda", 0)
+        opened = []
+        def load_all(handle, device):
+            opened.append(handle.keys())
+            return {{}}
+        def load_into(targets, handle, device):
+            opened.append(handle.keys())
+            return [], {{}}
+        _cuda.load_all, _cuda.load_into = load_all, load_into
+        fastst.torch.load_file({str(wide_file)!r}, device="cuda")
+        fastst.torch.load_model(torch.nn.Module(), {str(wide_file)!r}, strict=False,
+                                device="cuda")
+        print(opened, "ml_dtypes" in sys.modules)
+    """)
+    assert out.split() == ["[['b',", "'f',", "'i'],", "['b',", "'f',", "'i']]", "False"]
+
+
+@pytest.mark.needs("torch")
+def test_the_distributed_loaders_read_bfloat16_without_ml_dtypes(wide_file):
+    """One rank, in a group of its own."""
+    out = run_python(f"""
+        import sys, torch, torch.distributed as dist, fastst.distributed as fd
+        dist.init_process_group("gloo", init_method="file://{wide_file}.group", rank=0,
+                                world_size=1)
+        split = fd.load_split({str(wide_file)!r})
+        parallel = fd.load_tensor_parallel({str(wide_file)!r}, {{"b": 1}})
+        dist.destroy_process_group()
+        print("ml_dtypes" in sys.modules)
+        print(split["b"].float().tolist(), split["f"].dtype, parallel["b"].float().tolist())
+    """)
+    assert out.splitlines() == ["False", "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] "
+                                         "torch.float8_e4m3fn [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]"]
+
+
+@pytest.mark.needs("torch")
+def test_a_loader_of_torch_batches_reads_bfloat16_without_ml_dtypes(wide_file):
+    """Nor does its copy pickled for a worker."""
+    out = run_python(f"""
+        import pickle, sys
+        from fastst._loader import Loader
+        with Loader({str(wide_file)!r}, "b", 2, framework="pt", threads=1) as loader:
+            batches = [batch["b"].float().tolist() for batch in loader]
+            copy = pickle.loads(pickle.dumps(loader))
+        with copy:
+            batches += [batch["b"].float().tolist() for batch in copy]
+        print("ml_dtypes" in sys.modules, batches)
+    """)
+    assert out.strip() == "False " + str([[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]] * 2)
+
+
+@pytest.mark.needs("torch")
+def test_prefetching_bfloat16_into_torch_imports_no_ml_dtypes(wide_file):
+    out = run_python(f"""
+        import sys, fastst
+        with fastst.safe_open({str(wide_file)!r}, framework="pt") as f:
+            with f.prefetch({{"b": slice(1, 2), "f": None}}) as loader:
+                tensors = dict(loader)
+        print("ml_dtypes" in sys.modules)
+        print(tensors["b"].float().tolist(), tensors["f"].float().tolist())
+    """)
+    assert out.splitlines() == ["False", "[[3.0, 4.0, 5.0]] [0.0, 1.0, 2.0, 3.0]"]
+
+
+@pytest.mark.needs("torch")
+def test_verifying_a_bfloat16_conversion_against_torch_imports_no_ml_dtypes(tmp_path):
+    import torch
+
+    source, target = tmp_path / "model.pt", tmp_path / "model.safetensors"
+    torch.save({"w": torch.arange(6, dtype=torch.bfloat16)}, source)
+    assert modules_loaded_by(
+        f"from fastst.convert import torch_to_safetensors; "
+        f"torch_to_safetensors({str(source)!r}, {str(target)!r}, verify_torch=True)",
+        ["ml_dtypes"]) == []
+
+
+@pytest.mark.needs("torch")
+def test_writing_pieces_of_bfloat16_torch_tensors_imports_no_ml_dtypes(tmp_path):
+    """Through the writer and through a region of its file; a piece of another dtype
+    is still refused, by its dtype's name."""
+    path = tmp_path / "pieces.safetensors"
+    out = run_python(f"""
+        import sys, torch
+        from fastst import SafetensorTypeError
+        from fastst.writer import StreamWriter
+        rows = torch.arange(6, dtype=torch.bfloat16).reshape(3, 2)
+        declared = {{"b": (torch.bfloat16, [3, 2]), "f": ("F8_E4M3", [4]), "h": ("F16", [2])}}
+        with StreamWriter({str(path)!r}, declared) as writer:
+            writer.write("b", rows[:1])
+            region = writer.region("b")
+            region.write(rows[1:2], 1)
+            region[2:3] = rows[2:]
+            writer.write("f", torch.arange(4).to(torch.float8_e4m3fn))
+            for piece, write in [(rows[0], lambda piece: writer.write("h", piece)),
+                                 (torch.ones(2), lambda piece: region.write(piece[None], 0))]:
+                try:
+                    write(piece)
+                except SafetensorTypeError as error:
+                    print(error)
+            writer.write("h", torch.ones(2, dtype=torch.float16))
+        print("ml_dtypes" in sys.modules)
+    """)
+    assert out.splitlines() == [
+        f"{path}: tensor 'h' is F16: its pieces must be float16 arrays, got bfloat16",
+        f"{path}: tensor 'b' is BF16: its pieces must be bfloat16 arrays, got float32 at row 0",
+        "False"]
+    loaded = fastst.load_file(path)
+    assert loaded["b"].astype(np.float32).tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert loaded["f"].astype(np.float32).tolist() == [0, 1, 2, 3]

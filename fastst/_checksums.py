@@ -34,7 +34,7 @@ digest}}``; reserved: metadata given to a saver with checksums may not use it.""
 ALGORITHMS = {"xxh3_64": 16, "xxh3_128": 32}
 """The checksum algorithms, by name (what ``checksum=`` takes), each with the number of
 hex digits of its digest: ``{"xxh3_64": 16, "xxh3_128": 32}``."""
-HEX = re.compile(r"[0-9a-f]+")
+HEX = r"[0-9a-f]+"   # a pattern, compiled when a digest is first checked
 BLOCK_BYTES = 64 << 20     # hashed per step: the unit of progress, and of copies made
 PARALLEL_MIN_BYTES = 32 << 20   # below this, threads cost more than they save
 MAX_THREADS = 8
@@ -452,7 +452,7 @@ def _check_digests(digests: Dict[str, Any], names: Set[str], digits: int, label:
         if name not in names:
             raise SafetensorError(f"{label}: tensor {name[:80]!r} has a checksum but is not "
                                   f"in the file")
-        if type(digest) is not str or len(digest) != digits or not HEX.fullmatch(digest):
+        if type(digest) is not str or len(digest) != digits or not re.fullmatch(HEX, digest):
             raise SafetensorError(f"{label}: tensor {name[:80]!r}: checksum must be "
                                   f"{digits} lowercase hex digits")
 

@@ -10,7 +10,7 @@ from typing import Iterator, Optional, Union
 
 from ._core import WritePlan
 
-PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+PathLike = Union[str, bytes, os.PathLike[str], os.PathLike[bytes]]
 TEMP_SUFFIX = ".fastst-tmp"
 COPY_BLOCK = 16 << 20   # bytes a copy holds in memory at once, where the kernel cannot copy
 

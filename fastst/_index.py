@@ -35,8 +35,8 @@ as a sharded checkpoint (``model.safetensors.index.json``)."""
 MAX_INDEX_DEPTH = 64   # JSON nesting an index may have; real ones have 3 levels
 # What a shard's name may not hold, whatever the scheme: a path separator, '%' (a
 # server decodes escapes: '%2e%2e%2f' is '../'), '?' or '#' (they end a URL's path),
-# a control character.
-NOT_IN_SHARD_NAMES = re.compile(r"[/\\%?#\x00-\x1f\x7f]")
+# a control character. A pattern, compiled when an index is first read.
+NOT_IN_SHARD_NAMES = r"[/\\%?#\x00-\x1f\x7f]"
 SHARD_NAME_RULE = ("a .safetensors file name in the index's folder (no '/', '\\', '%', '?', "
                    "'#' or control character, and no leading '.')")
 # A shard that a re-save replaces keeps, until the new index is in place, a second
@@ -228,7 +228,7 @@ def is_plain_shard_name(name: str, suffix: str = ".safetensors") -> bool:
     (`suffix`) file in the index's own folder, on disk and behind any URL alike
     (see ``SHARD_NAME_RULE``)."""
     return (name.endswith(suffix) and not name.startswith(".")
-            and NOT_IN_SHARD_NAMES.search(name) is None)
+            and re.search(NOT_IN_SHARD_NAMES, name) is None)
 
 
 def _depth(document: Any) -> int:

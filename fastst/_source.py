@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["Buffer", "FileObject", "Identity", "LocalFile", "Source", "Url", "as_source",
            "identity_of", "local_version"]
 
-URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")   # scheme://..., for fsspec
+# what may follow a URL scheme's first character, a letter (RFC 3986)
+SCHEME_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
 NOT_LOCAL = "fsync= and max_shard_size= apply to local paths, not to URLs or file objects"
 
 
@@ -47,7 +48,7 @@ class Identity(NamedTuple):
                                f"{self.version}, now {seen_now}); {remedy}")
 
     def is_local(self) -> bool:
-        return URL.match(self.location) is None
+        return not _is_url(self.location)
 
 
 def local_version(info: os.stat_result) -> Tuple[int, int, int, int]:
@@ -309,7 +310,7 @@ def as_source(target: Any, storage_options: Optional[Mapping[str, Any]] = None, 
     ``write``). A Source is taken as it is."""
     if isinstance(target, Source):
         return target
-    if isinstance(target, str) and URL.match(target):
+    if isinstance(target, str) and _is_url(target):
         return Url(target, storage_options)
     if isinstance(target, (str, bytes, os.PathLike)):
         source: Source = LocalFile(target, backend)
@@ -323,6 +324,13 @@ def as_source(target: Any, storage_options: Optional[Mapping[str, Any]] = None, 
         raise SafetensorError(f"storage_options apply to URLs only, not to "
                               f"{_shown_target(target)}")
     return source
+
+
+def _is_url(text: str) -> bool:
+    """Whether `text` is ``scheme://...``, for fsspec. Told without a regular
+    expression, whose compiling every process that opens a file would pay."""
+    scheme, separator, _ = text.partition("://")
+    return bool(separator) and scheme[:1].isalpha() and set(scheme) <= SCHEME_CHARACTERS
 
 
 def _is_file_object(target: Any, writing: bool) -> bool:

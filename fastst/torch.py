@@ -46,7 +46,7 @@ __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model",
            "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES", "safe_open",
            "serialize", "serialize_file", "deserialize", "TensorSpec"]
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, os.PathLike[str]]
 
 TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = torch_dtypes()
 """Header dtype code -> torch dtype, for every code of ``fastst.DTYPES``: None where

@@ -290,6 +290,25 @@ def test_a_first_load_imports_what_slices_reads_ahead_or_opens_checkpoints_on_th
          "fastst.checkpoint"]) == []
 
 
+def test_a_first_load_compiles_no_regular_expression(f32_file):
+    """Each costs a compile in the first process to use it: those of URLs, shard
+    names, digests and NumPy's index errors wait for their use. (NumPy's own, which
+    the reference pays too, are compiled before counting.)"""
+    out = run_python(f"""
+        import re, numpy
+        compiled, compile = [], re._compile
+        def counted(pattern, flags):
+            if (type(pattern), pattern, flags) not in re._cache:
+                compiled.append(pattern)
+            return compile(pattern, flags)
+        re._compile = counted
+        import fastst
+        fastst.load_file({str(f32_file)!r})
+        print(compiled)
+    """)
+    assert out.strip() == "[]"
+
+
 @pytest.mark.needs("torch")
 def test_a_first_torch_load_imports_what_slices_reads_ahead_or_opens_checkpoints_on_their_use(
         wide_file):

@@ -904,6 +904,35 @@ class FrameworkHandle(Generic[T]):
         return _describe(self._reader)
 
 
+def data_bytes(handle: Any) -> int:
+    """The bytes of a file's tensors: where its last tensor in buffer order ends.
+
+    Its data start plus this is the file's size: the tensors of a valid file
+    cover its data exactly.
+
+    Parameters
+    ----------
+    handle : NumpyHandle or FrameworkHandle
+        An open file.
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> import numpy as np, fastst, tempfile, os
+    >>> from fastst.checkpoint import data_bytes
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> fastst.save_file({"a": np.zeros(3, np.float32), "b": np.zeros(2, np.int8)}, path)
+    >>> with fastst.safe_open(path) as f:
+    ...     data_bytes(f), f.data_start + data_bytes(f) == os.path.getsize(path)
+    (14, True)
+    """
+    names = handle.offset_keys()
+    return handle.info(names[-1]).data_offsets[1] if names else 0
+
+
 def _pickled(reader: NumpyHandle, framework: str, device: Any) -> Tuple[Any, ...]:
     """How a handle pickles: the function that opens it again (``_reopened``) and its
     arguments: the Source, the version of the file read (its ``Identity``), the

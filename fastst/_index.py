@@ -17,11 +17,11 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Op
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WritePlan
 from ._files import TEMP_SUFFIX, AtomicFile, PathLike, fsync_path, write_text_atomically
-from ._source import LocalFile, Source
+from ._source import LocalFile, Source, as_source
 
 __all__ = ["BACKUP_INFIX", "CheckpointIndex", "DEFAULT_PATTERN", "INDEX_SUFFIX",
            "SHARD_NAME_RULE", "commit_files", "find_checkpoint", "index_text", "is_checkpoint",
-           "is_index_name",
+           "is_checkpoint_path", "is_index_name",
            "is_plain_shard_name", "parse_index", "read_index", "remove_leftovers", "save_place",
            "shard_names", "write_files"]
 
@@ -107,6 +107,35 @@ def is_checkpoint(source: Source) -> bool:
     (True, False)
     """
     return source.is_directory() or is_index_name(source.name)
+
+
+def is_checkpoint_path(filename: Any) -> bool:
+    """Whether `filename` names a sharded checkpoint: a directory, an
+    ``*.index.json``, or the URL of an index.
+
+    Parameters
+    ----------
+    filename : object
+        A path or a URL; anything else (a file object) is not a checkpoint.
+
+    Returns
+    -------
+    bool
+        What ``safe_open`` decides: True opens a `ShardedHandle` (or, for a
+        directory holding one unsharded file, that file's handle).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fastst.checkpoint import is_checkpoint_path
+    >>> is_checkpoint_path("model.safetensors.index.json"), is_checkpoint_path("model.safetensors")
+    (True, False)
+    >>> is_checkpoint_path(tempfile.mkdtemp())
+    True
+    """
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        return False
+    return is_checkpoint(as_source(filename))
 
 
 def find_checkpoint(directory: str) -> str:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import stat
 import struct
 from typing import Any, Dict, List, Optional, Sequence
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
+from ._handle import data_bytes, open_handle
+from ._index import is_checkpoint_path
 from ._source import as_source
-from .checkpoint import ShardedHandle, data_bytes, is_checkpoint_path, open_checkpoint
 
 __all__ = ["describe", "describe_checkpoint", "diagnose", "explain", "format_table",
            "human_size", "inspect_file", "json_lines", "printable", "render_checkpoint",
@@ -86,7 +86,8 @@ def describe(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Dict[
     """
     if is_checkpoint_path(path):
         return describe_checkpoint(path, max_header_size)
-    with open_checkpoint(path, max_header_size=max_header_size, uses_ml_dtypes=False) as reader:
+    with open_handle(as_source(path), max_header_size=max_header_size,
+                     uses_ml_dtypes=False) as reader:
         tensors = []
         for name in reader.offset_keys():
             info = reader.info(name)
@@ -114,6 +115,8 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
     """What `fastst inspect` reports about the sharded checkpoint at `path`: every
     tensor with its shard, each shard, the totals and the index's metadata. A
     directory holding one unsharded file gets that file's `describe()`."""
+    from .checkpoint import ShardedHandle, open_checkpoint   # for checkpoints only
+
     with open_checkpoint(path, max_header_size=max_header_size, uses_ml_dtypes=False) as handle:
         if not isinstance(handle, ShardedHandle):
             return describe(handle.source, max_header_size)
@@ -190,6 +193,8 @@ def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optio
     --max-header-size. None when the core's message says it all.
     """
     # imported for a file that cannot be read: the converter's modules are many
+    import shlex
+
     from .convert import CONVERTIBLE_HEAD_BYTES, convertible_kind
 
     # O_NONBLOCK: a FIFO must not wait for a writer; only regular files are looked at.

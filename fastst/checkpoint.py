@@ -36,9 +36,12 @@ from ._checksums import plan_with_checksums
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
 from ._files import PathLike
-from ._handle import FrameworkHandle, NumpyHandle, T, TensorMeta, meta_of, open_handle
+from ._handle import (FrameworkHandle, NumpyHandle, T, TensorMeta, data_bytes, meta_of,
+                      open_handle)
 from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
-                     find_checkpoint, is_checkpoint, index_name, index_text, is_index_name, read_index, remove_leftovers, save_place, shard_names, write_files)
+                     find_checkpoint, index_name, index_text, is_checkpoint, is_checkpoint_path,
+                     is_index_name, read_index, remove_leftovers, save_place, shard_names,
+                     write_files)
 from ._limits import DEFAULT_PREFETCH_BYTES
 from ._progress import byte_bar
 from ._source import Identity, LocalFile, Source, as_source, identity_of
@@ -57,35 +60,6 @@ SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 # Shards from this size up are copied one at a time: the core already shares the copy
 # of a file this large among threads, and nesting two pools of threads only slows it.
 PARALLEL_BELOW = 64 << 20
-
-
-def is_checkpoint_path(filename: Any) -> bool:
-    """Whether `filename` names a sharded checkpoint: a directory, an
-    ``*.index.json``, or the URL of an index.
-
-    Parameters
-    ----------
-    filename : object
-        A path or a URL; anything else (a file object) is not a checkpoint.
-
-    Returns
-    -------
-    bool
-        What ``safe_open`` decides: True opens a `ShardedHandle` (or, for a
-        directory holding one unsharded file, that file's handle).
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> from fastst.checkpoint import is_checkpoint_path
-    >>> is_checkpoint_path("model.safetensors.index.json"), is_checkpoint_path("model.safetensors")
-    (True, False)
-    >>> is_checkpoint_path(tempfile.mkdtemp())
-    True
-    """
-    if not isinstance(filename, (str, bytes, os.PathLike)):
-        return False
-    return is_checkpoint(as_source(filename))
 
 
 # ---------------------------------------------------------------------------
@@ -731,35 +705,6 @@ class NumpyShardedHandle(ShardedHandle[Any]):
         """Rows `rows` of tensor `name`'s first axis, into `out` when given (see
         ``NumpyHandle.gather``)."""
         return self._shard_of(name).gather(name, rows, out)
-
-
-def data_bytes(handle: Shard) -> int:
-    """The bytes of a file's tensors: where its last tensor in buffer order ends.
-
-    Its data start plus this is the file's size: the tensors of a valid file
-    cover its data exactly.
-
-    Parameters
-    ----------
-    handle : NumpyHandle or FrameworkHandle
-        An open file.
-
-    Returns
-    -------
-    int
-
-    Examples
-    --------
-    >>> import numpy as np, fastst, tempfile, os
-    >>> from fastst.checkpoint import data_bytes
-    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
-    >>> fastst.save_file({"a": np.zeros(3, np.float32), "b": np.zeros(2, np.int8)}, path)
-    >>> with fastst.safe_open(path) as f:
-    ...     data_bytes(f), f.data_start + data_bytes(f) == os.path.getsize(path)
-    (14, True)
-    """
-    names = handle.offset_keys()
-    return handle.info(names[-1]).data_offsets[1] if names else 0
 
 
 def _reopened_checkpoint(opening: Opening, index_seen: Identity,

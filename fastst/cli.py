@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
 from ._inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
                        render_checkpoint, render_inspect)
 from ._limits import DEFAULT_MAX_EXPANSION
-from ._progress import byte_bar
 from ._version import __version__
 
 PROG = "fastst"
@@ -84,18 +83,83 @@ def _add_max_header_size(command: argparse.ArgumentParser) -> None:
                               f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
 
 
+class _Command(argparse.ArgumentParser):
+    """A command's parser, whose arguments are added the first time it parses or
+    shows its help: a run builds those of the command it runs, not every command's."""
+
+    def __init__(self, *args: Any, add_arguments: Callable[[argparse.ArgumentParser], None],
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._add_arguments: Optional[Callable[[argparse.ArgumentParser], None]] = add_arguments
+
+    def _ready(self) -> None:
+        if self._add_arguments is not None:
+            add_arguments, self._add_arguments = self._add_arguments, None
+            add_arguments(self)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._ready()
+        return super().parse_known_args(*args, **kwargs)
+
+    def format_usage(self) -> str:
+        self._ready()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._ready()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Fast, strict, zero-copy safetensors for NumPy.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    inspect = commands.add_parser(
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                     parser_class=_Command)
+    commands.add_parser(
         "inspect", help="list the tensors, offsets and metadata of .safetensors files",
         description="List every tensor of each safetensors file in buffer order, with its "
                     "dtype, shape, size and data offsets, then totals and metadata. A file "
                     "that cannot be read is reported and the others still are; the exit "
-                    "status is 1 if any could not be read.")
+                    "status is 1 if any could not be read.",
+        add_arguments=_add_inspect_arguments)
+    commands.add_parser(
+        "verify", help="check the structure and checksums of .safetensors files or folders",
+        description="Check each file's structure and, when it has them, every tensor's "
+                    "checksum; for a folder, each .safetensors file in it and each "
+                    "*.index.json against its shards; for a sharded checkpoint's "
+                    "*.index.json, the shards it names and the index against them. A "
+                    "corrupt tensor is named, and so is a tensor that the file's checksums "
+                    "leave out. The exit status is 0 when everything checks out, 1 "
+                    "otherwise; a file without checksums has its structure checked and "
+                    "says so.",
+        add_arguments=_add_verify_arguments)
+    commands.add_parser(
+        "convert", help="convert PyTorch checkpoints and .npy/.npz files to safetensors",
+        description="Convert a torch.save checkpoint (.bin, .pt, .pth: zip or legacy "
+                    "format) or a .npy/.npz file to safetensors, without torch and without "
+                    "running the checkpoint's pickle. A directory converts every checkpoint "
+                    "in it (a sharded pytorch_model.bin.index.json keeps its split) and "
+                    "copies the other files. No dtype is cast. Exit status: 0 when every "
+                    "file converted, 1 when one could not be or when there is nothing to "
+                    "convert (a .safetensors file, a folder without a checkpoint), 2 for a "
+                    "usage error.",
+        add_arguments=_add_convert_arguments)
+    commands.add_parser(
+        "demo", help="a tour of fastst on a sample checkpoint, timed against pickle and "
+                     "np.savez",
+        description="Build a sample transformer-shaped checkpoint in NumPy, save it with "
+                    "fastst, and show in a line each, with its figures, what fastst does "
+                    "that the reference does not: zero-copy opening, atomic and sharded "
+                    "saves, checksums and verify, conversion, object stores (with fsspec), "
+                    "the streaming writer and row gathers; then time fastst against pickle "
+                    "and np.savez. A few seconds, no network. The exit status is 1 when a "
+                    "step did not hold.",
+        add_arguments=_add_demo_arguments)
+    return parser
+
+
+def _add_inspect_arguments(inspect: argparse.ArgumentParser) -> None:
     inspect.add_argument("files", nargs="+", metavar="FILE",
                          help="a .safetensors file, or a sharded checkpoint: its directory "
                               "or its .index.json; or the URL of either (https://, s3://, "
@@ -106,16 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                               '{"file": FILE, "error": WHY}')
     _add_max_header_size(inspect)
 
-    verify = commands.add_parser(
-        "verify", help="check the structure and checksums of .safetensors files or folders",
-        description="Check each file's structure and, when it has them, every tensor's "
-                    "checksum; for a folder, each .safetensors file in it and each "
-                    "*.index.json against its shards; for a sharded checkpoint's "
-                    "*.index.json, the shards it names and the index against them. A "
-                    "corrupt tensor is named, and so is a tensor that the file's checksums "
-                    "leave out. The exit status is 0 when everything checks out, 1 "
-                    "otherwise; a file without checksums has its structure checked and "
-                    "says so.")
+
+def _add_verify_arguments(verify: argparse.ArgumentParser) -> None:
     verify.add_argument("paths", nargs="+", metavar="PATH",
                         help="a .safetensors file, or a folder of them (sharded "
                              "checkpoint), or a checkpoint's *.index.json, or the URL of a "
@@ -125,24 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_no_progress(verify)
     _add_max_header_size(verify)
 
-    _add_convert(commands)
 
-    demo = commands.add_parser(
-        "demo", help="a tour of fastst on a sample checkpoint, timed against pickle and "
-                     "np.savez",
-        description="Build a sample transformer-shaped checkpoint in NumPy, save it with "
-                    "fastst, and show in a line each, with its figures, what fastst does "
-                    "that the reference does not: zero-copy opening, atomic and sharded "
-                    "saves, checksums and verify, conversion, object stores (with fsspec), "
-                    "the streaming writer and row gathers; then time fastst against pickle "
-                    "and np.savez. A few seconds, no network. The exit status is 1 when a "
-                    "step did not hold.")
+def _add_demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--size-mb", type=_positive_size, default=64.0, metavar="N",
                       help="approximate checkpoint size in MiB (default: 64)")
     demo.add_argument("--dir", metavar="DIR", default=None,
                       help="write the checkpoint to DIR/demo.safetensors and keep it "
                            "(default: a temporary folder, removed afterwards)")
-    return parser
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
@@ -181,17 +226,7 @@ def _explain_unread_files(reports: Sequence[Dict[str, Any]], max_header_size: in
 # convert
 # ---------------------------------------------------------------------------
 
-def _add_convert(commands: Any) -> None:
-    convert = commands.add_parser(
-        "convert", help="convert PyTorch checkpoints and .npy/.npz files to safetensors",
-        description="Convert a torch.save checkpoint (.bin, .pt, .pth: zip or legacy "
-                    "format) or a .npy/.npz file to safetensors, without torch and without "
-                    "running the checkpoint's pickle. A directory converts every checkpoint "
-                    "in it (a sharded pytorch_model.bin.index.json keeps its split) and "
-                    "copies the other files. No dtype is cast. Exit status: 0 when every "
-                    "file converted, 1 when one could not be or when there is nothing to "
-                    "convert (a .safetensors file, a folder without a checkpoint), 2 for a "
-                    "usage error.")
+def _add_convert_arguments(convert: argparse.ArgumentParser) -> None:
     convert.add_argument("src", metavar="SRC", help="a checkpoint file or a directory")
     convert.add_argument("dst", metavar="DST", nargs="?", default=None,
                          help="the output file or directory (default: beside SRC, "
@@ -263,6 +298,8 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
                                "max_expansion": args.max_expansion, "align": args.align}
     # each byte is written, read back and compared, and with --verify compared with torch's
     passes = 3 if args.verify else 2
+    from ._progress import byte_bar
+
     bar = None if args.no_progress else byte_bar(_source_bytes(args.src) * passes, "reading")
     if bar is not None:
         options.update(progress=bar.update, on_phase=bar.phase)

@@ -153,14 +153,16 @@ def test_a_first_torch_load_imports_nothing_beyond_torch_but_fastst(wide_file):
 
 
 def test_inspecting_a_file_imports_neither_the_converter_nor_a_thread_pool(wide_file):
-    """Nor json (a file's report is text), which a first inspect paid for."""
+    """Nor json (a file's report is text), the checkpoint module (a file is not one)
+    and threading, which a first inspect paid for."""
     out = run_python(f"""
         import contextlib, io, sys
         from fastst.cli import main
         with contextlib.redirect_stdout(io.StringIO()):
             status = main(["inspect", {str(wide_file)!r}])
         print(status, sorted(name for name in ("fastst.convert", "zipfile", "concurrent.futures",
-                                               "logging", "json") if name in sys.modules))
+                                               "logging", "json", "fastst.checkpoint",
+                                               "threading", "shlex") if name in sys.modules))
     """)
     assert out.strip() == "0 []"
 
@@ -433,3 +435,22 @@ def test_writing_pieces_of_bfloat16_torch_tensors_imports_no_ml_dtypes(tmp_path)
     loaded = fastst.load_file(path)
     assert loaded["b"].astype(np.float32).tolist() == [[0, 1], [2, 3], [4, 5]]
     assert loaded["f"].astype(np.float32).tolist() == [0, 1, 2, 3]
+
+
+def test_a_command_builds_its_own_arguments_alone(wide_file):
+    """The other commands' parsers hold their names and descriptions until one of
+    them runs (or shows its help)."""
+    out = run_python(f"""
+        import argparse, contextlib, io
+        added, add_argument = set(), argparse.ArgumentParser.add_argument
+        def counted(parser, *args, **kwargs):
+            action = add_argument(parser, *args, **kwargs)
+            added.add(action.dest)
+            return action
+        argparse.ArgumentParser.add_argument = counted
+        from fastst.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(["inspect", {str(wide_file)!r}])
+        print(sorted(added))
+    """)
+    assert out.strip() == "['files', 'help', 'json', 'max_header_size', 'version']"

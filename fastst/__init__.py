@@ -15,26 +15,27 @@ Examples
 ...     f.metadata(), f.get_slice("embed")[1:3].tolist()
 ({'step': '1'}, [[1.0, 1.0], [1.0, 1.0]])
 """
-from typing import TYPE_CHECKING
-
-from ._core import (
-    DEFAULT_MAX_HEADER_SIZE,
-    DTYPE_CODES,
-    DTYPES,
-    DtypeInfo,
-    SafetensorError,
-    SafetensorIndexError,
-    SafetensorNotImplementedError,
-    SafetensorTypeError,
-    TensorInfo,
-    TensorNotFoundError,
-    read_options,
-)
+# typing's flag, without importing typing: what the interpreter starts with (the
+# switch's .pth file imports this package) stays small
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first use
     from . import numpy, writer
     from ._api import _safe_open_handle as _safe_open_handle
     from ._api import load, load_file, load_into, safe_open, save, save_file
+    from ._core import (
+        DEFAULT_MAX_HEADER_SIZE,
+        DTYPE_CODES,
+        DTYPES,
+        DtypeInfo,
+        SafetensorError,
+        SafetensorIndexError,
+        SafetensorNotImplementedError,
+        SafetensorTypeError,
+        TensorInfo,
+        TensorNotFoundError,
+        read_options,
+    )
     from ._edit import update_metadata
     from ._handle import FrameworkHandle, NumpyHandle, TensorMeta
     from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
@@ -46,9 +47,14 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
     from .writer import StreamWriter, save_file_from
 
 # name -> the module that holds it, imported on first use (None: the module itself).
-# `import fastst` loads the compiled core alone; the first name used from here loads
-# its module, and the name is then an attribute like any other.
-LAZY = {"safe_open": "_api", "_safe_open_handle": "_api", "load": "_api",
+# `import fastst` imports nothing more, not even the compiled core (nor NumPy with
+# it); the first name used from here loads its module, and the name is then an
+# attribute like any other.
+LAZY = {"DEFAULT_MAX_HEADER_SIZE": "_core", "DTYPE_CODES": "_core", "DTYPES": "_core",
+        "DtypeInfo": "_core", "SafetensorError": "_core", "SafetensorIndexError": "_core",
+        "SafetensorNotImplementedError": "_core", "SafetensorTypeError": "_core",
+        "TensorInfo": "_core", "TensorNotFoundError": "_core", "read_options": "_core",
+        "safe_open": "_api", "_safe_open_handle": "_api", "load": "_api",
         "load_file": "_api", "load_into": "_api", "save": "_api", "save_file": "_api",
         "NumpyHandle": "_handle", "FrameworkHandle": "_handle", "TensorMeta": "_handle",
         "PrefetchLoader": "_prefetch", "SafeSlice": "_slicing",

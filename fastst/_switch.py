@@ -6,17 +6,22 @@ of ``FACES`` is a module of its own that shows the fastst module it stands for (
 names are fastst's objects, looked up on use), and any other name is refused with
 an error that says what is served. The reference, installed or not, is never
 imported; ``importlib.metadata`` still describes the installed distribution.
+
+Thrown from the environment, the switch is installed as Python starts, by the
+package's ``.pth`` file: it then imports only this module and the package's own
+light ``__init__``, and the finder the rest of its needs when ``safetensors`` is
+first imported.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
-import types
-from typing import Any, Dict, List, Optional, Sequence
+
+TYPE_CHECKING = False   # typing's flag, without importing typing as Python starts
+if TYPE_CHECKING:
+    import importlib.machinery
+    import types
+    from typing import Any, Dict, List, Optional, Sequence
 
 # The reference's release whose API fastst offers, as `safetensors.__version__` gives
 # it under the switch: libraries choose their code paths by it (huggingface_hub
@@ -30,14 +35,19 @@ FACES = {"safetensors": "fastst", "safetensors.numpy": "fastst.numpy",
 ENVIRONMENT_VARIABLE = "FASTST_PATCH_SAFETENSORS"
 
 
-class SafetensorsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """The finder and loader of the ``safetensors`` modules under the switch."""
+class SafetensorsFinder:
+    """The finder and loader of the ``safetensors`` modules under the switch: a meta
+    path finder and a loader as the import system calls them (``importlib.abc``'s
+    methods, without its import, which costs milliseconds as Python starts)."""
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
                   target: Optional[types.ModuleType] = None
                   ) -> Optional[importlib.machinery.ModuleSpec]:
         if fullname != "safetensors" and not fullname.startswith("safetensors."):
             return None
+        import importlib.machinery
+        import importlib.util
+
         if fullname not in FACES:
             served = ", ".join(FACES)
             raise ModuleNotFoundError(
@@ -47,8 +57,10 @@ class SafetensorsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 f"TensorFlow and Paddle", name=fullname)
         face = importlib.util.find_spec(FACES[fullname])
         assert face is not None and face.origin is not None   # fastst's own modules
-        spec = importlib.machinery.ModuleSpec(fullname, self, origin=face.origin,
-                                              is_package=fullname == "safetensors")
+        # the finder loads the module too: a Loader by its methods, not importlib.abc's class
+        spec = importlib.machinery.ModuleSpec(
+            fullname, self, origin=face.origin,  # type: ignore[arg-type]
+            is_package=fullname == "safetensors")
         spec.has_location = True    # __file__: the fastst module's file
         if fullname == "safetensors":
             spec.submodule_search_locations = []    # its submodules come from here alone
@@ -58,6 +70,8 @@ class SafetensorsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None     # a new module, as for any other
 
     def exec_module(self, module: types.ModuleType) -> None:
+        import importlib
+
         show(module, importlib.import_module(FACES[module.__name__]))
 
 

@@ -55,6 +55,14 @@ def test_the_pth_file_adds_a_finder_and_imports_fastst_when_the_variable_is_1(tm
     assert not [name for name in imported if name.startswith("safetensors")]   # on use
 
 
+def test_the_pth_file_imports_two_small_modules_when_the_variable_is_1(tmp_path):
+    """What every Python of an environment with the switch on pays as it starts: the
+    compiled core, NumPy and importlib's ABCs (tempfile, shutil...) wait for the
+    first import of safetensors."""
+    imported, _ = read_pth(tmp_path, "1")
+    assert imported == ["fastst", "fastst._switch"]
+
+
 @pytest.mark.parametrize("way", ON)
 def test_safetensors_and_its_numpy_module_are_fastst(tmp_path, way):
     code = """

@@ -23,6 +23,11 @@ Rows:
     python bench/coldstart.py                     # 7 rounds, a 440 MiB model
     python bench/coldstart.py --rounds 3 --model-mib 60 --markdown out.md
     python bench/coldstart.py --switch env        # FASTST_PATCH_SAFETENSORS=1 instead
+
+``--switch env`` needs a Python that reads ``fastst-safetensors.pth`` as it starts: one
+where fastst is installed, or a virtual environment with the file in its
+site-packages (and a ``.pth`` line naming the site-packages that hold numpy, torch and
+transformers), the checkout being found through ``--fastst``.
 """
 from __future__ import annotations
 
@@ -69,7 +74,6 @@ class Child(NamedTuple):
     code: str
     args: Tuple[str, ...] = ()
     env: Dict[str, str] = {}
-    uses_fastst: bool = False
 
 
 class Row(NamedTuple):
@@ -82,22 +86,20 @@ def rows_for(files: Dict[str, str], switch: str) -> List[Row]:
     preamble, switch_env = SWITCHES[switch]
     return [
         Row("`load_file` of a small F32 file",
-            Child("import sys, fastst; fastst.load_file(sys.argv[1])", (files["f32"],),
-                  uses_fastst=True),
+            Child("import sys, fastst; fastst.load_file(sys.argv[1])", (files["f32"],)),
             Child("import sys; from safetensors.numpy import load_file; load_file(sys.argv[1])",
                   (files["f32"],))),
         Row("`fastst inspect` of a small F32/BF16/F8 file",
             Child("import sys; from fastst.cli import main; sys.exit(main())",
-                  ("inspect", files["mixed"]), uses_fastst=True),
+                  ("inspect", files["mixed"])),
             Child(INSPECT_REFERENCE, (files["mixed"],))),
         Row("`torch` `load_file` of a BF16 file",
             Child("import sys, fastst.torch; fastst.torch.load_file(sys.argv[1])",
-                  (files["bf16"],), uses_fastst=True),
+                  (files["bf16"],)),
             Child("import sys; from safetensors.torch import load_file; load_file(sys.argv[1])",
                   (files["bf16"],))),
         Row("`from_pretrained` of a Llama-shaped BF16 model",
-            Child(preamble + FROM_PRETRAINED, (files["model"],), {**OFFLINE, **switch_env},
-                  uses_fastst=True),
+            Child(preamble + FROM_PRETRAINED, (files["model"],), {**OFFLINE, **switch_env}),
             Child(FROM_PRETRAINED, (files["model"],), OFFLINE)),
     ]
 
@@ -109,12 +111,13 @@ def run_child(child: Child, fastst_dir: str, folder: str) -> Tuple[float, float]
     """(wall seconds, CPU seconds) of one run of `child`, from its start to its exit,
     in `folder` (``python -c`` imports from its working directory first). Bytecode goes
     to a cache of the bench's own in `folder`, as an installed package's would be
-    compiled once: the warm-up round fills it for every module, both sides'."""
+    compiled once: the warm-up round fills it for every module, both sides'. Every
+    child, the reference's too, imports from `fastst_dir` first: an entry of sys.path
+    costs each module found after it a lookup (about 2 ms for numpy's here), which
+    neither side should pay alone."""
     env = {**os.environ, **child.env, "PYTHONPYCACHEPREFIX": os.path.join(folder, "pycache")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if child.uses_fastst:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [fastst_dir,
-                                                          env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [fastst_dir, env.get("PYTHONPATH")]))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", child.code, *child.args], env=env, cwd=folder,

@@ -30,15 +30,18 @@ def run(code, tmp_path, **way):
 def read_pth(tmp_path, variable):
     """What reading the .pth file as Python starts does with FASTST_PATCH_SAFETENSORS
     set to `variable` (None: unset): the modules it imports, and whether it changed
-    the finders of modules."""
+    the finders of modules. The child starts with the variable unset and sets it just
+    before reading the file: where fastst is installed, the copy of the file in
+    site-packages has been read already as the child started."""
     site = tmp_path / "site"
     site.mkdir()
     shutil.copy(SWITCH_PTH, site)
-    code = ("import json, site, sys\n"
+    code = ("import json, os, site, sys\n"
+            f"if {variable!r} is not None: os.environ['FASTST_PATCH_SAFETENSORS'] = {variable!r}\n"
             "imported, finders = set(sys.modules), list(sys.meta_path)\n"
             f"site.addsitedir({str(site)!r})\n"
             "print(json.dumps([sorted(set(sys.modules) - imported), sys.meta_path != finders]))")
-    done = subprocess.run([sys.executable, "-c", code], env=switch_environment(variable),
+    done = subprocess.run([sys.executable, "-c", code], env=switch_environment(None),
                           capture_output=True, text=True, timeout=60, check=True)
     return json.loads(done.stdout)
 

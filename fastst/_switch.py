@@ -12,8 +12,6 @@ package's ``.pth`` file: it then imports only this module and the package's own
 light ``__init__``, and the finder the rest of its needs when ``safetensors`` is
 first imported.
 """
-from __future__ import annotations
-
 import os
 import sys
 
@@ -40,9 +38,9 @@ class SafetensorsFinder:
     path finder and a loader as the import system calls them (``importlib.abc``'s
     methods, without its import, which costs milliseconds as Python starts)."""
 
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
-                  target: Optional[types.ModuleType] = None
-                  ) -> Optional[importlib.machinery.ModuleSpec]:
+    def find_spec(self, fullname: str, path: "Optional[Sequence[str]]" = None,
+                  target: "Optional[types.ModuleType]" = None
+                  ) -> "Optional[importlib.machinery.ModuleSpec]":
         if fullname != "safetensors" and not fullname.startswith("safetensors."):
             return None
         import importlib.machinery
@@ -66,27 +64,27 @@ class SafetensorsFinder:
             spec.submodule_search_locations = []    # its submodules come from here alone
         return spec
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+    def create_module(self, spec: "importlib.machinery.ModuleSpec") -> None:
         return None     # a new module, as for any other
 
-    def exec_module(self, module: types.ModuleType) -> None:
+    def exec_module(self, module: "types.ModuleType") -> None:
         import importlib
 
         show(module, importlib.import_module(FACES[module.__name__]))
 
 
-def show(module: types.ModuleType, face: types.ModuleType) -> None:
+def show(module: "types.ModuleType", face: "types.ModuleType") -> None:
     """Make `module` show every name of `face`, looked up there on use: fastst's
     objects themselves, and its lazy names still loaded on first use."""
     own = module.__name__
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> "Any":
         # a submodule is an attribute only once imported, as in any package
         if f"{own}.{name}" in FACES or not hasattr(face, name):
             raise AttributeError(f"module {own!r} has no attribute {name!r}")
         return getattr(face, name)
 
-    def __dir__() -> List[str]:
+    def __dir__() -> "List[str]":
         return sorted(set(vars(module)) | set(dir(face)))
 
     shown: Dict[str, Any] = {"__doc__": face.__doc__, "__getattr__": __getattr__,

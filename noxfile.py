@@ -12,6 +12,7 @@ PATH as python3.10 ... python3.13 (with pyenv:
 ``PATH=$(printf '%s/bin:' $(pyenv root)/versions/3.1[0-3].*)$PATH nox``). The whole
 suite, frameworks included, runs on one Python: the README's second command.
 
+    nox -s wheel-3.11     # the wheel repaired to a manylinux tag, installed with no compiler
     nox -s reference      # the reference's own tests through the switch
 
 fetches huggingface safetensors' Python tests at the tag of the release whose API
@@ -78,6 +79,35 @@ def dist(session):
     check_contents(session, sdist, wheel)
     session.install(f"{wheel}[test-core]")
     run_core_tests(session)
+
+
+@nox.session(python=PYTHONS)
+def wheel(session):
+    """Build the wheel, repair it to a manylinux tag with auditwheel (which needs
+    patchelf), and run the quick check against it installed into a new virtual
+    environment where no compiler can be found: nothing may be built there."""
+    session.install("build", "auditwheel", "patchelf")
+    out = pathlib.Path(session.create_tmp())
+    built, repaired = out / "built", out / "repaired"
+    shutil.rmtree(built, ignore_errors=True)
+    shutil.rmtree(repaired, ignore_errors=True)
+    session.run("python", "-m", "build", "--wheel", "--outdir", str(built), str(ROOT))
+    (raw,) = built.glob("*.whl")
+    session.run("auditwheel", "repair", "--wheel-dir", str(repaired), str(raw))
+    (fixed,) = repaired.glob("*.whl")
+    session.run("auditwheel", "show", str(fixed))
+    if "manylinux" not in fixed.name:
+        session.error(f"{fixed.name} has no manylinux tag")
+    session.run("python", "-m", "venv", "--clear", str(out / "venv"))
+    python = str(out / "venv" / "bin" / "python")
+    # Binaries only, and compilers that fail: an install that tried to build would stop.
+    no_compiler = {"CC": "false", "CXX": "false", "LDSHARED": "false"}
+    session.run(python, "-m", "pip", "install", "--only-binary", ":all:",
+                f"{fixed}[test-core]", env=no_compiler, external=True)
+    with session.chdir(session.create_tmp()):
+        session.run(python, "-m", "pytest", str(ROOT / "tests"), "-m", "core",
+                    "-p", "no:cacheprovider", *session.posargs,
+                    env={"FASTST_TEST_INSTALLED": "1"}, external=True)
 
 
 @nox.session(python="3.11")

@@ -304,8 +304,10 @@ class Reader:
         A `fetch` may also have a ``fetch_into(ranges, buffers)`` method, which
         puts each range's bytes into its buffer (a writable memoryview exactly
         as long, valid only during the call) and returns a list of the bytes
-        each got: big tensors (1 MiB or more) are then fetched straight into
-        their arrays, all in one call with the first batch of the others.
+        each got: tensors of 64 KiB or more are then fetched straight into
+        their arrays, each a range of its own (neighbours in the file, which the
+        fetch may join into shared requests), all in one call with the first
+        batch of the others.
 
         A `fetch` whose store ignores range requests says so with a true
         ``ranges_ignored`` attribute: it is then asked only for ranges that

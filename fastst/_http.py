@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 from ._core import SafetensorError
 from ._ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range,
-                      RangedObject, Span, Tally, changed, check_version, checked_answer,
+                      RangedObject, Scatter, Span, Tally, changed, check_version, checked_answer,
                       precondition, precondition_failed, shown_url, too_long, translated)
 
 SCHEMES = {"http": 80, "https": 443}
@@ -368,13 +368,13 @@ class HttpRanges(RangedObject):
 
     # -- reading ------------------------------------------------------------
 
-    def _fetch(self, ranges: Sequence[Range], spans: List[Span], buffers: List[memoryview],
+    def _fetch(self, ranges: Sequence[Range], spans: List[Span], targets: List[Scatter],
                on_bytes: Optional[Callable[[int], None]]) -> None:
         call = Call(self.lock, self.limits.seconds_for(sum(length for _, length in ranges)))
         parts = PartQueue(spans, self.pace, self.ranges_ignored)
         tally = Tally(self.pace, on_bytes)
         try:
-            self._fetch_parts(call, parts, tally, spans, buffers)
+            self._fetch_parts(call, parts, tally, spans, targets)
         except Exception as error:
             part = getattr(error, "fastst_range", None)
             doing = (f"reading {len(ranges)} byte ranges" if part is None else
@@ -383,7 +383,7 @@ class HttpRanges(RangedObject):
         return None
 
     def _fetch_parts(self, call: Call, parts: PartQueue, tally: Tally, spans: List[Span],
-                     buffers: List[memoryview]) -> None:
+                     targets: List[Scatter]) -> None:
         """The parts, fetched by threads as many at once as the pace allows (by this
         thread where there is one part only); the first error ends them all."""
         with self.lock:
@@ -392,13 +392,13 @@ class HttpRanges(RangedObject):
         if first is None:
             return
         if not parts:
-            self._fetch_part(call, tally, spans, buffers, first)
+            self._fetch_part(call, tally, spans, targets, first)
             return
 
         def work(part: Optional[Tuple[int, int, int]]) -> None:
             try:
                 while part is not None:
-                    self._fetch_part(call, tally, spans, buffers, part)
+                    self._fetch_part(call, tally, spans, targets, part)
                     with call.condition:
                         more = call.error is None and call.workers <= self.pace.allowed
                         part = parts.next() if more else None
@@ -442,10 +442,10 @@ class HttpRanges(RangedObject):
             raise call.error
 
     def _fetch_part(self, call: Call, tally: Tally, spans: List[Span],
-                    buffers: List[memoryview], part: Tuple[int, int, int]) -> None:
+                    targets: List[Scatter], part: Tuple[int, int, int]) -> None:
         k, offset, size = part
         span = spans[k]
-        into = buffers[k][offset - span.offset:offset - span.offset + size]
+        into = targets[k].part(offset - span.offset, offset - span.offset + size)
         with self.lock:
             asked = tally.part_asked()
 
@@ -462,7 +462,7 @@ class HttpRanges(RangedObject):
             with self.lock:
                 span.holes.append((offset + got, offset + size))
 
-    def _get(self, call: Call, offset: int, length: int, into: memoryview,
+    def _get(self, call: Call, offset: int, length: int, into: Scatter,
              progress: Callable[[int], None]) -> int:
         """Bytes [offset, offset + length) into `into`; returns how many came (fewer
         where the answer was cut short). A location that redirects led to and that
@@ -488,7 +488,7 @@ class HttpRanges(RangedObject):
             self.connections.give(exchange.target, exchange.connection)
         return got
 
-    def _read_answer(self, exchange: Exchange, offset: int, length: int, into: memoryview,
+    def _read_answer(self, exchange: Exchange, offset: int, length: int, into: Scatter,
                      progress: Callable[[int], None]) -> Tuple[int, bool]:
         """Check an answer to a ranged GET and read its body into `into`: the bytes
         read, and whether the body goes on (the whole object: left unread)."""
@@ -678,15 +678,15 @@ def _refuse_encoding(label: str, answer: http.client.HTTPResponse, asked: str) -
                               f"the object holds them")
 
 
-def _read_declared(answer: http.client.HTTPResponse, into: memoryview, count: int,
+def _read_declared(answer: http.client.HTTPResponse, into: Scatter, count: int,
                    progress: Callable[[int], None]) -> int:
     """The first `count` bytes of a body of declared length, read into `into` one
     socket read at a time (straight from the socket: ``readinto1`` of the answer's
-    buffered reader); fewer where the body ends early."""
+    buffered reader), none across two of its buffers; fewer where the body ends early."""
     stream = answer.fp
     done = 0
     while done < count:
-        got = stream.readinto1(into[done:done + min(READ_PIECE, count - done)])
+        got = stream.readinto1(into.window(done, min(READ_PIECE, count - done)))
         if not got:
             break
         done += got
@@ -694,7 +694,7 @@ def _read_declared(answer: http.client.HTTPResponse, into: memoryview, count: in
     return done
 
 
-def _read_undeclared(answer: http.client.HTTPResponse, into: memoryview, count: int,
+def _read_undeclared(answer: http.client.HTTPResponse, into: Scatter, count: int,
                      progress: Callable[[int], None]) -> int:
     """The first `count` bytes of a chunked body, or one that ends with its
     connection, read a piece at a time; fewer where it ends early."""
@@ -703,7 +703,7 @@ def _read_undeclared(answer: http.client.HTTPResponse, into: memoryview, count: 
         piece = answer.read1(min(READ_PIECE, count - done))
         if not piece:
             break
-        into[done:done + len(piece)] = piece
+        into.put(done, piece)
         done += len(piece)
         progress(len(piece))
     return done

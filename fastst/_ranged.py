@@ -10,6 +10,7 @@ says which parts, and whether an answer is the bytes asked of the object opened.
 """
 from __future__ import annotations
 
+import bisect
 import re
 import threading
 import time
@@ -25,6 +26,7 @@ from ._progress import PROGRESS_MIN_BYTES, ByteBar, byte_bar
 SLOWEST_RATE = 256 << 10   # bytes a second below which a call's answer counts as stalled
 SMALLEST_PART = 4 << 20   # parts are cut no smaller than this, but for a range's last
 READ_PIECE = 1 << 20     # most bytes taken from an answer's body at a time
+JOINED_GAP = 4 << 10     # ranges of a fetch_into this close share a request, the gap dropped
 Range = Tuple[int, int]
 
 
@@ -196,31 +198,68 @@ class Pace:
 
 
 class Span:
-    """Neighbouring ranges of one read, fetched into one buffer: each range's bytes
-    are a view of it, and parts are cut from it. `holes` are the (start, end) of
-    bytes a part did not bring (an answer cut short)."""
+    """Neighbouring ranges of one read, fetched by parts cut from it into one
+    `Scatter`. `holes` are the (start, end) of bytes a part did not bring (an answer
+    cut short)."""
 
     def __init__(self, offset: int) -> None:
         self.offset = self.end = offset
         self.ranges: List[Range] = []
         self.holes: List[Range] = []
 
-    def view_of(self, buffer: memoryview, offset: int, length: int) -> memoryview:
-        """The bytes of range [offset, offset + length), up to its first missing byte."""
+    def got(self, offset: int, length: int) -> int:
+        """The bytes of range [offset, offset + length) up to its first missing one."""
         end = offset + length
         for first, last in self.holes:
             if first < end and last > offset:
                 end = max(first, offset)
-        return buffer[offset - self.offset:end - self.offset]
+        return end - offset
+
+    def view_of(self, buffer: memoryview, offset: int, length: int) -> memoryview:
+        """The bytes of range [offset, offset + length) in `buffer`, the span's, up to
+        its first missing byte."""
+        return buffer[offset - self.offset:offset - self.offset + self.got(offset, length)]
 
 
-def span_each(ranges: Sequence[Range]) -> List[Span]:
-    """A span for each range (each fetched into a buffer of its own)."""
-    spans = [Span(offset) for offset, _ in ranges]
-    for span, (offset, length) in zip(spans, ranges):
-        span.ranges.append((offset, length))
-        span.end = offset + length
-    return spans
+class Scatter:
+    """Where the bytes of a span, or of a part of one, go: buffers laid end to end (the
+    arrays of neighbouring tensors, say), each filled in turn. An answer's body is
+    read into its `window` at each point, straight from the socket."""
+
+    def __init__(self, views: Sequence[memoryview]) -> None:
+        self.views = [view for view in views if view.nbytes]
+        self.starts = [0]
+        for view in self.views:
+            self.starts.append(self.starts[-1] + view.nbytes)
+        self.nbytes = self.starts[-1]
+
+    def part(self, start: int, stop: int) -> Scatter:
+        """Bytes [start, stop) of these."""
+        views = []
+        k = bisect.bisect_right(self.starts, start) - 1
+        while start < stop:
+            at, view = self.starts[k], self.views[k]
+            views.append(view[start - at:min(stop, self.starts[k + 1]) - at])
+            start, k = self.starts[k + 1], k + 1
+        return Scatter(views)
+
+    def window(self, at: int, most: int) -> memoryview:
+        """The bytes from `at` on that one buffer holds, `most` at most."""
+        k = bisect.bisect_right(self.starts, at) - 1
+        return self.views[k][at - self.starts[k]:at - self.starts[k] + most]
+
+    def put(self, at: int, data: Any) -> None:
+        """Copy `data` in, from `at` on."""
+        data = memoryview(data).cast("B")
+        while data.nbytes:
+            window = self.window(at, data.nbytes)
+            window[:] = data[:window.nbytes]
+            at, data = at + window.nbytes, data[window.nbytes:]
+
+    def release(self) -> None:
+        """Let go of the buffers: writing into them through this raises from now on."""
+        for view in self.views:
+            view.release()
 
 
 def spans_of(ranges: Sequence[Range]) -> List[Span]:
@@ -232,6 +271,31 @@ def spans_of(ranges: Sequence[Range]) -> List[Span]:
         spans[-1].ranges.append((offset, length))
         spans[-1].end = offset + length
     return spans
+
+
+def joined(ranges: Sequence[Range], views: Sequence[memoryview]
+           ) -> Tuple[List[Span], List[Scatter], List[int]]:
+    """Spans of `ranges`, each to be fetched into its view: ranges that follow on in
+    the object, or with at most JOINED_GAP bytes between them (read into a scrap
+    buffer), joined into one span, whatever their order given. Returns the spans,
+    the Scatter of each, and the span of each range."""
+    scrap = memoryview(bytearray(JOINED_GAP))   # junk: written at once by any part
+    spans: List[Span] = []
+    pieces: List[List[memoryview]] = []
+    span_of = [0] * len(ranges)
+    for k in sorted(range(len(ranges)), key=lambda k: ranges[k][0]):
+        offset, length = ranges[k]
+        gap = offset - spans[-1].end if spans else -1
+        if not 0 <= gap <= JOINED_GAP:    # overlapping ranges are never joined
+            spans.append(Span(offset))
+            pieces.append([])
+        elif gap:
+            pieces[-1].append(scrap[:gap])
+        spans[-1].ranges.append((offset, length))
+        spans[-1].end = offset + length
+        pieces[-1].append(views[k])
+        span_of[k] = len(spans) - 1
+    return spans, [Scatter(views) for views in pieces], span_of
 
 
 class PartQueue:
@@ -610,7 +674,7 @@ class RangedObject:
         spans = spans_of(ranges)
         # not zeroed: each page is touched once, by the bytes that fill it
         buffers = [memoryview(np.empty(span.end - span.offset, np.uint8)) for span in spans]
-        got = self._with_bar(ranges, spans, buffers)
+        got = self._with_bar(ranges, spans, [Scatter([buffer]) for buffer in buffers])
         if got is not None:
             return got
         return [span.view_of(buffer, offset, length)
@@ -618,10 +682,11 @@ class RangedObject:
 
     def fetch_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> List[int]:
         """Put the bytes of each range into its buffer (a writable memoryview exactly
-        as long), fetched in parts as a call does; returns the bytes each got, fewer
-        than asked where an answer was cut short. The buffers are not kept past the
-        call. The compiled Reader fetches big tensors this way, straight into their
-        arrays."""
+        as long), fetched in parts as a call does, neighbouring ranges in shared
+        requests whose bodies are read into each buffer in turn; returns the bytes
+        each got, fewer than asked where an answer was cut short. The buffers are not
+        kept past the call. The compiled Reader fetches tensors this way, straight
+        into their arrays."""
         for (offset, length), buffer in zip(ranges, buffers, strict=True):
             if buffer.readonly or buffer.nbytes != length:
                 raise ValueError(f"{self.label}: bytes [{offset}, {offset + length}) need a "
@@ -632,20 +697,19 @@ class RangedObject:
             got: Optional[List[Any]] = [whole[offset:offset + length]
                                         for offset, length in ranges]
         else:
-            spans = span_each(ranges)
-            got = self._with_bar(ranges, spans, views)
+            spans, targets, span_of = joined(ranges, views)
+            got = self._with_bar(ranges, spans, targets)
         if got is not None:     # the whole object's, or a transport's own bytes: copied
             counts = [memoryview(item).nbytes for item in got]
             for view, item, count in zip(views, got, counts):
                 if count <= view.nbytes:    # else the Reader refuses it as too long
                     view[:count] = item
             return counts
-        return [len(span.view_of(view, span.offset, span.end - span.offset))
-                for span, view in zip(spans, views)]
+        return [spans[k].got(offset, length) for (offset, length), k in zip(ranges, span_of)]
 
-    def _fetch(self, ranges: Sequence[Range], spans: List[Span], buffers: List[memoryview],
+    def _fetch(self, ranges: Sequence[Range], spans: List[Span], targets: List[Scatter],
                on_bytes: Optional[Callable[[int], None]]) -> Optional[List[Any]]:
-        """Fetch `spans` into `buffers` (a span's holes say what an answer cut short
+        """Fetch `spans` into `targets` (a span's holes say what an answer cut short
         left out), calling `on_bytes(n)` as n bytes come in; or return the bytes of
         each range instead, where the transport gives bytes of its own."""
         raise NotImplementedError
@@ -661,8 +725,8 @@ class RangedObject:
             if self.whole is None:
                 self.check_readable_whole()
                 buffer = memoryview(np.empty(self.size, np.uint8))
-                (span,) = span_each([(0, self.size)])
-                got = self._with_bar([(0, self.size)], [span], [buffer])
+                (span,) = spans_of([(0, self.size)])
+                got = self._with_bar([(0, self.size)], [span], [Scatter([buffer])])
                 whole = (memoryview(got[0]).cast("B") if got is not None else
                          span.view_of(buffer, 0, self.size))
                 if whole.nbytes != self.size:
@@ -671,12 +735,12 @@ class RangedObject:
         return self.whole
 
     def _with_bar(self, ranges: Sequence[Range], spans: List[Span],
-                  buffers: List[memoryview]) -> Optional[List[Any]]:
+                  targets: List[Scatter]) -> Optional[List[Any]]:
         """``_fetch`` with a download bar."""
         asked = sum(length for _, length in ranges)
         bar = self._download_bar(asked)
         try:
-            return self._fetch(ranges, spans, buffers, None if bar is None else bar.update)
+            return self._fetch(ranges, spans, targets, None if bar is None else bar.update)
         finally:
             self.fetched += asked
             if bar is not None:

@@ -171,8 +171,8 @@ cdef class Reader:
         (its first HEAD_BYTES); a longer header takes a second. Tensors are then read
         into fresh memory, each plan in as few requests as its byte ranges allow.
         `identity` is what ``file_identity`` returns. A `fetch` with a
-        ``fetch_into(ranges, buffers)`` method gets big tensors straight into their
-        arrays (see _run_ranges_into). A `fetch` whose store ignores
+        ``fetch_into(ranges, buffers)`` method gets tensors of DIRECT_BYTES or more
+        straight into their arrays (see _run_ranges_into). A `fetch` whose store ignores
         range requests says so by a true ``ranges_ignored`` attribute: it is then
         asked only for ranges from byte 0 (the rest of a long header with the
         start again, and, for a read of at least as many bytes as the tensors
@@ -293,18 +293,21 @@ cdef class Reader:
 
     cdef _run_ranges_into(self, object fetch_into, object head, _ReadPlan plan, object what):
         """Carry out a read plan by ``fetch_into(ranges, buffers)``, which puts each
-        range's bytes into its buffer and returns how many it put: the plan's big runs
-        (DIRECT_BYTES or more, neighbours in the file and in memory) are fetched
-        straight into their arrays, the rest coalesced as `_range_plan` does into a
-        staging buffer of at most BATCH_BYTES a call. The runs go in the first call,
+        range's bytes into its buffer and returns how many it put: the plan's runs of
+        DIRECT_BYTES or more (neighbours in the file and in memory) are fetched
+        straight into their arrays, each a range of its own (the fetcher joins
+        neighbours into shared requests), the rest coalesced as `_range_plan` does into
+        a staging buffer of at most BATCH_BYTES a call. The runs go in the first call,
         with the first staged batch, so the fetcher keeps every request busy to the
-        end of the plan; nothing is copied twice."""
+        end of the plan; nothing is copied twice, and bytes the first request brought
+        are not asked again."""
         cdef _ReadPlan staged = _ReadPlan.__new__(_ReadPlan)
         direct = _direct_runs(plan, staged)
         cdef _RangePlan ranges = _range_plan(staged)
         cdef Py_ssize_t first = 0, last, piece = 0, end_piece, count = len(ranges.ranges)
         cdef Py_ssize_t cached = len(head), k
-        cdef uint64_t batch, offset, length, at
+        cdef uint64_t batch, offset, length, at, known
+        cdef uintptr_t destination
         cdef const char** bases = NULL
         cdef char* staging_at
         staging = None
@@ -322,9 +325,16 @@ cdef class Reader:
                 staging_at = <char*>cnp.PyArray_DATA(staging)
                 asked, buffers = [], []
                 for offset, length, destination in direct:
+                    if offset < <uint64_t>cached:    # its start came with the header
+                        known = min(<uint64_t>cached - offset, length)
+                        memcpy(<char*>destination, PyBytes_AS_STRING(head) + offset, known)
+                        if known == length:
+                            continue
+                        offset, length = offset + known, length - known
+                        destination += known
                     asked.append((offset, length))
-                    buffers.append(PyMemoryView_FromMemory(<char*><uintptr_t>destination,
-                                                           length, PyBUF_WRITE))
+                    buffers.append(PyMemoryView_FromMemory(<char*>destination, length,
+                                                           PyBUF_WRITE))
                 at = 0
                 for k in range(first, last):
                     offset, length = ranges.ranges[k]

@@ -672,7 +672,10 @@ cdef class _RangePlan:
                 memcpy(piece.dest, bases[piece.range - range0] + piece.at, piece.length)
 
 
-cdef uint64_t DIRECT_BYTES = 1 << 20  # runs this long are fetched into their arrays, not staged
+# Runs this long are fetched into their arrays (a fetch_into joins neighbours into shared
+# requests), shorter ones staged: a run read into place costs the fetch's Python a call or
+# two, which a staged copy of a few KiB costs less than.
+cdef uint64_t DIRECT_BYTES = 64 << 10
 
 
 cdef list _direct_runs(_ReadPlan plan, _ReadPlan staged):

@@ -49,7 +49,7 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping
 from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
 from ._ranged import (READ_PIECE, Limits, ObjectVersion, Pace, PartQueue, Range,
-                      RangedObject, Span, Tally, checked_answer, precondition, shown_url,
+                      RangedObject, Scatter, Span, Tally, checked_answer, precondition, shown_url,
                       too_long, translated)
 
 if TYPE_CHECKING:
@@ -429,12 +429,12 @@ class UrlRanges(RangedObject):
         self.fs, self.read_kwargs = _with_precondition(fs, self.storage_options, self.etag,
                                                        modified)
 
-    def _fetch(self, ranges: Sequence[Range], spans: List[Span], buffers: List[memoryview],
+    def _fetch(self, ranges: Sequence[Range], spans: List[Span], targets: List[Scatter],
                on_bytes: Optional[Callable[[int], None]]) -> Optional[List[Any]]:
         try:
             if getattr(self.fs, "async_impl", False):
                 get = _range_getter(self.fs)
-                _fetch_spans(self.fs, spans, buffers, lambda offset, length, into, progress: get(
+                _fetch_spans(self.fs, spans, targets, lambda offset, length, into, progress: get(
                     self.fs, self.path, offset, length, self, into, progress),
                     self.pace, self.limits, whole_requests=self.ranges_ignored,
                     on_bytes=on_bytes)
@@ -490,13 +490,13 @@ def _bounded(fs: AbstractFileSystem, seconds: float, method: Callable[..., Any],
 # One ranged GET into memory: (offset, length, into, progress) -> the bytes put at the
 # start of `into` (fewer than `length` when the answer was cut short); progress(n) is
 # called as each n bytes come in.
-PartGetter = Callable[[int, int, memoryview, Callable[[int], None]], Awaitable[int]]
+PartGetter = Callable[[int, int, Scatter, Callable[[int], None]], Awaitable[int]]
 
 
-def _fetch_spans(fs: AbstractFileSystem, spans: List[Span], buffers: List[memoryview],
+def _fetch_spans(fs: AbstractFileSystem, spans: List[Span], targets: List[Scatter],
                  get: PartGetter, pace: Pace, limits: Limits, whole_requests: bool = False,
                  on_bytes: Optional[Callable[[int], None]] = None) -> None:
-    """Spans of an async file system's object, fetched by parts into their buffers
+    """Spans of an async file system's object, fetched by parts into their targets
     (a span's holes say what an answer cut short left out): a queue of parts that
     `pace` sizes, taken by as many requests at once as it allows, each started as
     soon as one ends. With `whole_requests`, each span is asked for in one request (a
@@ -506,7 +506,7 @@ def _fetch_spans(fs: AbstractFileSystem, spans: List[Span], buffers: List[memory
     leaves its requests running when its caller gives up). Where a store's code holds
     the event loop past the deadline, so that nothing can be cancelled, the call
     gives up waiting a second later, and the places of its parts are released: the
-    store writes nothing into the buffers once it lets the loop run again."""
+    store writes nothing into the targets once it lets the loop run again."""
     import asyncio
 
     from fsspec.asyn import sync  # type: ignore[import-untyped, unused-ignore]
@@ -514,14 +514,14 @@ def _fetch_spans(fs: AbstractFileSystem, spans: List[Span], buffers: List[memory
 
     parts = PartQueue(spans, pace, whole_requests)
     tally = Tally(pace, on_bytes)
-    places: List[memoryview] = []     # where each part started goes
+    places: List[Scatter] = []     # where each part started goes
     given_up = threading.Event()
 
     async def fetch_part(k: int, offset: int, size: int) -> None:
         if given_up.is_set():
             return
         span = spans[k]
-        into = buffers[k][offset - span.offset:offset - span.offset + size]
+        into = targets[k].part(offset - span.offset, offset - span.offset + size)
         places.append(into)
         try:
             got = await get(offset, size, into, tally.part_asked())
@@ -575,7 +575,7 @@ def _fetch_spans(fs: AbstractFileSystem, spans: List[Span], buffers: List[memory
 # opened, the precondition's keywords, into, progress) -> the bytes put into `into`.
 # _get_http and _get_s3 read no more than asked and check what the answer says of itself
 # (and note a server that ignores range requests); _get_other is fsspec's own whole read.
-RangeGetter = Callable[[Any, str, int, int, "UrlRanges", memoryview, Callable[[int], None]],
+RangeGetter = Callable[[Any, str, int, int, "UrlRanges", Scatter, Callable[[int], None]],
                        Awaitable[int]]
 
 
@@ -589,7 +589,7 @@ def _range_getter(fs: AbstractFileSystem) -> RangeGetter:
 
 
 async def _get_http(fs: Any, path: str, offset: int, length: int, opened: UrlRanges,
-                    into: memoryview, progress: Callable[[int], None]) -> int:
+                    into: Scatter, progress: Callable[[int], None]) -> int:
     """Bytes [offset, offset + length) of an HTTP object into `into`, on the aiohttp
     session of fsspec's HTTPFileSystem (whose request options and headers apply)."""
     version = opened.version
@@ -618,7 +618,7 @@ async def _get_http(fs: Any, path: str, offset: int, length: int, opened: UrlRan
 
 
 async def _get_s3(fs: Any, path: str, offset: int, length: int, opened: UrlRanges,
-                  into: memoryview, progress: Callable[[int], None]) -> int:
+                  into: Scatter, progress: Callable[[int], None]) -> int:
     """Bytes [offset, offset + length) of an S3 object into `into`: s3fs's GetObject
     (with its IfMatch, its retries), the body read in pieces."""
     version, kwargs = opened.version, opened.read_kwargs
@@ -652,7 +652,7 @@ async def _get_s3(fs: Any, path: str, offset: int, length: int, opened: UrlRange
 
 
 async def _get_other(fs: Any, path: str, offset: int, length: int, opened: UrlRanges,
-                     into: memoryview, progress: Callable[[int], None]) -> int:
+                     into: Scatter, progress: Callable[[int], None]) -> int:
     """Bytes [offset, offset + length) through fsspec's ``_cat_file``, which reads
     the whole answer: checked to be bytes, and no more than asked."""
     data = await fs._cat_file(path, start=offset, end=offset + length, **opened.read_kwargs)
@@ -664,12 +664,12 @@ async def _get_other(fs: Any, path: str, offset: int, length: int, opened: UrlRa
     if count > length:
         raise SafetensorError(f"{opened.label}: {asked} came back {count} bytes long, not "
                               f"{length} (too long)")
-    into[:count] = data
+    into.put(0, data)
     progress(count)
     return count
 
 
-async def _read_into(read: Callable[[int], Awaitable[bytes]], into: memoryview, body: int,
+async def _read_into(read: Callable[[int], Awaitable[bytes]], into: Scatter, body: int,
                      version: ObjectVersion, offset: int, length: int,
                      progress: Callable[[int], None], *, rest_unread: bool = False) -> int:
     """An answer's body, which should hold `body` bytes, read in pieces into `into`:
@@ -685,7 +685,7 @@ async def _read_into(read: Callable[[int], Awaitable[bytes]], into: memoryview, 
             break
         if done + len(piece) > body:
             raise too_long(version.label, offset, length, body)
-        into[done:done + len(piece)] = piece
+        into.put(done, piece)
         done += len(piece)
         progress(len(piece))
     return done

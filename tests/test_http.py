@@ -497,8 +497,9 @@ def test_more_informational_answers_in_a_row_than_16_are_refused(count):
 
 def test_bodies_are_read_from_the_socket_straight_into_the_arrays(served, monkeypatch):
     """A large body's socket reads fill the arrays themselves, not the answer's
-    buffer (8 KiB) to be copied from: what goes through that buffer is the heads and
-    the file's header."""
+    buffer (8 KiB) to be copied from: what goes through that buffer is the heads, the
+    file's header, and the last few KiB of an array whose neighbour shares its
+    request (a read of less than the buffer fills the buffer)."""
     server, put = served
     tensors = {f"big{k}": np.full(2 * MiB, k, np.float32) for k in range(6)}   # 48 MiB
     url = put("straight.safetensors", fastst.save(tensors))
@@ -514,7 +515,7 @@ def test_bodies_are_read_from_the_socket_straight_into_the_arrays(served, monkey
     monkeypatch.setattr(CallReader, "readinto", counted)
     loaded = fastst.load_file(url)
     assert all((loaded[name] == array).all() for name, array in tensors.items())
-    assert into["the arrays"] >= 48 * MiB - (64 << 10) and into["the buffer"] < 256 << 10
+    assert into["the arrays"] >= 48 * MiB - (128 << 10) and into["the buffer"] < 256 << 10
 
 
 def test_a_handle_on_a_url_names_its_version_and_its_transport_keeps_it(served):

@@ -510,10 +510,10 @@ def on_store(server, put, store, name, data):
 
 LYING_ANSWERS = {
     "new-version": r"changed since it was opened \(its ETag is now \"\w+\", was \"\w+\"\)",
-    "range-start": r"answered bytes \[145, 524433\) \(Content-Range 'bytes 145-524432/524560'\) "
-                   r"to the request for bytes \[144, 524432\)",
+    "range-start": r"answered bytes \[65537, 524433\) \(Content-Range "
+                   r"'bytes 65537-524432/524560'\) to the request for bytes \[65536, 524432\)",
     "range-total": r"changed since it was opened \(its size is now 524561 bytes, was 524560\)",
-    "ignore-range": r"ignored the range request for bytes \[144, 524432\) \(status 200",
+    "ignore-range": r"ignored the range request for bytes \[65536, 524432\) \(status 200",
 }
 
 
@@ -527,7 +527,8 @@ def test_an_answer_that_is_not_the_bytes_asked_of_the_version_opened_is_refused(
     tensors = {"big": np.arange(64 * 1024, dtype=np.float64), "tail": np.ones(16)}
     url, options = on_store(server, put, store, f"{mode}.safetensors", fastst.save(tensors))
     with fastst.safe_open(url, storage_options=options) as f:
-        assert f.data_start == 144   # 'big' is bytes [144, 524432) of 524560
+        # 'big' is bytes [144, 524432) of 524560, those before 65536 came with the header
+        assert f.data_start == 144
         server.mode = mode
         with pytest.raises(SafetensorError, match=LYING_ANSWERS[mode]) as error:
             f.get_tensor("big")
@@ -547,8 +548,8 @@ def test_an_answer_from_a_later_date_is_refused_where_there_is_no_etag(served):
 
 UNVERSIONED_ANSWERS = {
     "ETag": r"changed since it was opened \(its Last-Modified is now .+, was .+\) while "
-            r"reading bytes \[144, 524432\)",
-    "ETag and Last-Modified": r"the answer while reading bytes \[144, 524432\) cannot be "
+            r"reading bytes \[65536, 524432\)",
+    "ETag and Last-Modified": r"the answer while reading bytes \[65536, 524432\) cannot be "
                               r"shown to be from the object opened: it gives no ETag \(the "
                               r"object's was \"\w+\" when opened\) and no Last-Modified date",
 }
@@ -810,19 +811,19 @@ except MemoryError:
 # (mode, store, what is read, GETs answered honestly first, what the refusal says)
 ENDLESS = [
     ("endless", "http", "open", 0, "ignored the range request for bytes [0, 65536)"),
-    ("endless", "http", "tensor", 1, "ignored the range request for bytes [144, 524432)"),
-    ("overlong", "http", "tensor", 1, "the answer for bytes [144, 524432) goes on past the "
-                                      "524288 bytes it should hold (too long)"),
+    ("endless", "http", "tensor", 1, "ignored the range request for bytes [65536, 524432)"),
+    ("overlong", "http", "tensor", 1, "the answer for bytes [65536, 524432) goes on past the "
+                                      "458896 bytes it should hold (too long)"),
     ("endless", "http", "index", 0, "goes on past the 396 bytes it should hold (too long)"),
     ("endless", "http", "inspect", 0, "ignored the range request for bytes [0, 65536)"),
     ("endless", "fsspec-http", "open", 0, "ignored the range request for bytes [0, 65536)"),
-    ("overlong", "fsspec-http", "tensor", 1, "the answer for bytes [144, 524432) goes on past "
-                                             "the 524288 bytes it should hold (too long)"),
+    ("overlong", "fsspec-http", "tensor", 1, "the answer for bytes [65536, 524432) goes on past "
+                                             "the 458896 bytes it should hold (too long)"),
     ("endless", "fsspec-http", "index", 0, "goes on past the 396 bytes it should hold "
                                            "(too long)"),
     ("endless", "s3", "open", 0, "ignored the range request for bytes [0, 65536)"),
-    ("endless", "s3", "tensor", 1, "ignored the range request for bytes [144, 524432)"),
-    ("overlong", "s3", "tensor", 1, "goes on past the 524288 bytes it should hold (too long)"),
+    ("endless", "s3", "tensor", 1, "ignored the range request for bytes [65536, 524432)"),
+    ("overlong", "s3", "tensor", 1, "goes on past the 458896 bytes it should hold (too long)"),
     ("endless", "s3", "index", 0, "goes on past the 396 bytes it should hold (too long)"),
 ]
 
@@ -1386,14 +1387,16 @@ class RangesInto:
         return counts if self.lie is None else self.lie(counts)
 
 
-def test_big_tensors_are_fetched_straight_into_their_arrays():
-    """Tensors of a MiB or more: one range each, whose buffer is the array returned,
-    all in the first call with the small ones (staged, coalesced) beside them."""
+def test_tensors_of_64_kib_or_more_are_fetched_straight_into_their_arrays():
+    """Tensors of 64 KiB or more: their bytes fetched into the arrays returned, all in
+    the first call with the small ones (staged, coalesced) beside them, every byte
+    past the first request's asked once (those it brought are copied from it)."""
     rng = np.random.default_rng(3)
     tensors = {"big": rng.standard_normal((512, 1024), np.float32),         # 2 MiB
                "small": np.arange(100, dtype=np.int16),
                "bigger": rng.integers(0, 9, (3 * MiB,), np.uint8),
-               "tail": np.ones(7, np.float64)}
+               "tail": np.ones(7, np.float64),
+               **{f"mid{k}": rng.standard_normal(16384 + k, np.float32) for k in range(8)}}
     data = fastst.save(tensors)
     fetch = RangesInto(data)
     reader = Reader()
@@ -1401,18 +1404,22 @@ def test_big_tensors_are_fetched_straight_into_their_arrays():
     loaded = reader.copy_tensors()
     assert_same(loaded, tensors)
     (call,) = fetch.calls
-    addresses = {address for _, _, address in call}
-    assert {loaded["big"].ctypes.data, loaded["bigger"].ctypes.data} <= addresses
-    big_ranges = [(offset, length) for offset, length, _ in call if length >= MiB]
-    assert sorted(length for _, length in big_ranges) == [2 * MiB, 3 * MiB]
+    buffers = [(address, address + length) for _, length, address in call]
+    direct = [name for name, array in loaded.items() if array.nbytes >= 64 << 10]
+    assert len(direct) == 10
+    for name in direct:      # its last byte was fetched into the array
+        end = loaded[name].ctypes.data + loaded[name].nbytes
+        assert any(start < end <= stop for start, stop in buffers), name
+    assert sum(length for _, length, _ in call) == len(data) - 65536
 
 
 @pytest.mark.parametrize("lie, message", [
     (lambda counts: counts[:-1], r"fetch_into must return a list of one byte count per range"),
     (lambda counts: "all", r"got a str"),
-    (lambda counts: [c - 1 for c in counts], r"tensor 'big'.*not 2097152 \(a short read\)"),
-    (lambda counts: [c + 1 for c in counts], r"not 2097152 \(too long\)"),
-    (lambda counts: [float(c) for c in counts], r"came back 2097152.0 bytes long"),
+    # 'big' is bytes [80, 2097232), those before 65536 brought by the first request
+    (lambda counts: [c - 1 for c in counts], r"tensor 'big'.*not 2031696 \(a short read\)"),
+    (lambda counts: [c + 1 for c in counts], r"not 2031696 \(too long\)"),
+    (lambda counts: [float(c) for c in counts], r"came back 2031696.0 bytes long"),
 ])
 def test_a_fetch_into_that_miscounts_is_an_error(lie, message):
     data = fastst.save({"big": np.zeros(MiB // 2, np.float32)})

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import fastst
 from fastst import SafetensorError
-from fastst._ranged import Pace, PartQueue, span_each
+from fastst._ranged import Pace, PartQueue, spans_of
 
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -87,6 +87,29 @@ def test_the_bounds_given_in_storage_options_hold(store):
     assert parts[0][0] == 0 and parts[-1][1] == len(data)
 
 
+def test_a_file_of_many_tensors_is_asked_once_for_each_byte_and_staged_nowhere(store):
+    """512 tensors of 64 KiB: read straight into their arrays, in requests that join
+    neighbours (4 MiB at least, but for the last), each byte asked for once (those the
+    first request brought are not asked again), no staging buffer beside the arrays."""
+    tensors = {f"t{k:03d}": np.full(16384, k, np.float32) for k in range(512)}   # 32 MiB
+    data = fastst.save(tensors)
+    url = put(store, "many.safetensors", data)
+    store.reset_counts()
+    tracemalloc.start()
+    try:
+        loaded = fastst.load_file(url)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert all((loaded[name] == array).all() for name, array in tensors.items())
+    parts = sorted(parts_asked(store))
+    assert parts[0][0] == 0 and parts[-1][1] == len(data)
+    assert all(end == start for (_, end), (start, _) in zip(parts, parts[1:]))
+    assert store.bytes_sent == len(data)
+    assert len(parts) <= 2 + len(data) // (4 * MiB)
+    assert peak < 32 * MiB + 4 * MiB     # the arrays, and little else
+
+
 @pytest.mark.parametrize("options, message", [
     ({"max_concurrency": 0}, r"storage_options\['max_concurrency'\] must be an integer >= 1"),
     ({"part_size": "8M"}, r"storage_options\['part_size'\] must be an integer >= 1, got '8M'"),
@@ -97,7 +120,7 @@ def test_bounds_that_are_not_counts_are_refused(store, options, message):
         fastst.load_file(url, storage_options=options)
 
 
-# small tensors are coalesced and staged; those of a MiB or more are fetched into place
+# small tensors are coalesced and staged; those of 64 KiB or more are fetched into place
 LAYOUTS = st.lists(st.tuples(st.sampled_from(["u1", "<f4", "<i8"]),
                              st.one_of(st.integers(0, 96 << 10),
                                        st.integers(MiB, 3 * MiB // 2))),
@@ -134,7 +157,7 @@ def test_every_plan_on_a_paced_store_brings_exactly_the_bytes(store, layout, par
 
 
 def test_the_parts_of_100_000_spans_are_handed_out_in_memory_that_does_not_grow_with_them():
-    spans = span_each([(10 * k, 1 + k % 3) for k in range(100_000)])
+    spans = spans_of([(10 * k, 1 + k % 3) for k in range(100_000)])
     tracemalloc.start()
     try:
         parts = PartQueue(spans, Pace(4, 32, MiB))

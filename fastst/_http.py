@@ -344,7 +344,7 @@ class HttpRanges(RangedObject):
     def __init__(self, url: str, storage_options: Mapping[str, Any], limits: Limits) -> None:
         super().__init__()
         self.url, self.label, self.limits = url, shown_url(url), limits
-        self.pace = limits.pace()
+        self.pace = limits.pace(url)
         client = storage_options.get("client_kwargs", {})
         self.connect_timeout, self.read_timeout = _timeouts(client.get("timeout"), limits)
         self.headers = {**client.get("headers", {}), **storage_options.get("headers", {}),

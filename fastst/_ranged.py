@@ -47,10 +47,20 @@ class Limits(NamedTuple):
         many times over; this bounds them all."""
         return self.connect_timeout + self.read_timeout + size / SLOWEST_RATE
 
-    def pace(self) -> Pace:
+    def pace(self, url: Optional[str] = None) -> Pace:
         """A new `Pace` within these bounds: `start_requests` at first, `max_requests`
-        at most, parts of `part_size` at most."""
-        return Pace(self.start_requests, self.max_requests, self.part_size)
+        at most, parts of `part_size` at most; for a `url` on a store that this
+        process read before (the same scheme and host), at the level its last read
+        reached (see `Pace`)."""
+        parts = None if url is None else _url_parts(url)
+        store = None if parts is None else (parts[0] + parts[1].rpartition("@")[2],
+                                            self.max_requests, self.part_size)
+        return Pace(self.start_requests, self.max_requests, self.part_size, store)
+
+
+# The level (requests allowed, settled) that the last read of each store reached, by the
+# `store` of its Pace: a new object on it goes on from there.
+LEARNED: Dict[Any, Tuple[int, bool]] = {}
 
 
 class ObjectVersion(NamedTuple):
@@ -63,7 +73,8 @@ class ObjectVersion(NamedTuple):
 
 class Pace:
     """How many requests the reader of one URL keeps in flight, and how large they
-    are: learned while it reads, and kept from one read to the next.
+    are: learned while it reads, and kept from one read to the next, and for the
+    next URL on the same `store` (a checkpoint's shards, the next load of a file).
 
     It starts with `low` requests and, as TCP's slow start does, doubles them each
     time that makes the bytes come in at least `GROWTH` times faster than at the level
@@ -85,6 +96,9 @@ class Pace:
         The requests in flight at first, and at most.
     part_size : int
         The largest request, in bytes.
+    store : hashable, optional
+        What tells the store read, and these bounds, apart: a Pace made for a
+        store that one made before learned a level on starts at that level.
 
     Attributes
     ----------
@@ -124,11 +138,11 @@ class Pace:
     LATENCIES = 2
     CAPPED_RATE = 64 << 20
 
-    def __init__(self, low: int, high: int, part_size: int) -> None:
+    def __init__(self, low: int, high: int, part_size: int, store: Any = None) -> None:
         self.high = high
         self.part_size = part_size
-        self.allowed = min(low, high)
-        self.settled = self.allowed >= high
+        self.store = store
+        self.allowed, self.settled = LEARNED.get(store, (min(low, high), low >= high))
         self.best_rate = 0.0
         self.best_allowed = self.allowed
         self.misses = 0          # windows in a row that the level now allowed did not pay
@@ -186,6 +200,8 @@ class Pace:
             self.misses += 1     # one window can be unlucky on a busy machine
         else:
             self.allowed, self.settled = self.best_allowed, True
+        if self.store is not None:
+            LEARNED[self.store] = self.allowed, self.settled
 
     @property
     def smallest_part(self) -> int:

@@ -75,7 +75,8 @@ in parallel (HTTP(S), S3, GCS...), unless ``storage_options`` say otherwise
 that makes the bytes come faster: see `Pace`."""
 START_REQUESTS = 4
 """Requests in flight when the reader of a URL starts: a few large ones, which a fast
-link fills alone."""
+link fills alone. A URL on a store that the process read before starts at the level
+that read reached instead (see `Pace`)."""
 PART_SIZE = 8 << 20
 """The largest request (8 MiB) of the reader of a URL, unless ``storage_options`` say
 otherwise (``part_size``): the byte ranges of a read are fetched in parts of at most
@@ -407,7 +408,7 @@ class UrlRanges(RangedObject):
         self.url, self.label = url, shown_url(url)
         self.storage_options = dict(storage_options or {})
         self.limits = read_limits(url, self.storage_options)
-        self.pace = self.limits.pace()
+        self.pace = self.limits.pace(url)
         fs, self.path = _url_to_fs(url, self.storage_options)
         try:
             fs.invalidate_cache(self.path)   # a listing cached earlier may be stale

@@ -53,6 +53,15 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
+@pytest.fixture(autouse=True)
+def stores_read_at_the_first_pace() -> None:
+    """Each test's stores start at the first pace, not at the level an earlier test's
+    store with the same name reached (a bucket, a port used again)."""
+    ranged = sys.modules.get("fastst._ranged")    # not imported by every test
+    if ranged is not None:
+        ranged.LEARNED.clear()
+
+
 def mapping_ranges(path) -> list:
     """[start, end) address ranges where `path` is mapped in this process."""
     target = os.path.realpath(path)

@@ -110,6 +110,23 @@ def test_a_file_of_many_tensors_is_asked_once_for_each_byte_and_staged_nowhere(s
     assert peak < 32 * MiB + 4 * MiB     # the arrays, and little else
 
 
+def test_the_next_file_on_a_store_starts_at_the_pace_the_last_one_reached(store):
+    """The requests in flight that the read of one file grew to on a store (capped
+    connections) are where the next file's read on it starts (a checkpoint's next
+    shard), not START_REQUESTS again: its 16 parts are asked for at once."""
+    options = {"part_size": MiB}
+    first = put(store, "first.safetensors", fastst.save({"a": np.zeros(8 * MiB, np.float32)}))
+    second = put(store, "second.safetensors", fastst.save({"b": np.ones(4 * MiB, np.float32)}))
+    store.rate, store.delay = 8e6, 0.03
+    fastst.load_file(first, storage_options=options)
+    assert store.most_in_flight > fastst.remote.START_REQUESTS     # the pace grew
+    store.rate, store.delay = None, 0.5     # each answer waits: what is asked at once shows
+    store.reset_counts()
+    loaded = fastst.load_file(second, storage_options=options)
+    assert (loaded["b"] == 1).all()
+    assert store.most_in_flight >= 16 - IN_FLIGHT_SLACK
+
+
 @pytest.mark.parametrize("options, message", [
     ({"max_concurrency": 0}, r"storage_options\['max_concurrency'\] must be an integer >= 1"),
     ({"part_size": "8M"}, r"storage_options\['part_size'\] must be an integer >= 1, got '8M'"),

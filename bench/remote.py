@@ -31,6 +31,20 @@ Ratios are the best plain client's time (single GET or 32 threads) / the way's t
 and raw fs.cat's / fastst's: above 1, fastst is faster. Then the requests and bytes the
 server counts for reading one tensor, fastst against the reference's way, and the S3
 table (fastst, raw fs.cat, obstore, the reference).
+
+    python bench/remote.py --checkpoint-mib 512 --servers rangeserver,nginx
+
+adds two sharded checkpoints (a transformer's tensors in float16, in shards of at most
+128 MiB and their index: one 1024 wide, from 2 KiB norms to 8 MiB matrices, one 256 wide,
+its matrices 128-512 KiB, thousands of tensors) loaded by their index's URL,
+from the test server (unshaped) and from Debian's nginx (``apt-get install nginx``;
+sendfile on, keep-alive, a configuration of the bench's own in a temporary folder, on
+127.0.0.1 and a free port, started and stopped by the bench). Ways: fastst's
+``load_file(index URL)``; the best plain client, ranged GETs of 8 MiB parts of every
+shard from one queue, 16 or 32 ``http.client`` threads each keeping its connection and
+reading each body into its place in a buffer allocated beforehand (no tensors made),
+and one GET of each shard in turn; the reference's way, one GET of each shard, then
+``safetensors.numpy.load`` of it.
 """
 from __future__ import annotations
 
@@ -39,6 +53,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import http.client
+import json
 import os
 import queue
 import statistics
@@ -46,6 +61,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from typing import List, Sequence
 
 import numpy as np
 
@@ -156,38 +172,7 @@ def obstore_transport(store, path):
 def threads_in_parallel(url, size, at_once=16, part=8 * MiB):
     """The whole object by ranged GETs of `part` bytes on `at_once` threads, each
     keeping its ``http.client`` connection and reading each body into its place."""
-    where = urllib.parse.urlsplit(url)
-    out = np.empty(size, np.uint8)
-    offsets = queue.SimpleQueue()
-    for offset in range(0, size, part):
-        offsets.put(offset)
-
-    def work():
-        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=120)
-        try:
-            while True:
-                try:
-                    offset = offsets.get_nowait()
-                except queue.Empty:
-                    return
-                end = min(size, offset + part)
-                connection.request("GET", where.path,
-                                   headers={"Range": f"bytes={offset}-{end - 1}"})
-                answer = connection.getresponse()
-                view, done = memoryview(out)[offset:end], 0
-                while done < end - offset:
-                    got = answer.readinto(view[done:])
-                    if not got:
-                        raise OSError(f"bytes [{offset}, {end}) cut short")
-                    done += got
-                answer.read()
-        finally:
-            connection.close()
-
-    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
-        for future in [pool.submit(work) for _ in range(at_once)]:
-            future.result()
-    return out
+    return plain_shards([(url, size)], at_once, part)[0]
 
 
 def obstore_ranges(store, path, ranges):
@@ -227,22 +212,26 @@ def table(title, times, size):
           + (f", {raw / fastst_time:.2f}x raw fs.cat" if raw else "") + ".")
 
 
-def serve(data: bytes, rate, delay, ready, stop) -> None:
-    with RangeServer({"/model.safetensors": data}) as server:
+def serve(data, rate, delay, ready, stop) -> None:
+    objects = ({f"/{name}": content for name, content in data.items()}
+               if isinstance(data, dict) else {"/model.safetensors": data})
+    with RangeServer(objects) as server:
         server.rate, server.delay = rate, delay
         ready.put(server.url)
         stop.wait()
 
 
-def http_server_process(data: bytes, rate, delay):
-    """The HTTP server in a process of its own (forked). Returns (URL, stop, process)."""
+def http_server_process(data, rate, delay, many=False):
+    """The HTTP server in a process of its own (forked), serving `data` as
+    /model.safetensors, or, with `many`, each file of `data` (name -> bytes) under its
+    name. Returns (URL: of the file, or of the folder with `many`, stop, process)."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     ready, stop = context.Queue(), context.Event()
     process = context.Process(target=serve, args=(data, rate, delay, ready, stop), daemon=True)
     process.start()
-    return ready.get(timeout=60) + "/model.safetensors", stop, process
+    return ready.get(timeout=60) + ("" if many else "/model.safetensors"), stop, process
 
 
 def http_ways(url, data):
@@ -312,6 +301,169 @@ def s3_table(data, repeats):
                   f"{seconds / first:.2f}x |")
 
 
+def checkpoint(mib: int, width: int, folder: str) -> List[str]:
+    """A transformer's tensors in float16, `width` wide (layers of 4 attention matrices
+    of width**2 and 2 MLP matrices of 4 * width**2, biases and norms, an embedding of
+    16384 rows), about `mib` MiB, saved in `folder` as shards of at most 128 MiB and
+    their index; returns the shards' names."""
+    rng = np.random.default_rng(0)
+    tensors = {"embed.weight": rng.standard_normal((16384, width)).astype(np.float16)}
+    embedding, layer_bytes = 16384 * width * 2, 12 * width * width * 2
+    for layer in range(max(1, (mib * MiB - embedding) // layer_bytes)):
+        for name, shape in (("q", (width, width)), ("k", (width, width)),
+                            ("v", (width, width)), ("o", (width, width)),
+                            ("up", (4 * width, width)), ("down", (width, 4 * width)),
+                            ("up_bias", (4 * width,)), ("o_bias", (width,)),
+                            ("norm1", (width,)), ("norm2", (width,))):
+            tensors[f"layers.{layer}.{name}"] = rng.standard_normal(shape).astype(np.float16)
+    fastst.save_file(tensors, folder, max_shard_size=128 * MiB)
+    return sorted(name for name in os.listdir(folder) if name.endswith(".safetensors"))
+
+
+def plain_shards(urls_sizes, at_once, part=8 * MiB):
+    """Every shard by ranged GETs of `part` bytes from one queue, on `at_once` threads
+    each keeping its ``http.client`` connection and reading each body into its place
+    in the shard's buffer, allocated beforehand."""
+    outs = [np.empty(size, np.uint8) for _, size in urls_sizes]
+    parts = queue.SimpleQueue()
+    for k, (_, size) in enumerate(urls_sizes):
+        for offset in range(0, size, part):
+            parts.put((k, offset))
+    where = urllib.parse.urlsplit(urls_sizes[0][0])
+
+    def work():
+        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=120)
+        try:
+            while True:
+                try:
+                    k, offset = parts.get_nowait()
+                except queue.Empty:
+                    return
+                url, size = urls_sizes[k]
+                end = min(size, offset + part)
+                connection.request("GET", urllib.parse.urlsplit(url).path,
+                                   headers={"Range": f"bytes={offset}-{end - 1}"})
+                answer = connection.getresponse()
+                view, done = memoryview(outs[k])[offset:end], 0
+                while done < end - offset:
+                    got = answer.readinto(view[done:])
+                    if not got:
+                        raise OSError(f"{url}: bytes [{offset}, {end}) cut short")
+                    done += got
+                answer.read()
+        finally:
+            connection.close()
+
+    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+        for future in [pool.submit(work) for _ in range(at_once)]:
+            future.result()
+    return outs
+
+
+@contextlib.contextmanager
+def nginx_serving(folder: str):
+    """Debian's nginx serving `folder` on 127.0.0.1 and a free port (sendfile on,
+    keep-alive), with a configuration, logs and pid file of its own in a temporary
+    folder; yields its URL and stops it."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    with tempfile.TemporaryDirectory(prefix="fastst-nginx-") as prefix:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.chmod(folder, 0o755)     # its workers run as nobody
+        for name in os.listdir(folder):
+            os.chmod(os.path.join(folder, name), 0o644)
+        temp = {kind: os.path.join(prefix, kind) for kind in
+                ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")}
+        config = os.path.join(prefix, "nginx.conf")
+        with open(config, "w") as file:
+            file.write(f"""worker_processes 2;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_timeout 65;
+    keepalive_requests 100000;
+    {"".join(f"{kind}_temp_path {path}; " for kind, path in temp.items())}
+    server {{
+        listen 127.0.0.1:{port};
+        root {folder};
+    }}
+}}
+""")
+        server = subprocess.Popen([binary, "-p", prefix, "-c", config, "-g", "daemon off;"])
+        try:
+            url = f"http://127.0.0.1:{port}"
+            while server.poll() is None:
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                time.sleep(0.05)
+            if server.poll() is not None:
+                raise RuntimeError(f"nginx ended with status {server.returncode}")
+            yield url
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+def checkpoint_ways(url: str, shards, sizes):
+    import safetensors.numpy
+
+    urls_sizes = [(f"{url}/{name}", sizes[name]) for name in shards]
+    return [("one GET of each shard", lambda: [single_get(u) for u, _ in urls_sizes]),
+            ("16 threads, 8 MiB ranges", lambda: plain_shards(urls_sizes, 16)),
+            ("32 threads, 8 MiB ranges", lambda: plain_shards(urls_sizes, 32)),
+            ("fastst load_file(index URL)",
+             lambda: fastst.load_file(f"{url}/model.safetensors.index.json")),
+            ("reference: safetensors.numpy.load(GET) of each shard",
+             lambda: [safetensors.numpy.load(single_get(u)) for u, _ in urls_sizes])]
+
+
+def checkpoint_tables(mib: int, width: int, servers: Sequence[str], repeats: int) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fastst-checkpoint-") as folder:
+        shards = checkpoint(mib, width, folder)
+        sizes = {name: os.path.getsize(os.path.join(folder, name)) for name in shards}
+        total = sum(sizes.values())
+        with open(os.path.join(folder, "model.safetensors.index.json")) as index:
+            tensors = len(json.load(index)["weight_map"])
+        for server in servers:
+            if server == "nginx":
+                with nginx_serving(folder) as url:
+                    times = timed(checkpoint_ways(url, shards, sizes), repeats)
+            else:
+                objects = {}
+                for name in os.listdir(folder):
+                    with open(os.path.join(folder, name), "rb") as file:
+                        objects[name] = file.read()
+                url, stop, process = http_server_process(objects, None, 0.0, many=True)
+                try:
+                    times = timed(checkpoint_ways(url, shards, sizes), repeats)
+                finally:
+                    stop.set()
+                    process.join(10)
+            best = min(times[way] for way in times if "threads" in way or "one GET" in way)
+            print(f"\n### A checkpoint {width} wide: {tensors} tensors, {len(shards)} shards, "
+                  f"{total // MiB} MiB, from "
+                  f"{'nginx' if server == 'nginx' else 'the test server'} (unshaped)\n")
+            print("| way | time | throughput | best plain / time |")
+            print("| --- | --- | --- | --- |")
+            for label, seconds in times.items():
+                print(f"| {label} | {seconds:.3f} s | {total / seconds / MiB:.0f} MiB/s | "
+                      f"{best / seconds:.2f}x |")
+            print(f"\nload average {os.getloadavg()[0]:.2f} after the table.")
+
+
 def one_tensor(data: bytes) -> None:
     """The requests and bytes the server counts for reading one tensor: fastst against
     the reference's way (download, then parse)."""
@@ -346,10 +498,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shapes", default="unshaped,40,20")
     parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--checkpoint-mib", type=int, default=0,
+                        help="also a sharded checkpoint of about this size (0: none)")
+    parser.add_argument("--servers", default="rangeserver,nginx",
+                        help="the servers of the checkpoint: rangeserver, nginx")
     args = parser.parse_args()
+    checkpoint_flags = (f" --checkpoint-mib {args.checkpoint_mib} --servers {args.servers}"
+                        if args.checkpoint_mib else "")
     print(f"Produced by `python bench/remote.py --mib {args.mib} --repeats {args.repeats}"
           f"{' --shapes ' + args.shapes if args.shapes != 'unshaped,40,20' else ''}"
-          f"{' --no-s3' if args.no_s3 else ''}` on "
+          f"{' --no-s3' if args.no_s3 else ''}{checkpoint_flags}` on "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{os.getloadavg()[0]:.2f}: {TENSORS} tensors, median of {args.repeats} after a "
           f"warm-up, interleaved, the order rotated each round.")
@@ -363,6 +521,12 @@ def main() -> None:
             stop.set()
             process.join(10)
         table(f"HTTP, {SHAPE_NAMES[shape]}, {len(data) // MiB} MiB", times, len(data))
+    if args.checkpoint_mib:
+        for width in (1024, 256):
+            checkpoint_tables(args.checkpoint_mib, width, args.servers.split(","),
+                              args.repeats)
+    if not args.shapes and args.checkpoint_mib and args.no_s3:
+        return
     one_tensor(build(args.mib))
     if not args.no_s3:
         s3_table(build(args.mib), args.repeats)

@@ -368,6 +368,51 @@ class Reader:
         True
         >>> f.close()
         """
+    def get_part(
+        self, name: str, index: Any, rows: npt.NDArray[Any] | None = None
+    ) -> Any:
+        """``get_tensor(name)[index]``, for a part of a tensor: what a slice's
+        indexing gives with the ``"mmap"`` backend (see ``SafeSlice``).
+
+        Where NumPy makes a view of the map (an index of ints, slices, None
+        and Ellipsis), the tensor's range of the map is advised for what the
+        view touches: a few short runs of bytes far apart (some rows) are read
+        by faults that read the page they touch alone (``MADV_RANDOM``), where
+        the kernel would read up to its read-ahead (``read_ahead_kb``) around
+        each; a larger part keeps the kernel's read-around, and so does a
+        tensor that `get_tensor` hands out whole afterwards.
+
+        Parameters
+        ----------
+        name : str
+            The tensor's name.
+        index : object
+            Any NumPy index.
+        rows : numpy.ndarray, optional
+            For an index led by an integer array: its rows, in range, as
+            ``intp``; the map is advised for them before NumPy copies them.
+
+        Returns
+        -------
+        numpy.ndarray or scalar
+            As ``get_tensor(name)[index]``.
+
+        Raises
+        ------
+        TensorNotFoundError
+            When the file has no tensor `name`.
+        IndexError
+            NumPy's, for an index that does not fit the tensor.
+
+        Examples
+        --------
+        >>> import numpy as np, fastst, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+        >>> fastst.save_file({"x": np.arange(6).reshape(3, 2)}, path)
+        >>> with fastst.safe_open(path) as f:
+        ...     f.get_part("x", (1, slice(None))).tolist()
+        [2, 3]
+        """
     def copy_tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor, in buffer order, each read into fresh memory of its own.
 
@@ -720,7 +765,8 @@ class Reader:
 
         Only those rows are read: the ``"pread"`` backend reads each run of
         adjacent rows in one call; mapped files and buffers copy from memory,
-        the GIL released.
+        the GIL released, a few rows far apart from a map advised as
+        `get_part` advises them (a fault reads the page it touches alone).
 
         Parameters
         ----------

@@ -79,6 +79,7 @@ cdef extern from "_fastst.h":
     int fastst_pieces_cached(char* map, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
     void fastst_drop_partial_first_piece(int fd, uint64_t size) noexcept nogil
     size_t FASTST_HUGE_PAGE
+    size_t FASTST_PAGE
 
 cdef extern from "_faults.h":
     int fastst_faults_catch() noexcept nogil

@@ -1202,6 +1202,19 @@ class VerifyingHandle(NumpyHandle):
         self.check(name)
         return super().read_runs(name, offsets, length, out)
 
+    def get_part(self, name: str, index: Any, rows: Optional[npt.NDArray[Any]] = None
+                 ) -> Any:
+        """``get_tensor(name)[index]`` (see ``Reader.get_part``), the whole tensor's
+        checksum checked first.
+
+        Raises
+        ------
+        SafetensorError
+            When the tensor's bytes do not match its checksum.
+        """
+        self.check(name)
+        return super().get_part(name, index, rows)
+
     def gather_rows(self, name: str, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """Rows of tensor `name` (see ``NumpyHandle.gather_rows``), the whole
         tensor's checksum checked first.

@@ -1,10 +1,12 @@
 """SafeSlice: one tensor of an open file, read through NumPy indexing.
 
 With the mmap backend (and buffers) an index applies to the tensor's view and
-touches only the pages it reaches. With the pread backend an index is turned into
-the rows it needs, and only those rows are read; a basic index that narrows later
-axes too (a column block: a tensor-parallel slice, a device's shard) reads only the
-runs of bytes of the block it selects from, runs less than 4 KiB apart as one.
+touches only the pages it reaches; for a few rows far apart, the map is advised so
+that each fault reads only the page it touches (``Reader.get_part``). With the pread
+backend an index is turned into the rows it needs, and only those rows are read; a
+basic index that narrows later axes too (a column block: a tensor-parallel slice, a
+device's shard) reads only the runs of bytes of the block it selects from, runs less
+than 4 KiB apart as one.
 """
 from __future__ import annotations
 
@@ -45,11 +47,12 @@ class SafeSlice(Generic[T]):
     ``f.get_slice(name)[index]`` returns exactly ``f.get_tensor(name)[index]``,
     for any NumPy index (ints, slices with steps, ``...``, None, integer and
     boolean arrays). With the default ``"mmap"`` backend a basic index gives
-    a view that touches only the pages it reaches; with ``"pread"`` (and for
-    URLs and file objects) only the rows the index needs are read, and of
-    those, for a basic index, only the block of columns it reaches (runs of
-    bytes less than 4 KiB apart read as one). A handle
-    opened for torch or JAX gives the framework's tensors.
+    a view that touches only the pages it reaches (for a few rows far apart,
+    a fault reads only its own page, not the disk's read-ahead around it);
+    with ``"pread"`` (and for URLs and file objects) only the rows the index
+    needs are read, and of those, for a basic index, only the block of
+    columns it reaches (runs of bytes less than 4 KiB apart read as one). A
+    handle opened for torch or JAX gives the framework's tensors.
 
     Sub-byte tensors (F4, F6_*) load as packed bytes: an index may select
     along their leading axes, not inside the packed last one.
@@ -181,7 +184,9 @@ class SafeSlice(Generic[T]):
         _check_arrays_in_range(index, array_shape)
         if self._reader.backend in ("pread", "ranges"):   # reads into fresh memory
             return self._read_selected(index, array_shape)
-        result: npt.NDArray[Any] = self._reader.get_tensor(self._name)[index]
+        gather = _as_gather(index, array_shape)
+        rows = None if gather is None else gather[0]
+        result: npt.NDArray[Any] = self._reader.get_part(self._name, index, rows)
         return result
 
     def _selects_all_packed(self, index: Any) -> bool:

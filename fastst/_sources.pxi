@@ -29,9 +29,14 @@ cdef class _Mapping:
         """Whether a fault on the map that reads from the file reads ahead of the page
         it touches (the kernel's default) or reads that page alone and starts no read
         ahead (MADV_RANDOM): True where the kernel took the advice."""
+        return self.read_ahead_on_faults_in(<char*>self.addr, <char*>self.addr + self.size, on)
+
+    cdef bint read_ahead_on_faults_in(self, char* begin, char* end, bint on):
+        """read_ahead_on_faults for the pages that hold [begin, end) of the map alone."""
+        cdef char* first = <char*>(<uintptr_t>begin & ~(<uintptr_t>FASTST_PAGE - 1))
         cdef int error
         with nogil:
-            error = madvise(self.addr, self.size, MADV_NORMAL if on else MADV_RANDOM)
+            error = madvise(first, end - first, MADV_NORMAL if on else MADV_RANDOM)
         return error == 0
 
     def __len__(self):

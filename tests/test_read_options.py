@@ -6,6 +6,7 @@ import json
 import mmap
 import os
 import pathlib
+import resource
 import struct
 import sys
 
@@ -681,6 +682,55 @@ def test_a_map_without_read_ahead_reads_only_the_pages_a_gather_touches(tmp_path
         assert not f.read_ahead_on_faults(False)        # no map to advise
     with pytest.raises(fastst.SafetensorError, match="closed"):
         f.read_ahead_on_faults(False)
+
+
+SPREAD_ROWS = np.arange(500, 16384, 1000)       # 1 MiB apart in a file of 16 MiB
+
+
+@LINUX_ONLY
+@pytest.mark.parametrize("read", [
+    lambda f: [f.get_slice("x")[int(row)].copy() for row in SPREAD_ROWS],
+    lambda f: f.get_slice("x")[SPREAD_ROWS],
+    lambda f: f.get_slice("x")[SPREAD_ROWS, :4],
+    lambda f: f.gather("x", SPREAD_ROWS),
+], ids=["rows", "row array", "row array narrowed", "gather"])
+def test_a_few_rows_of_a_mapped_file_read_only_the_pages_they_touch(tmp_path, read):
+    """Rows far apart, read through the map (a slice's rows, a gather), read the pages
+    that hold them and nothing around them: their tensor's range of the map is advised
+    MADV_RANDOM, where each fault read up to the disk's read-ahead (read_ahead_kb)
+    around its page (with 8 MiB, 16 rows read the whole 16 MiB file)."""
+    path = tmp_path / "x.safetensors"
+    table_of_kib_rows(path, rows=16384)
+    drop_or_skip(path)
+    with fastst.safe_open(path) as f:
+        opened, before = cached_pages(path), read_bytes()
+        got = np.asarray(read(f))
+        assert got[:, 0].tolist() == SPREAD_ROWS.tolist()
+        assert cached_pages(path) - opened <= 2 * len(SPREAD_ROWS)   # a row: 1 or 2 pages
+        assert read_bytes() - before <= 2 * len(SPREAD_ROWS) * mmap.PAGESIZE + 64 * KIB
+        assert "rr" in map_flags(path)
+
+
+@LINUX_ONLY
+@pytest.mark.parametrize("whole", [lambda f: f.get_tensor("x"), lambda f: f["x"],
+                                   lambda f: f.get_tensors()["x"],
+                                   lambda f: f.get_slice("x")[:]],
+                         ids=["get_tensor", "item", "get_tensors", "slice of it all"])
+def test_a_tensor_read_whole_after_a_few_rows_is_read_ahead_again(tmp_path, whole):
+    """A tensor a few rows were read of, then handed out whole as a view, is read as
+    the kernel reads a map by default: each fault that reads from the disk reads ahead
+    of its page (no MADV_RANDOM left, where a fault a page took 13x longer)."""
+    path = tmp_path / "x.safetensors"
+    table_of_kib_rows(path, rows=16384)
+    drop_or_skip(path)
+    with fastst.safe_open(path) as f:
+        f.get_slice("x")[5].copy()
+        assert "rr" in map_flags(path)
+        tensor = whole(f)
+        assert "rr" not in map_flags(path)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        assert tensor[::4, 0].sum() == np.arange(0, 16384, 4).sum()
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults <= 16384 // 4 // 8
 
 
 def test_cache_rows_of_a_buffer_or_a_file_object_reads_nothing():

@@ -105,6 +105,9 @@ class SafeSlice(Generic[T]):
         self._convert = convert
         self._handle = reader if handle is None and convert is None else handle
         self._packed = dtype_bits(self._info.dtype) < 8
+        # NumPy indexes the reader's view for these, with no check of fastst's first
+        self._viewed = (reader.backend in ("mmap", "buffer") and not self._packed
+                        and self._info.array_shape is not None)
 
     def __reduce__(self) -> Tuple[Any, ...]:
         if self._handle is None:
@@ -161,7 +164,10 @@ class SafeSlice(Generic[T]):
 
     def __getitem__(self, index: Index) -> T:
         try:
-            array = self._select(index)
+            if self._viewed and _is_plain(index):
+                array = self._reader.get_part(self._name, index)
+            else:
+                array = self._select(index)
         except SafetensorError:
             raise
         except (IndexError, ValueError) as error:   # NumPy's, for this index
@@ -263,6 +269,18 @@ def _slice_of(handle: Any, name: str) -> SafeSlice[Any]:
     """A pickled SafeSlice, unpickled: its handle's (unpickled: opened again)."""
     made: SafeSlice[Any] = handle.get_slice(name)
     return made
+
+
+PLAIN_PARTS = frozenset((int, slice, type(None), type(Ellipsis)))
+
+
+def _is_plain(index: Any) -> bool:
+    """Whether `index` is made of ints, slices, None and Ellipsis alone (no arrays,
+    no lists): NumPy's own checks of it are all there is to check."""
+    kind = type(index)
+    if kind is int or kind is slice:
+        return True
+    return kind is tuple and all(type(part) in PLAIN_PARTS for part in index)
 
 
 def _selects_everything(part: Any) -> bool:

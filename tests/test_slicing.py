@@ -333,3 +333,22 @@ def test_an_out_of_range_index_the_reference_does_not_take_has_no_slicing_prefix
             with pytest.raises(fastst.SafetensorIndexError) as got:
                 f.get_slice("t")[index]
             assert str(got.value) == f"{words} (tensor 't' of {path})", index
+
+
+@pytest.mark.parametrize("index", [3, slice(1, 3), (1, 2), (slice(None), 0), (Ellipsis, 1),
+                                   (None, 2)])
+def test_ints_and_slices_of_a_map_skip_the_check_of_arrays(opened, index, monkeypatch):
+    """An index of ints, slices, None and Ellipsis of a mapped tensor has no array to
+    check against it: NumPy's own checks are all, and fastst's walk of the index is
+    skipped (it cost some 60% of a row read); an index with an array is still walked."""
+    import fastst._slicing as slicing
+
+    tensors, handles = opened
+    walked = []
+    check_arrays = slicing._check_arrays_in_range
+    monkeypatch.setattr(slicing, "_check_arrays_in_range",
+                        lambda *args: walked.append(args) or check_arrays(*args))
+    part = handles["mmap"].get_slice("t2")
+    assert np.array_equal(part[index], tensors["t2"][index]) and not walked
+    part[[1]]
+    assert len(walked) == 1

@@ -707,7 +707,9 @@ class Reader:
         """Rows ``[first, last)`` of tensor `name`'s first axis.
 
         A view with the ``"mmap"`` backend and for buffers; with ``"pread"``
-        only those rows are read, into fresh memory.
+        only those rows are read, into fresh memory. A few rows of a mapped
+        file are read by faults that read the page they touch alone, as
+        `get_part` advises the map.
 
         Parameters
         ----------

@@ -455,13 +455,16 @@ cdef class Reader:
 
     def read_rows(self, name, Py_ssize_t first, Py_ssize_t last):
         """Rows [first, last) of tensor `name`'s first axis, read into fresh memory
-        (pread backend), or a view of them (mmap and buffers)."""
+        (pread backend), or a view of them (mmap, its range advised for them as
+        get_part advises, and buffers)."""
         cdef Py_ssize_t i = self._position(name)
         cdef Entry* entry = &self.header.entries[i]
         if entry.np_ndim < 1 or not 0 <= first <= last <= self.header.numpy_dims(entry)[0]:
             raise IndexError(f"rows [{first}, {last}) out of range for tensor {_shown(name)}")
         if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
             return self._pread_array(i, first, last)
+        self._advise_part(i, last > first, (last - first)
+                          * _row_bytes(entry, self.header.numpy_dims(entry)[0]))
         return self._array(i)[first:last]
 
     @property

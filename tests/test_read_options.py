@@ -693,7 +693,8 @@ SPREAD_ROWS = np.arange(500, 16384, 1000)       # 1 MiB apart in a file of 16 Mi
     lambda f: f.get_slice("x")[SPREAD_ROWS],
     lambda f: f.get_slice("x")[SPREAD_ROWS, :4],
     lambda f: f.gather("x", SPREAD_ROWS),
-], ids=["rows", "row array", "row array narrowed", "gather"])
+    lambda f: [f.read_rows("x", int(row), int(row) + 1)[0].copy() for row in SPREAD_ROWS],
+], ids=["rows", "row array", "row array narrowed", "gather", "read_rows"])
 def test_a_few_rows_of_a_mapped_file_read_only_the_pages_they_touch(tmp_path, read):
     """Rows far apart, read through the map (a slice's rows, a gather), read the pages
     that hold them and nothing around them: their tensor's range of the map is advised

@@ -1221,6 +1221,10 @@ def read_threads() -> int:
     """The threads a read plan of two requests or more is shared by now: the
     ``threads`` of `read_options`, or by default one per usable CPU, at most 4."""
 def usable_cpus() -> int: ...
+def file_system_type(path: str | bytes | os.PathLike[str] | os.PathLike[bytes], /) -> int:
+    """The magic number of the file system that holds `path` (statfs's f_type, as
+    linux/magic.h names them: 0x6969 for NFS...); 0 where the platform tells none.
+    OSError where the path cannot be looked up."""
 def foreign_format(head: Buffer, /) -> str | None:
     """What the first bytes of a file say it is, when its length prefix is no
     length: the rest of the message "not a safetensors file: ...", which every

@@ -78,6 +78,7 @@ cdef extern from "_fastst.h":
     int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
     int fastst_pieces_cached(char* map, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
     void fastst_drop_partial_first_piece(int fd, uint64_t size) noexcept nogil
+    int64_t fastst_file_system_type(const char* path) noexcept nogil
     size_t FASTST_HUGE_PAGE
     size_t FASTST_PAGE
 

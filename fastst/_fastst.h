@@ -173,6 +173,9 @@ static void *fastst_huge_realloc(void *ctx, void *data, size_t size) {
 #include <errno.h>
 #include <pthread.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/vfs.h>
+#endif
 
 #define FASTST_PRIMER_BYTES ((size_t)256 << 10)
 #define FASTST_THREAD_STACK ((size_t)64 << 10)   /* the primers' and map readers' */
@@ -469,6 +472,20 @@ static void fastst_drop_partial_first_piece(int fd, uint64_t size) {
     munmap(map, span);
 #else
     (void)fd; (void)size;
+#endif
+}
+
+/* The magic number of the file system holding `path` (statfs's f_type, which fits 32
+   bits); 0 where the platform has no such number, -1 with errno set where the path
+   cannot be looked up. */
+static int64_t fastst_file_system_type(const char *path) {
+#ifdef __linux__
+    struct statfs info;
+    if (statfs(path, &info) != 0) return -1;
+    return (int64_t)(uint32_t)info.f_type;
+#else
+    (void)path;
+    return 0;
 #endif
 }
 

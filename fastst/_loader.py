@@ -121,7 +121,7 @@ class Loader:
     block_rows, window_blocks : int, default 4096 and 16
         The blocks of ``shuffle="blocks"``; a full shuffle reads a window's
         rows at a time.
-    backend : "mmap" or "pread", default "mmap"
+    backend : "mmap", "pread" or None, default None
         How local files are read (see ``fastst.safe_open``); URLs are read by
         byte ranges, each batch's rows of a file in as few requests as their
         ranges allow.
@@ -174,7 +174,7 @@ class Loader:
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  threads: int = 2, prefetch: int = 4, copy: bool = False,
                  framework: str = "np", device: Any = "cpu", pin_memory: bool = False,
-                 block_rows: int = 4096, window_blocks: int = 16, backend: Backend = "mmap",
+                 block_rows: int = 4096, window_blocks: int = 16, backend: Optional[Backend] = None,
                  storage_options: Optional[Dict[str, Any]] = None) -> None:
         self.batch_size, self.threads, self.prefetch, self.block_rows, self.window_blocks = (
             _integer(what, value, 1) for what, value in (

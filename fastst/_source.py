@@ -15,19 +15,37 @@ import re
 import stat
 from typing import TYPE_CHECKING, Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
-from ._core import Reader, SafetensorError, WritePlan
+from ._core import Reader, SafetensorError, WritePlan, file_system_type
 from ._files import PathLike, write_atomically
 
 if TYPE_CHECKING:
     from ._ranged import RangedObject
     from .remote import SpooledUpload
 
-__all__ = ["Buffer", "FileObject", "Identity", "LocalFile", "Source", "Url", "as_source",
-           "identity_of", "local_version"]
+__all__ = ["Buffer", "FileObject", "Identity", "LocalFile", "NETWORK_FILE_SYSTEMS", "Source",
+           "Url", "as_source", "identity_of", "local_version", "planned_backend"]
 
 # what may follow a URL scheme's first character, a letter (RFC 3986)
 SCHEME_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
 NOT_LOCAL = "fsync= and max_shard_size= apply to local paths, not to URLs or file objects"
+
+# File systems whose reads cross a network or a daemon in user space, by statfs f_type
+# (linux/magic.h). A map's page faults there wait for a round trip each, one or two
+# at a time, where a read plan keeps several large requests in flight (bench/netfs.py).
+NETWORK_FILE_SYSTEMS = {
+    0x6969: "NFS",
+    0x65735546: "FUSE",         # sshfs, virtiofs, s3fs, gcsfuse, GlusterFS...
+    0x0BD00BD0: "Lustre",
+    0x00C36400: "CephFS",
+    0x01021997: "9p",
+    0xFF534D42: "CIFS",
+    0xFE534D42: "SMB2",
+    0x517B: "SMB",
+    0x5346414F: "AFS",
+    0x6B414653: "kAFS",
+    0x73757245: "Coda",
+    0x47504653: "GPFS",
+}
 
 
 class Identity(NamedTuple):
@@ -120,14 +138,15 @@ class Source:
 
 class LocalFile(Source):
     """A file (or folder) on a local file system, read by map (``"mmap"``) or by
-    ``pread`` into fresh memory (``"pread"``), and written atomically."""
+    ``pread`` into fresh memory (``"pread"``; None: ``planned_backend`` picks), and
+    written atomically."""
 
-    def __init__(self, path: PathLike, backend: str = "mmap") -> None:
+    def __init__(self, path: PathLike, backend: Optional[str] = None) -> None:
         self.path = self.local_path = path
-        self.backend = backend
         self.label = os.fsdecode(path)
         # where it is whatever the working directory becomes (a pickled handle's)
         self.absolute = os.path.abspath(self.label)
+        self.backend = planned_backend(self.absolute) if backend is None else backend
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return LocalFile, (self.absolute, self.backend)
@@ -302,12 +321,25 @@ class Url(Source):
         return SpooledUpload(self.url, self.storage_options)
 
 
+def planned_backend(path: str) -> str:
+    """How a local file (or a folder's files) is read when the caller did not say:
+    ``"pread"`` on a network file system (``NETWORK_FILE_SYSTEMS``), in parallel
+    requests into fresh memory, ``"mmap"`` elsewhere, and where the file system
+    cannot be told (a path not there yet: opening it says why)."""
+    try:
+        kind = file_system_type(path)
+    except (OSError, ValueError):
+        return "mmap"
+    return "pread" if kind in NETWORK_FILE_SYSTEMS else "mmap"
+
+
 def as_source(target: Any, storage_options: Optional[Mapping[str, Any]] = None, *,
-              backend: str = "mmap", writing: bool = False) -> Source:
+              backend: Optional[str] = None, writing: bool = False) -> Source:
     """The Source a user's `target` names: a URL string (with its fsspec
-    `storage_options`), a path (str, bytes, os.PathLike; read with `backend`), or a
-    binary file object (one with ``seek`` and ``read``; for `writing`, one with
-    ``write``). A Source is taken as it is."""
+    `storage_options`), a path (str, bytes, os.PathLike; read with `backend`, or
+    as ``planned_backend`` picks for None), or a binary file object (one with
+    ``seek`` and ``read``; for `writing`, one with ``write``). A Source is taken
+    as it is."""
     if isinstance(target, Source):
         return target
     if isinstance(target, str) and _is_url(target):

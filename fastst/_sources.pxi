@@ -599,6 +599,25 @@ def usable_cpus():
     return os.cpu_count() or 1
 
 
+def file_system_type(path):
+    """The magic number of the file system that holds `path` (statfs's f_type, as
+    linux/magic.h names them: 0x6969 for NFS...); 0 where the platform tells none.
+    OSError where the path cannot be looked up."""
+    cdef bytes encoded = os.fsencode(path)
+    if b"\0" in encoded:
+        raise ValueError("embedded null byte")
+    cdef const char* c_path = encoded
+    cdef int64_t found
+    cdef int error = 0
+    with nogil:     # a network file system may take a round trip to answer
+        found = fastst_file_system_type(c_path)
+        if found < 0:
+            error = errno
+    if found < 0:
+        raise OSError(error, os.strerror(error), os.fsdecode(path))
+    return found
+
+
 cdef bytes _pread_exact(int fd, uint64_t length, uint64_t offset):
     cdef bytes out = PyBytes_FromStringAndSize(NULL, length)
     cdef char* buffer = PyBytes_AS_STRING(out)

@@ -731,7 +731,7 @@ def _copy_of(handle: Shard) -> Dict[str, Any]:
 
 
 def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
-                    backend: str = "mmap", max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+                    backend: Optional[str] = None, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                     verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None,
                     shards_seen: Optional[Dict[str, Identity]] = None,
                     storage_options: Optional[Mapping[str, Any]] = None,
@@ -752,7 +752,7 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
     convert : callable, optional
         A framework's converter, ``convert(array, name, info)``; None for
         NumPy arrays.
-    backend : "mmap" or "pread", default "mmap"
+    backend : "mmap", "pread" or None, default None
         How local shards are read (for a path).
     max_header_size : int, default 100,000,000
         The largest header, and index, accepted, in bytes.

@@ -717,7 +717,7 @@ def _fail_together(group: _Group, error: BaseException, digest: bytes) -> None:
 
 
 def load_tensor_parallel(filename: Any, dims: Dims, *, group: Any = None,
-                         split: Split = "chunk", device: Any = "cpu", backend: str = "mmap",
+                         split: Split = "chunk", device: Any = "cpu", backend: Optional[str] = None,
                          storage_options: Optional[Mapping[str, Any]] = None,
                          timeout: Optional[float] = None) -> Dict[str, "torch.Tensor"]:
     """This rank's tensor-parallel slices of a file's tensors, reading only them.
@@ -740,7 +740,7 @@ def load_tensor_parallel(filename: Any, dims: Dims, *, group: Any = None,
         How uneven dimensions are cut (see `plan_tensor_parallel`).
     device : str or torch.device, default "cpu"
         Where this rank's tensors go (``"cuda:0"``...).
-    backend : "mmap" or "pread", default "mmap"
+    backend : "mmap", "pread" or None, default None
         How local files are read: ``"pread"`` reads each slice's bytes alone,
         ``"mmap"`` copies them out of the file's map.
     storage_options : dict, optional
@@ -809,7 +809,8 @@ def load_tensor_parallel(filename: Any, dims: Dims, *, group: Any = None,
     return tensors
 
 
-def load_split(filename: Any, *, group: Any = None, device: Any = "cpu", backend: str = "mmap",
+def load_split(filename: Any, *, group: Any = None, device: Any = "cpu",
+               backend: Optional[str] = None,
                storage_options: Optional[Mapping[str, Any]] = None,
                timeout: Optional[float] = None) -> Dict[str, "torch.Tensor"]:
     """Every tensor of a file on every rank, each rank reading about 1/world of it.
@@ -836,7 +837,7 @@ def load_split(filename: Any, *, group: Any = None, device: Any = "cpu", backend
     device : str or torch.device, default "cpu"
         Where the tensors go, for a gloo group (an NCCL group puts them on its
         CUDA device).
-    backend : "mmap" or "pread", default "mmap"
+    backend : "mmap", "pread" or None, default None
         How local files are read (either way, only this rank's part).
     storage_options : dict, optional
         For a URL: the options of its fsspec file system.

@@ -158,7 +158,7 @@ def load(data: bytes) -> Dict[str, jax.Array]:
 
 
 def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
-              backend: Backend = "mmap", shardings: Any = None,
+              backend: Optional[Backend] = None, shardings: Any = None,
               storage_options: Optional[Mapping[str, Any]] = None) -> Dict[str, jax.Array]:
     """Load every tensor of a file, or of a sharded checkpoint, as ``jax.Array``s.
 
@@ -177,7 +177,7 @@ def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
     device : str or jax.Device, default "cpu"
         Where the arrays go: ``"cpu"``, ``"gpu"``, ``"cuda:1"``, a
         ``jax.Device``.
-    backend : "mmap" or "pread", default "mmap"
+    backend : "mmap", "pread" or None, default None
         How the file is read. ``"pread"`` reads each shard's bytes alone;
         ``"mmap"`` copies them out of the file's map.
     shardings : jax.sharding.Sharding, mapping or callable, optional

@@ -154,21 +154,21 @@ def save_state(filename: PathLike, tree: State[Array], metadata: Optional[Mappin
 
 @overload
 def load_state(filename: PathLike, framework: Literal["np", "numpy"] = "np",
-               device: Literal["cpu"] = "cpu", *, backend: Backend = "mmap",
+               device: Literal["cpu"] = "cpu", *, backend: Optional[Backend] = None,
                verify: bool = False) -> State[npt.NDArray[Any]]: ...
 @overload
 def load_state(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
-               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = "mmap",
+               device: Union[str, int, torch.device] = "cpu", *, backend: Optional[Backend] = None,
                verify: bool = False) -> State[torch.Tensor]: ...
 @overload
 def load_state(filename: PathLike, framework: Literal["jax", "flax"],
-               device: Union[str, jax.Device] = "cpu", *, backend: Backend = "mmap",
+               device: Union[str, jax.Device] = "cpu", *, backend: Optional[Backend] = None,
                verify: bool = False) -> State[jax.Array]: ...
 @overload
 def load_state(filename: PathLike, framework: str, device: Any = "cpu", *,
-               backend: Backend = "mmap", verify: bool = False) -> State[Any]: ...
+               backend: Optional[Backend] = None, verify: bool = False) -> State[Any]: ...
 def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
-               backend: Backend = "mmap", verify: bool = False) -> State[Any]:
+               backend: Optional[Backend] = None, verify: bool = False) -> State[Any]:
     """Load the nested state that `save_state` wrote: the same tree, the same
     container and key types.
 
@@ -188,7 +188,7 @@ def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *
         torch on the CPU.
     device : str, default "cpu"
         Where the framework puts them.
-    backend : "mmap" or "pread", default "mmap"
+    backend : "mmap", "pread" or None, default None
         How the file is read.
     verify : bool, default False
         Check each tensor's checksum as it is read.

@@ -263,9 +263,12 @@ class Reader:
         backend: str = "mmap",
         *,
         max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+        threads: int = 0,
     ) -> None:
         """Open the local file `filename`: read and validate its header, and map it
-        (`backend` ``"mmap"``) or keep it open for reads (``"pread"``).
+        (`backend` ``"mmap"``) or keep it open for reads (``"pread"``). Its read
+        plans are shared by `threads` threads (0 to 64) where ``read_options`` sets
+        none; 0: ``read_threads()``.
 
         Raises
         ------
@@ -273,8 +276,8 @@ class Reader:
             When the file cannot be opened (`FileNotFoundError`,
             `IsADirectoryError`, `PermissionError`).
         SafetensorError
-            When `backend` is not known, or the file breaks a rule of the
-            format.
+            When `backend` is not known, `threads` is out of range, or the
+            file breaks a rule of the format.
         """
     def open_buffer(
         self, data: Buffer, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,

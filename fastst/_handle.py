@@ -1040,7 +1040,7 @@ class VerifyingHandle(NumpyHandle):
     """
 
     def open_file(self, filename: Any, backend: str = "mmap", *,
-                  max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
+                  max_header_size: int = DEFAULT_MAX_HEADER_SIZE, threads: int = 0) -> None:
         """Open a local file (see ``Reader.open_file``), then take its checksums.
 
         Raises
@@ -1048,7 +1048,7 @@ class VerifyingHandle(NumpyHandle):
         SafetensorError
             When the file has no checksums, or they leave a tensor out.
         """
-        super().open_file(filename, backend, max_header_size=max_header_size)
+        super().open_file(filename, backend, max_header_size=max_header_size, threads=threads)
         self._take_checksums()
 
     def open_ranges(self, source: str, size: int, fetch: Any, *,

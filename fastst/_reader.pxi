@@ -28,6 +28,7 @@ cdef class Reader:
     cdef int kind                # BACKEND_*
     cdef int fd                  # pread backend only
     cdef int busy                # pread calls in flight, so close() cannot pull the fd away
+    cdef Py_ssize_t plan_threads # files: read plans' threads where read_options sets none
     cdef object path             # files: the absolute path (mmap: reopened for copies)
     cdef uint64_t file_dev       # files: st_dev, st_ino, size and mtime of the opened file
     cdef uint64_t file_ino
@@ -90,10 +91,14 @@ cdef class Reader:
         return self._dtype_of(_code_of_name(code))
 
     def open_file(self, filename, backend="mmap", *,
-                  max_header_size=DEFAULT_MAX_HEADER_SIZE):
+                  max_header_size=DEFAULT_MAX_HEADER_SIZE, threads=0):
         cdef uint64_t limit = _checked_limit(max_header_size)
         if not (type(backend) is str and backend in ("mmap", "pread")):
             raise SafetensorError(f"backend must be 'mmap' or 'pread', got {_shown(backend)}")
+        if type(threads) is not int or not 0 <= threads <= MAX_READ_THREADS:
+            raise SafetensorError(f"threads must be an integer from 0 to {MAX_READ_THREADS}, "
+                                  f"got {_shown(threads)}")
+        self.plan_threads = threads
         cdef bint use_pread = backend == "pread"
         if use_pread:
             import threading    # large pread copies share the work among threads
@@ -921,6 +926,7 @@ cdef class Reader:
         """pread the plan from plan.fd: hinted, shared by threads, and with O_DIRECT
         where read_options() asks for it and the file system takes it."""
         cdef bint hinted = plan.hint()
+        plan.threads = self.plan_threads
         if READ_DIRECT and plan.total >= plan.chunk:     # else the cache is as good
             plan.direct_fd = self._open_direct()
         try:

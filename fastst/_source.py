@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from ._ranged import RangedObject
     from .remote import SpooledUpload
 
-__all__ = ["Buffer", "FileObject", "Identity", "LocalFile", "NETWORK_FILE_SYSTEMS", "Source",
-           "Url", "as_source", "identity_of", "local_version", "planned_backend"]
+__all__ = ["Buffer", "FileObject", "Identity", "LocalFile", "NETWORK_FILE_SYSTEMS",
+           "NETWORK_READ_THREADS", "Source", "Url", "as_source", "identity_of", "local_version",
+           "planned_reading"]
 
 # what may follow a URL scheme's first character, a letter (RFC 3986)
 SCHEME_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
@@ -46,6 +47,9 @@ NETWORK_FILE_SYSTEMS = {
     0x73757245: "Coda",
     0x47504653: "GPFS",
 }
+# the threads a read plan of a file there is shared by, unless read_options sets them:
+# they wait on round trips, not on the CPU (bench/netfs.py)
+NETWORK_READ_THREADS = 16
 
 
 class Identity(NamedTuple):
@@ -138,7 +142,7 @@ class Source:
 
 class LocalFile(Source):
     """A file (or folder) on a local file system, read by map (``"mmap"``) or by
-    ``pread`` into fresh memory (``"pread"``; None: ``planned_backend`` picks), and
+    ``pread`` into fresh memory (``"pread"``; None: ``planned_reading`` picks), and
     written atomically."""
 
     def __init__(self, path: PathLike, backend: Optional[str] = None) -> None:
@@ -146,7 +150,7 @@ class LocalFile(Source):
         self.label = os.fsdecode(path)
         # where it is whatever the working directory becomes (a pickled handle's)
         self.absolute = os.path.abspath(self.label)
-        self.backend = planned_backend(self.absolute) if backend is None else backend
+        self.backend, self.threads = planned_reading(self.absolute, backend)
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return LocalFile, (self.absolute, self.backend)
@@ -155,7 +159,8 @@ class LocalFile(Source):
         return f"LocalFile({self.label!r}, {self.backend!r})"
 
     def open(self, reader: Reader, *, max_header_size: int) -> None:
-        reader.open_file(self.path, self.backend, max_header_size=max_header_size)
+        reader.open_file(self.path, self.backend, max_header_size=max_header_size,
+                         threads=self.threads)
 
     def reopen(self, reader: Reader, seen: Identity, *, max_header_size: int, what: str,
                since: str, remedy: str) -> None:
@@ -321,23 +326,27 @@ class Url(Source):
         return SpooledUpload(self.url, self.storage_options)
 
 
-def planned_backend(path: str) -> str:
-    """How a local file (or a folder's files) is read when the caller did not say:
-    ``"pread"`` on a network file system (``NETWORK_FILE_SYSTEMS``), in parallel
-    requests into fresh memory, ``"mmap"`` elsewhere, and where the file system
-    cannot be told (a path not there yet: opening it says why)."""
+def planned_reading(path: str, backend: Optional[str]) -> Tuple[str, int]:
+    """How a local file (or a folder's files) is read: the backend (the caller's;
+    else ``"pread"`` on a network file system, ``NETWORK_FILE_SYSTEMS``, and
+    ``"mmap"`` elsewhere or where the file system cannot be told, as for a path not
+    there yet, which opening reports), and the threads its read plans are shared by
+    where ``read_options`` sets none (``NETWORK_READ_THREADS`` on a network file
+    system; 0 elsewhere, for ``read_threads()``)."""
     try:
-        kind = file_system_type(path)
+        network = file_system_type(path) in NETWORK_FILE_SYSTEMS
     except (OSError, ValueError):
-        return "mmap"
-    return "pread" if kind in NETWORK_FILE_SYSTEMS else "mmap"
+        network = False
+    if backend is None:
+        backend = "pread" if network else "mmap"
+    return backend, NETWORK_READ_THREADS if network else 0
 
 
 def as_source(target: Any, storage_options: Optional[Mapping[str, Any]] = None, *,
               backend: Optional[str] = None, writing: bool = False) -> Source:
     """The Source a user's `target` names: a URL string (with its fsspec
     `storage_options`), a path (str, bytes, os.PathLike; read with `backend`, or
-    as ``planned_backend`` picks for None), or a binary file object (one with
+    as ``planned_reading`` picks for None), or a binary file object (one with
     ``seek`` and ``read``; for `writing`, one with ``write``). A Source is taken
     as it is."""
     if isinstance(target, Source):

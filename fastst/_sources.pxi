@@ -237,6 +237,7 @@ cdef class _ReadPlan:
     cdef int error              # first errno a read met
     cdef uint64_t short_by      # bytes a short read (a file that shrank) left unread
     cdef uint64_t chunk         # the largest request
+    cdef Py_ssize_t threads     # shared by, where read_options sets none (0: read_threads())
     cdef uint64_t requests, direct_requests, direct_bytes, bounced_bytes
     cdef Py_ssize_t* groups     # group g: jobs [groups[g], groups[g + 1]) (see group())
     cdef Py_ssize_t ngroups
@@ -368,7 +369,7 @@ cdef class _ReadPlan:
         cdef Py_ssize_t threads = 1
         self.group()
         if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
-            threads = min(read_threads(), self.ngroups)
+            threads = min(READ_THREADS or self.threads or read_threads(), self.ngroups)
         fastst_primer_signal(&self.primer)   # the readers take over from here
         if threads > 1:
             self._run_on(threads)

@@ -1,8 +1,9 @@
 """Files on network file systems (NFS, FUSE, Lustre, CephFS, SMB...), told by statfs's
-f_type, are read by a plan of parallel preads into fresh memory, where faulting a map
-waits for a round trip a page; elsewhere they are mapped. The caller's backend always
-wins. The file system type is faked through ``fastst._source.file_system_type``, and
-read for real from a FUSE mount where one can be made here (see fuse_mount.py)."""
+f_type, are read by a plan of parallel preads into fresh memory, shared by more threads
+than a local disk's, where faulting a map waits for a round trip a page; elsewhere they
+are mapped. The caller's backend and read_options always win. The file system type is
+faked through ``fastst._source.file_system_type``, and read for real from a FUSE mount
+where one can be made here (see fuse_mount.py)."""
 import os
 
 import numpy as np
@@ -10,9 +11,11 @@ import pytest
 
 import fastst
 import fastst._source
-from fastst._core import read_counters
+from fastst._core import read_counters, read_threads
+from fastst._source import NETWORK_READ_THREADS
 from fastst.checkpoint import open_checkpoint
 from fuse_mount import passthrough_mount
+from test_read_options import restore_read_options  # noqa: F401 (autouse)
 
 MIB = 1 << 20
 TENSORS = {"w": np.arange(MIB, dtype=np.float32), "b": np.arange(1000, dtype=np.int16)}
@@ -52,6 +55,13 @@ def loaded_by_plan(load, *args, **kwargs):
     return loaded, read_counters()["bytes"] - before
 
 
+def threads_sharing_a_plan(path):
+    """The threads that read the file's tensors: those started, and the caller's."""
+    before = read_counters()["threads_started"]
+    fastst.load_file(path, copy=True)
+    return read_counters()["threads_started"] - before + 1
+
+
 @pytest.mark.parametrize("system, kind, planned",
                          [(name, kind, "pread") for name, kind in NETWORK.items()]
                          + [(name, kind, "mmap") for name, kind in LOCAL.items()])
@@ -75,7 +85,25 @@ def test_the_callers_backend_wins_over_the_file_system(tmp_path, statfs_calls, k
     statfs_calls.kind, statfs_calls.paths = kind, []
     with fastst.safe_open(path, backend=backend) as handle:
         assert handle.backend == backend
-    assert statfs_calls.paths == []
+
+
+@pytest.mark.parametrize("kind, threads", [(NETWORK["NFS"], NETWORK_READ_THREADS),
+                                           (LOCAL["ext4"], read_threads())])
+def test_a_plan_on_a_network_file_system_is_shared_by_more_threads(tmp_path, statfs_calls,
+                                                                    kind, threads):
+    path = tmp_path / "model.safetensors"
+    fastst.save_file(TENSORS, path)
+    fastst.read_options(request_bytes=64 << 10)     # 64 requests: more than any thread count
+    statfs_calls.kind = kind
+    assert threads_sharing_a_plan(path) == threads
+
+
+def test_the_callers_threads_win_over_the_file_system(tmp_path, statfs_calls):
+    path = tmp_path / "model.safetensors"
+    fastst.save_file(TENSORS, path)
+    fastst.read_options(threads=3, request_bytes=64 << 10)
+    statfs_calls.kind = NETWORK["Lustre"]
+    assert threads_sharing_a_plan(path) == 3
 
 
 def test_every_shard_of_a_checkpoint_on_a_network_file_system_is_read_by_a_plan(
@@ -91,7 +119,7 @@ def test_every_shard_of_a_checkpoint_on_a_network_file_system_is_read_by_a_plan(
 
 def test_a_path_whose_file_system_cannot_be_told_is_mapped_or_refused_as_before(tmp_path):
     missing = tmp_path / "gone.safetensors"
-    assert fastst._source.planned_backend(str(missing)) == "mmap"
+    assert fastst._source.planned_reading(str(missing), None) == ("mmap", 0)
     with pytest.raises(FileNotFoundError):
         fastst.load_file(missing)
 

@@ -1187,10 +1187,12 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
         further ahead.
     huge_pages : bool, optional
         Give fresh arrays of 4 MiB or more (from files, buffers, file objects
-        and URLs alike) memory mapped for transparent huge pages
-        (``madvise(MADV_HUGEPAGE)``, Linux), through a NumPy allocation
-        handler: a fault brings 2 MiB, not 4 KiB, which makes filling fresh
-        memory several times cheaper. The arrays own their memory as any
+        and URLs alike) memory mapped for transparent huge pages, through a
+        NumPy allocation handler: a fault brings 2 MiB, not 4 KiB, which makes
+        filling fresh memory several times cheaper. It is advised
+        ``madvise(MADV_HUGEPAGE)`` (Linux) as the kernel's settings allow
+        without a fault waiting for memory to be compacted (see
+        `use_huge_page_settings`). The arrays own their memory as any
         other (``flags.owndata``, ``resize``, pickling), and each gives it
         back when freed. True by default.
 
@@ -1216,6 +1218,9 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
 
 
 def read_counters() -> dict[str, int]: ...
+def use_huge_page_settings(folder: str = "/sys/kernel/mm/transparent_hugepage",
+                           buddyinfo: str = "/proc/buddyinfo") -> str: ...
+def free_huge_page_bytes(path: str = "/proc/buddyinfo") -> int: ...
 def read_ahead_limit() -> int:
     """Half the machine's memory: the most read into the page cache ahead of use
     and counted on to stay there (1 where the memory is not known)."""

@@ -10,6 +10,7 @@ import os
 import stat
 from collections import namedtuple
 from collections.abc import Mapping
+from time import monotonic
 
 import numpy as np
 
@@ -62,6 +63,7 @@ cdef extern from "_fastst.h":
     void fastst_transpose_rows(const char* src, char* dst, Py_ssize_t m, Py_ssize_t n,
                                Py_ssize_t row0, Py_ssize_t rows, int itemsize) noexcept nogil
     object fastst_huge_handler_capsule()
+    int fastst_advise_huge
     void fastst_prefetch(const char* source, uint64_t length) noexcept nogil
     ctypedef struct fastst_primer:
         pass

@@ -95,10 +95,16 @@ static void fastst_transpose_rows(const char *src, char *dst, Py_ssize_t m,
    (realloc needs the size, which NumPy does not give it), then the data, on a 2 MiB
    boundary so that every whole 2 MiB of it can be a huge page, and so that nothing
    faults the data in before it is filled. A small block (a realloc's) comes from
-   malloc, with the same two fields (mapped length 0) just before its data. */
+   malloc, with the same two fields (mapped length 0) just before its data. The
+   block is advised MADV_HUGEPAGE only where fastst_advise_huge says so, set by the
+   caller for each array from the machine's settings (see _fresh_array): where the
+   kernel compacts memory to serve an advised fault, a fault that finds no free 2 MiB
+   stalls for longer than the small pages' faults would take. */
 #define FASTST_HUGE_PAGE ((size_t)2 << 20)
 #define FASTST_PAGE ((size_t)4096)
 #define FASTST_HEAD ((size_t)16)           /* malloc's alignment */
+
+static int fastst_advise_huge = 1;
 
 static void *fastst_block_with(char *data, size_t mapped, size_t size) {
     size_t *fields = (size_t *)data - 2;
@@ -122,7 +128,8 @@ static void *fastst_huge_alloc(size_t size, int zeroed) {
             if (start + asked > end) munmap(end, (size_t)(start + asked - end));
             /* a last, partly used 2 MiB stays in small pages: no more memory held
                than asked, within a page */
-            madvise(data, span & ~(FASTST_HUGE_PAGE - 1), MADV_HUGEPAGE);
+            if (fastst_advise_huge)
+                madvise(data, span & ~(FASTST_HUGE_PAGE - 1), MADV_HUGEPAGE);
             return fastst_block_with(data, FASTST_PAGE + span, size);
         }
     }

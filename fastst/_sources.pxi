@@ -208,17 +208,101 @@ cdef Py_ssize_t PREFETCH_JOBS = 8         # copies whose source is asked for ahe
 cdef bint HUGE_PAGES = True                # big fresh arrays in huge pages (see _fastst.h)
 cdef uint64_t HUGE_ARRAY_BYTES = 4 << 20   # fresh arrays this big or bigger get huge pages
 cdef object _HUGE_HANDLER = fastst_huge_handler_capsule()
+cdef str HUGE_ADVICE = None               # see use_huge_page_settings
+cdef str BUDDYINFO = "/proc/buddyinfo"
+cdef double FREE_READ_EVERY = 0.1          # seconds a reading of free 2 MiB blocks is used
+cdef double _free_read_at = -1.0
+cdef uint64_t _free_huge = 0               # bytes of free 2 MiB blocks, less those advised since
+
+
+def use_huge_page_settings(folder="/sys/kernel/mm/transparent_hugepage",
+                           buddyinfo="/proc/buddyinfo"):
+    """Decide when fresh arrays are advised MADV_HUGEPAGE from the kernel's
+    transparent huge page settings in `folder` (`enabled`, `defrag`), and where
+    free memory is counted (`buddyinfo`): return the decision, "never", "always"
+    or "while free". Made before the first big array; with other arguments, for
+    tests.
+
+    "never" where advice gains nothing: the kernel gives no huge pages, or gives
+    them to every mapping (advice would only make a fault that finds no free
+    2 MiB compact memory first). "always" where an advised fault never waits for
+    compaction (defrag "defer" or "never"). "while free" where it does: an array
+    is advised only while free 2 MiB blocks hold twice its size (a reading of
+    `buddyinfo` serves FREE_READ_EVERY seconds, less what was advised since), as
+    a fault that compacts takes longer than the small pages' faults it saves."""
+    global HUGE_ADVICE, BUDDYINFO, _free_read_at
+    HUGE_ADVICE, BUDDYINFO, _free_read_at = huge_page_advice(folder), buddyinfo, -1.0
+    return HUGE_ADVICE
+
+
+cdef str huge_page_advice(str folder):
+    try:
+        enabled = _setting(os.path.join(folder, "enabled"))
+        defrag = _setting(os.path.join(folder, "defrag"))
+    except OSError:
+        return "never"
+    if enabled != "madvise":
+        return "never"
+    return "always" if defrag in ("defer", "never") else "while free"
+
+
+cdef str _setting(str path):
+    """The choice in force in a sysfs file that lists them ("always [madvise] never")."""
+    with open(path) as file:
+        for word in file.read().split():
+            if word.startswith("[") and word.endswith("]"):
+                return word.strip("[]")
+    return ""
+
+
+def free_huge_page_bytes(path="/proc/buddyinfo"):
+    """Bytes of free memory in blocks of 2 MiB or more, in the zones that serve a
+    process's memory (all but DMA), from the kernel's free lists in `path`; 0 where
+    it cannot be read."""
+    cdef uint64_t total = 0
+    order = (FASTST_HUGE_PAGE // os.sysconf("SC_PAGE_SIZE")).bit_length() - 1
+    try:
+        with open(path) as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        words = line.split()
+        if len(words) < 4 or words[3] == "DMA":     # "Node 0, zone Normal n0 n1 ..."
+            continue
+        for k, count in enumerate(words[4 + order:]):
+            total += int(count) * (FASTST_HUGE_PAGE << k)
+    return total
+
+
+cdef bint _advise_huge(uint64_t nbytes):
+    """Whether a fresh array of `nbytes` is advised MADV_HUGEPAGE (see
+    use_huge_page_settings)."""
+    global _free_read_at, _free_huge
+    if HUGE_ADVICE is None:
+        use_huge_page_settings()
+    if HUGE_ADVICE != "while free":
+        return HUGE_ADVICE == "always"
+    now = monotonic()
+    if now - _free_read_at > FREE_READ_EVERY:
+        _free_huge, _free_read_at = free_huge_page_bytes(BUDDYINFO), now
+    if _free_huge < 2 * nbytes:
+        return False
+    _free_huge -= nbytes
+    return True
 
 
 cdef object _fresh_array(int ndim, cnp.npy_intp* dims, object descr):
     """PyArray_Empty (which steals the reference to `descr`), with the memory of a
     big array from the huge-page handler where read_options() allows it."""
+    global fastst_advise_huge
     cdef uint64_t nbytes = (<cnp.dtype>descr).itemsize
     cdef int k
     for k in range(ndim):
         nbytes *= <uint64_t>dims[k]
     if not HUGE_PAGES or nbytes < HUGE_ARRAY_BYTES:
         return PyArray_Empty(ndim, dims, <Descr*><PyObject*>descr, 0)
+    fastst_advise_huge = _advise_huge(nbytes)
     before = PyDataMem_SetHandler(_HUGE_HANDLER)
     try:
         return PyArray_Empty(ndim, dims, <Descr*><PyObject*>descr, 0)

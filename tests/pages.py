@@ -29,6 +29,21 @@ def map_flags(path) -> set:
     return {flag for values in smaps_values(path, "VmFlags:") for flag in values}
 
 
+def flags_of_memory_at(address: int) -> set:
+    """The flags (VmFlags in /proc/self/smaps) of the mapping of this process that
+    holds `address`."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if not fields[0].endswith(":"):
+                low, high = (int(bound, 16) for bound in fields[0].split("-"))
+                inside = low <= address < high
+            elif inside and fields[0] == "VmFlags:":
+                return set(fields[1:])
+    raise LookupError(f"no mapping holds {address:#x}")
+
+
 def mapped_bytes(path, field: str) -> int:
     """The sum of a field of /proc/self/smaps (in kB there) over `path`'s mappings."""
     return sum(int(values[0]) << 10 for values in smaps_values(path, field))

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
-from fastst._core import read_counters
+from fastst._core import free_huge_page_bytes, read_counters, use_huge_page_settings
 from helpers import wait_until
-from pages import (cached_pages, drop_or_skip, dropped_from_page_cache, map_flags,
-                   pmd_mapped_bytes, read_bytes, resident_bytes)
+from pages import (cached_pages, drop_or_skip, dropped_from_page_cache, flags_of_memory_at,
+                   map_flags, pmd_mapped_bytes, read_bytes, resident_bytes)
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -834,6 +834,86 @@ def test_huge_pages_can_be_turned_off(tmp_path):
     assert handler_of(fastst.load_file(path, copy=True)["big"]) == "default_allocator"
     with pytest.raises(fastst.SafetensorError, match="huge_pages must be True or False"):
         fastst.read_options(huge_pages=1)
+
+
+THP_CHOICES = {"enabled": ["always", "madvise", "never"],
+               "defrag": ["always", "defer", "defer+madvise", "madvise", "never"]}
+
+
+def fake_thp_settings(tmp_path, enabled, defrag, free_2mib_blocks=0):
+    """A folder of transparent huge page settings as the kernel shows them, and a
+    buddyinfo file with `free_2mib_blocks` free blocks of 2 MiB (and some in the DMA
+    zone, which serves no process)."""
+    folder = tmp_path / f"thp-{enabled}-{defrag}"
+    folder.mkdir(exist_ok=True)
+    for name, chosen in (("enabled", enabled), ("defrag", defrag)):
+        (folder / name).write_text(" ".join(f"[{choice}]" if choice == chosen else choice
+                                            for choice in THP_CHOICES[name]) + "\n")
+    buddyinfo = tmp_path / f"buddyinfo-{free_2mib_blocks}"
+    buddyinfo.write_text(
+        "Node 0, zone      DMA      0      0      0      0      0      0      0      0"
+        "      1      1      3 \n"
+        "Node 0, zone   Normal   5433   1572   1714   3459   1446   1218    944   1197"
+        f"    524 {free_2mib_blocks:6d}      0 \n")
+    return str(folder), str(buddyinfo)
+
+
+@pytest.fixture
+def thp_settings():
+    """use_huge_page_settings, given back to the machine's own at the end."""
+    yield use_huge_page_settings
+    use_huge_page_settings()
+
+
+@pytest.mark.parametrize("enabled, defrag, advice", [
+    ("never", "madvise", "never"),           # no huge pages
+    ("always", "madvise", "never"),          # huge pages unadvised; advice would compact
+    ("always", "defer", "never"),
+    ("madvise", "defer", "always"),          # an advised fault never compacts
+    ("madvise", "never", "always"),
+    ("madvise", "madvise", "while free"),    # an advised fault compacts when none is free
+    ("madvise", "defer+madvise", "while free"),
+    ("madvise", "always", "while free"),
+])
+def test_huge_page_advice_follows_the_kernels_settings(tmp_path, thp_settings, enabled,
+                                                       defrag, advice):
+    folder, buddyinfo = fake_thp_settings(tmp_path, enabled, defrag)
+    assert thp_settings(folder, buddyinfo) == advice
+    assert thp_settings(str(tmp_path / "missing")) == "never"
+
+
+def test_free_huge_page_bytes_counts_blocks_of_2_mib_or_more_outside_dma(tmp_path):
+    _, buddyinfo = fake_thp_settings(tmp_path, "madvise", "madvise", free_2mib_blocks=7)
+    if os.sysconf("SC_PAGE_SIZE") != 4096:
+        pytest.skip("the fake free lists are of 4 KiB pages")
+    assert free_huge_page_bytes(buddyinfo) == 7 * 2 * MIB
+    assert free_huge_page_bytes(str(tmp_path / "missing")) == 0
+
+
+@LINUX_ONLY
+@pytest.mark.skipif(not THP or os.sysconf("SC_PAGE_SIZE") != 4096,
+                    reason="no transparent huge pages, or pages other than 4 KiB")
+@pytest.mark.parametrize("enabled, defrag, free_2mib_blocks, advised", [
+    ("madvise", "defer", 0, [True, True]),
+    ("madvise", "madvise", 0, [False, False]),
+    ("madvise", "madvise", 1000, [True, True]),
+    ("madvise", "madvise", 13, [True, False]),  # twice 12 MiB free, then 14 MiB left
+    ("always", "madvise", 1000, [False, False]),
+    ("never", "defer", 1000, [False, False]),
+])
+def test_fresh_arrays_are_advised_huge_pages_as_the_settings_and_free_memory_allow(
+        tmp_path, thp_settings, enabled, defrag, free_2mib_blocks, advised):
+    """Where an advised fault would compact memory when no 2 MiB is free, an array is
+    advised only while free 2 MiB blocks hold twice its size, less the arrays advised
+    since free memory was read; elsewhere, as the settings say."""
+    path = str(tmp_path / "two.safetensors")
+    fastst.save_file({"a": np.ones(3 * MIB, np.float32), "b": np.ones(3 * MIB, np.float32)},
+                     path)
+    thp_settings(*fake_thp_settings(tmp_path, enabled, defrag, free_2mib_blocks))
+    loaded = fastst.load_file(path, copy=True)
+    assert [handler_of(loaded[name]) for name in "ab"] == ["fastst_huge_pages"] * 2
+    assert [("hg" in flags_of_memory_at(loaded[name].ctypes.data)) for name in "ab"] == advised
+    assert all((loaded[name] == 1).all() for name in "ab")
 
 
 def test_memory_of_big_fresh_arrays_goes_back_when_they_are_freed(tmp_path):

@@ -26,7 +26,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.errno cimport EFAULT, EINTR, EINVAL, ENOSYS, EOPNOTSUPP, errno
+from libc.errno cimport EFAULT, EINTR, EIO, EINVAL, ENOSYS, EOPNOTSUPP, errno
 from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
@@ -35,7 +35,7 @@ from posix.mman cimport (MADV_NORMAL, MADV_RANDOM, MAP_FAILED, MAP_PRIVATE, PROT
                          PROT_WRITE, madvise, mmap, munmap)
 from posix.stdlib cimport posix_memalign
 from posix.types cimport off_t
-from posix.uio cimport iovec, preadv
+from posix.uio cimport iovec, preadv, writev
 from posix.unistd cimport close, pread, pwrite, write
 
 cnp.import_array()

@@ -1,7 +1,7 @@
 """What the tests read of memory, the page cache and descriptors: the bytes of a file's
 mappings that this process has in memory, the pages of a file the page cache holds, a
-file's pages dropped from it, the bytes the process has read from storage, and the
-descriptors it holds open (Linux's /proc/self/smaps, mincore, posix_fadvise,
+file's pages dropped from it, the bytes the process has read from storage and its write
+calls, and the descriptors it holds open (Linux's /proc/self/smaps, mincore, posix_fadvise,
 /proc/self/io and /proc/self/fd)."""
 from __future__ import annotations
 
@@ -99,6 +99,13 @@ def read_bytes() -> int:
     page cache or past it (Linux's /proc/self/io)."""
     with open("/proc/self/io") as io:
         return next(int(line.split()[1]) for line in io if line.startswith("read_bytes:"))
+
+
+def write_calls() -> int:
+    """Write calls (write, writev, pwrite...) this process (all its threads) has made
+    so far (Linux's /proc/self/io)."""
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("syscw:"))
 
 
 def dropped_from_page_cache(path) -> bool:

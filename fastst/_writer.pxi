@@ -8,8 +8,14 @@ or None for a tensor declared now and written later, in pieces (a streaming writ
 The data's dtype need not be the code's: torch float4 comes as packed uint8."""
 
 
+cdef dict _CODE_OF_DTYPE = {}     # dtypes seen, by themselves: dtype.name is slow to make
+
+
 cdef int _code_for_array(str name, object array) except -1:
     dtype = array.dtype
+    code = _CODE_OF_DTYPE.get(dtype)
+    if code is not None:
+        return code
     code = _CODE_OF_NUMPY_NAME.get(dtype.name)
     if code is None or dtype.fields is not None:
         if dtype.hasobject:
@@ -17,6 +23,7 @@ cdef int _code_for_array(str name, object array) except -1:
         raise SafetensorTypeError(
             f"tensor {_shown(name)}: dtype {dtype} has no safetensors code (supported: "
             f"{', '.join(sorted(_CODE_OF_NUMPY_NAME))})")
+    _CODE_OF_DTYPE[dtype] = code
     return code
 
 

@@ -583,7 +583,7 @@ cdef _transpose_into(cnp.ndarray array, char* dest, int fd, int64_t offset, str 
 
 cdef _write_all_or_raise(int fd, const char* data, size_t length, int64_t offset, str target):
     """write() every byte at the file's position, or pwrite() them at `offset`
-    when it is >= 0; the GIL released."""
+    when it is >= 0; the GIL released. A call that writes nothing fails with EIO."""
     cdef int error = 0
     cdef ssize_t written
     cdef size_t chunk
@@ -598,6 +598,9 @@ cdef _write_all_or_raise(int fd, const char* data, size_t length, int64_t offset
                 if errno == EINTR:
                     continue
                 error = errno
+                break
+            if written == 0:    # a file that takes nothing would be asked forever
+                error = EIO
                 break
             data += written
             length -= written

@@ -67,6 +67,43 @@ def test_failed_save_leaves_the_old_file_and_no_temporary(tmp_path):
     assert os.listdir(tmp_path) == ["model.safetensors"]
 
 
+WRITES_TAKE_NOTHING = """
+import ctypes, struct, sys
+import numpy as np
+from fastst.writer import plan_write, spec_of_array
+
+# seccomp: pwrite64 and writev return 0 (SECCOMP_RET_ERRNO with errno 0) unexecuted
+BLOCKED = {"x86_64": (18, 20), "aarch64": (68, 66)}[sys.argv[2]]
+code = [struct.pack("<HBBI", 0x20, 0, 0, 0)]                  # load the call's number
+code += [struct.pack("<HBBI", 0x15, len(BLOCKED) - k, 0, number)   # jump if equal
+         for k, number in enumerate(BLOCKED)]
+code += [struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000),        # allow
+         struct.pack("<HBBI", 0x06, 0, 0, 0x00050000)]        # "succeed" writing nothing
+program = ctypes.create_string_buffer(b"".join(code))
+fprog = struct.pack("<HxxxxxxQ", len(code), ctypes.addressof(program))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0                         # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.c_char_p(fprog), 0, 0) == 0    # SECCOMP_MODE_FILTER
+
+plan = plan_write([spec_of_array("x", np.ones(1000))], None)
+with open(sys.argv[1], "wb") as file:
+    for write in (plan.write_prefix, plan.write_to):            # pwrite, writev
+        try:
+            write(file.fileno(), sys.argv[1])
+        except OSError as error:
+            print(error.errno, error.filename == sys.argv[1], flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine not in
+                    ("x86_64", "aarch64"), reason="a seccomp filter of Linux's call numbers")
+def test_a_write_that_takes_nothing_fails_rather_than_being_asked_forever(tmp_path):
+    path = tmp_path / "x.safetensors"
+    result = subprocess.run([sys.executable, "-c", WRITES_TAKE_NOTHING, str(path),
+                             os.uname().machine], capture_output=True, text=True, timeout=20)
+    assert result.stdout.split("\n")[:2] == [f"{errno.EIO} True"] * 2, result.stderr
+
+
 def test_a_flush_that_fails_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
     def failing_fsync(fd):
         raise OSError(errno.EIO, os.strerror(errno.EIO))

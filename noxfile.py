@@ -13,7 +13,12 @@ PATH as python3.10 ... python3.13 (with pyenv:
 suite, frameworks included, runs on one Python: the README's second command.
 
     nox -s wheel-3.11     # the wheel repaired to a manylinux tag, installed with no compiler
+    nox -s freethreaded   # the quick check on CPython 3.13 built without the GIL
     nox -s reference      # the reference's own tests through the switch
+
+`nox -s freethreaded` builds the free-threaded interpreter once, from Debian's source
+package of CPython 3.13 (pyenv has no free-threaded build here), into
+FREE_THREADED_HOME, and reuses it after.
 
 fetches huggingface safetensors' Python tests at the tag of the release whose API
 fastst offers, installs that release beside fastst, and runs them with it and through
@@ -23,9 +28,11 @@ import os
 import pathlib
 import shutil
 import tarfile
+import tempfile
 import zipfile
 
 import nox
+from packaging.requirements import Requirement  # nox's own dependency
 
 ROOT = pathlib.Path(__file__).resolve().parent
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
@@ -40,17 +47,31 @@ REFERENCE_REPOSITORY = os.environ.get("FASTST_REFERENCE_REPOSITORY",
 # TensorFlow, the reference's own run crashes in its test_paddle_comparison.py.
 REFERENCE_TEST_NEEDS = ["torch==2.13.0", "jax", "flax", "tensorflow-cpu", "h5py"]
 
+# Where `nox -s freethreaded` builds CPython 3.13 without the GIL, from Debian's source.
+FREE_THREADED_HOME = pathlib.Path(os.environ.get(
+    "FASTST_FREE_THREADED_HOME", pathlib.Path.home() / ".cache" / "fastst-nox" / "python3.13t"))
+DEBIAN_SOURCES = "deb-src http://deb.debian.org/debian trixie main"
+DOWNLOAD_SECONDS = 600
+BUILD_SECONDS = 3600
+# What the free-threaded session installs beside fastst: the test-core extra without the
+# reference (its abi3 wheel cannot load without the GIL, and its sdist needs crates) nor
+# aiohttp (no free-threaded wheel); the tests that need them are skipped. The rest as
+# wheels only: pip then takes the newest release with a wheel for 3.13t (NumPy 2.5 has
+# none, 2.4 has; hypothesis' newest need crates for it).
+FREE_THREADED_LEAVES_OUT = {"safetensors", "aiohttp"}
+FREE_THREADED_WHEELS_ONLY = ":all:"
+
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 # A PYTHONPATH naming a checkout would put it before the install under test.
 os.environ.pop("PYTHONPATH", None)
 
 
-def run_core_tests(session):
+def run_core_tests(session, pytest="pytest"):
     """The quick check of the checkout's tests against the fastst installed here."""
     folder = session.create_tmp()
     with session.chdir(folder):
-        session.run("pytest", str(ROOT / "tests"), "-m", "core", "-p", "no:cacheprovider",
+        session.run(pytest, str(ROOT / "tests"), "-m", "core", "-p", "no:cacheprovider",
                     *session.posargs, env={"FASTST_TEST_INSTALLED": "1"})
 
 
@@ -108,6 +129,66 @@ def wheel(session):
         session.run(python, "-m", "pytest", str(ROOT / "tests"), "-m", "core",
                     "-p", "no:cacheprovider", *session.posargs,
                     env={"FASTST_TEST_INSTALLED": "1"}, external=True)
+
+
+@nox.session(python=False)
+def freethreaded(session):
+    """The quick check on CPython 3.13 built without the GIL (tests/test_threads.py
+    checks that fastst leaves it off)."""
+    python = free_threaded_python(session)
+    venv = pathlib.Path(session.create_tmp()).resolve() / "venv"
+    session.run(str(python), "-m", "venv", "--clear", str(venv))
+    extras = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]
+    needs = [need for need in extras["test-core"]
+             if Requirement(need).name not in FREE_THREADED_LEAVES_OUT]
+    session.run(str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(ROOT),
+                *needs, env={"PIP_ONLY_BINARY": FREE_THREADED_WHEELS_ONLY})
+    run_core_tests(session, str(venv / "bin" / "pytest"))
+
+
+def free_threaded_python(session):
+    """FREE_THREADED_HOME's python3.13t, built there first when it is not."""
+    python = FREE_THREADED_HOME / "bin" / "python3.13t"
+    built = FREE_THREADED_HOME / "BUILT"     # written last: a build cut short is redone
+    if not built.exists():
+        with tempfile.TemporaryDirectory() as work:
+            source = download_cpython_source(session, pathlib.Path(work))
+            build_free_threaded(session, source, FREE_THREADED_HOME)
+        built.write_text(f"{source.name}\n")
+    return python
+
+
+def download_cpython_source(session, work):
+    """CPython 3.13's release, from Debian's source package python3.13, unpacked in
+    `work`: its folder. apt-get reads a sources list of its own in `work` and
+    changes nothing of the system's; the upstream tarball is built, without
+    Debian's patches (they are for Debian's own layout)."""
+    (work / "sources.list.d").mkdir()
+    (work / "lists" / "partial").mkdir(parents=True)
+    (work / "sources.list.d" / "debian-src.list").write_text(DEBIAN_SOURCES + "\n")
+    apt = ["timeout", str(DOWNLOAD_SECONDS), "apt-get", "--quiet",
+           "-o", f"Dir::Etc::sourceparts={work / 'sources.list.d'}",
+           "-o", "Dir::Etc::sourcelist=/dev/null", "-o", f"Dir::State::Lists={work / 'lists'}"]
+    with session.chdir(work):
+        session.run(*apt, "update", external=True)
+        session.run(*apt, "source", "--download-only", "python3.13", external=True)
+    (tarball,) = work.glob("python3.13_*.orig.tar.xz")
+    with tarfile.open(tarball) as archive:
+        archive.extractall(work, filter="data")
+    (source,) = work.glob("Python-3.13.*/")
+    return source
+
+
+def build_free_threaded(session, source, prefix):
+    """Configure CPython in `source` without the GIL, build it and install it into
+    `prefix`: at low priority (nice), within BUILD_SECONDS."""
+    nice = ["timeout", str(BUILD_SECONDS), "nice", "-n", "10"]
+    with session.chdir(source):
+        session.run(*nice, "./configure", "--disable-gil", f"--prefix={prefix}", "--quiet",
+                    external=True)
+        session.run(*nice, "make", f"-j{os.cpu_count()}", "--quiet", external=True,
+                    silent=True)
+        session.run(*nice, "make", "install", external=True, silent=True)
 
 
 @nox.session(python="3.11")

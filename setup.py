@@ -1,6 +1,7 @@
 """Build the compiled core, and put the switch's .pth file at the root of the wheel.
 FASTST_DEBUG=1 turns Cython's bounds checks back on."""
 import os
+import sysconfig
 
 import numpy
 from Cython.Build import cythonize
@@ -12,6 +13,14 @@ from setuptools.command.build_py import build_py
 SWITCH = "fastst-safetensors.pth"
 
 DEBUG = os.environ.get("FASTST_DEBUG") == "1"
+
+# NumPy 2: the core allows NumPy 2's 64 dimensions (NumPy 1 has 32). orjson 3.9.15: the
+# first to bound the nesting of what it parses (3.9.14 crashes on a hostile header).
+# Not on a free-threaded Python: orjson has no wheel for it, and turns the GIL back on
+# when imported there; fastst decodes with the standard library instead (fastst/_json.py).
+# No environment marker tells the two builds apart, and a wheel's metadata is its build's.
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+DEPENDENCIES = ["numpy>=2.0", "ml_dtypes>=0.5"] + ([] if FREE_THREADED else ["orjson>=3.9.15"])
 
 directives = {
     "language_level": 3,
@@ -67,4 +76,5 @@ class build_py_with_switch(build_py):
         return outputs if self.editable_mode else [*outputs, self.switch_target()]
 
 
-setup(ext_modules=extensions, cmdclass={"build_py": build_py_with_switch})
+setup(ext_modules=extensions, install_requires=DEPENDENCIES,
+      cmdclass={"build_py": build_py_with_switch})

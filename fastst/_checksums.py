@@ -190,11 +190,11 @@ def checksum_metadata(metadata: Optional[Mapping[str, str]], digests: Mapping[st
     >>> checksum_metadata(None, {"b": "00" * 8, "a": "ff" * 8}, "xxh3_64")
     {'fastst.checksums': '{"algorithm":"xxh3_64","tensors":{"a":"ffffffffffffffff","b":"0000000000000000"}}'}
     """
-    import orjson
+    from fastst._json import dumps
 
     _check_key_is_free(metadata)
     result = dict(metadata or {})
-    result[CHECKSUM_KEY] = orjson.dumps(
+    result[CHECKSUM_KEY] = dumps(
         {"algorithm": algorithm, "tensors": dict(sorted(digests.items()))}).decode()
     return result
 
@@ -425,14 +425,14 @@ def checksums_of(metadata: Optional[Mapping[str, str]], names: Sequence[str],
     ...     checksums_of(f.metadata(), f.offset_keys(), f.source)
     ('xxh3_64', {'a': 'a1d0bd893c9531ac'})
     """
-    import orjson
+    from fastst._json import JSONDecodeError, loads
 
     text = (metadata or {}).get(CHECKSUM_KEY)
     if text is None:
         return None
     try:
-        document = orjson.loads(text)
-    except orjson.JSONDecodeError as error:
+        document = loads(text)
+    except JSONDecodeError as error:
         raise SafetensorError(f"{label}: metadata {CHECKSUM_KEY!r} is not valid JSON "
                               f"({error})") from None
     if not isinstance(document, dict) or set(document) != {"algorithm", "tensors"} \

@@ -3,8 +3,8 @@
 # Two parsers fill the same compact C arrays. The fast one scans the canonical
 # shape of a header byte by byte and accepts only headers it has fully validated;
 # anything unusual (escapes, floats, unknown fields, any broken rule) sends the
-# header to the strict one, which decodes with orjson, checks every rule with a
-# precise message, and so decides every error. Both accept exactly the same headers.
+# header to the strict one, which decodes with orjson (or its equal: fastst._json),
+# checks every rule with a precise message, and so decides every error. Both accept exactly the same headers.
 
 cdef struct Entry:
     uint64_t begin              # byte offsets, relative to the tensor buffer
@@ -314,7 +314,7 @@ cdef bint _names_are_unique(_Header h) except -1:
 
 
 # ---------------------------------------------------------------------------
-# The strict parser: orjson, then every rule checked with a precise message
+# The strict parser: orjson (or its equal), then every rule checked with a precise message
 # ---------------------------------------------------------------------------
 
 cdef Py_ssize_t _count_members(const uint8_t* p, Py_ssize_t n, bint* has_minus) noexcept nogil:
@@ -504,10 +504,10 @@ cdef _check_size(_Header h, str source, object name, Entry* entry):
 
 
 cdef object _decode_json(str source, bytes header):
-    import orjson    # only headers the fast scanner passes on get here
+    from fastst._json import JSONDecodeError, loads   # only what the fast scanner passes on
     try:
-        return orjson.loads(header)
-    except orjson.JSONDecodeError as error:
+        return loads(header)
+    except JSONDecodeError as error:
         try:
             header.decode("utf-8")
         except UnicodeDecodeError as bad:

@@ -220,11 +220,11 @@ def parse_index(text: bytes, path: str, *, shard_suffix: str = ".safetensors"
     is read by the same rules.)"""
     import json
 
-    import orjson
+    from fastst._json import JSONDecodeError, loads
 
     try:
-        document = orjson.loads(text)      # bounded nesting: never a RecursionError
-    except orjson.JSONDecodeError as error:
+        document = loads(text)      # bounded nesting: never a RecursionError
+    except JSONDecodeError as error:
         raise SafetensorError(f"{path}: index is not valid JSON: {error}") from None
     if _depth(document) > MAX_INDEX_DEPTH:
         raise SafetensorError(f"{path}: index nests deeper than {MAX_INDEX_DEPTH} levels")

@@ -492,9 +492,9 @@ cdef bytes _prefix_and_header(dict header, Py_ssize_t padding, Py_ssize_t exact_
     """The 8-byte length and the header, padded with spaces so that the data starts
     at a multiple of 8 and of `align`, `padding` spaces at least (or to exactly
     `exact_size` bytes)."""
-    import orjson
+    from fastst._json import dumps
     try:
-        text = orjson.dumps(header)
+        text = dumps(header)
     except TypeError as error:   # e.g. a name with a lone surrogate
         raise SafetensorError(f"header cannot be written as UTF-8 JSON: {error}") from None
     cdef Py_ssize_t unit = max(align, 8)

@@ -265,7 +265,7 @@ def state_to_tensors(tree: State[Array], metadata: Optional[Mapping[str, str]] =
     >>> metadata
     {'fastst.state': '{"version":1,"tree":{"dict":[["step",3],["w",{"tensor":"w"}]]}}'}
     """
-    import orjson
+    from fastst._json import dumps
 
     extra = dict(metadata or {})
     if STATE_KEY in extra:
@@ -273,7 +273,7 @@ def state_to_tensors(tree: State[Array], metadata: Optional[Mapping[str, str]] =
     tensors: Dict[str, Any] = {}
     encoded = _Encoder(tensors).node(tree, "", 0, set())
     try:
-        text = orjson.dumps({"version": STATE_VERSION, "tree": encoded}).decode()
+        text = dumps({"version": STATE_VERSION, "tree": encoded}).decode()
     except TypeError as error:     # a str with a lone surrogate
         raise SafetensorTypeError(f"state tree cannot be written as UTF-8 JSON: {error}") from None
     return tensors, {**extra, STATE_KEY: text}
@@ -456,15 +456,15 @@ def state_from_tensors(metadata: Optional[Mapping[str, str]], get_tensor: Callab
 
 
 def _state_document(metadata: Optional[Mapping[str, str]], source: str) -> Dict[str, Any]:
-    import orjson
+    from fastst._json import JSONDecodeError, loads
 
     text = (metadata or {}).get(STATE_KEY)
     if text is None:
         raise SafetensorError(f"{source}: not a state file: its metadata has no "
                               f"{STATE_KEY!r} key")
     try:
-        document = orjson.loads(text)
-    except orjson.JSONDecodeError as error:
+        document = loads(text)
+    except JSONDecodeError as error:
         raise SafetensorError(f"{source}: metadata {STATE_KEY!r} is not valid JSON "
                               f"({error})") from None
     twice = _key_given_twice(text)
@@ -485,7 +485,7 @@ def _key_given_twice(text: str) -> Optional[str]:
     """The first key that an object of the JSON `text` (valid JSON) gives twice,
     or None: a parser keeps one of the two silently, as the header parser does
     not. One pass over the tokens, with no recursion however deep the nesting."""
-    import orjson
+    from fastst._json import loads
 
     open_keys: List[Optional[Set[str]]] = []     # per open container: its keys; None: an array
     key_next = False
@@ -493,7 +493,7 @@ def _key_given_twice(text: str) -> Optional[str]:
         token = match.group()
         if token[0] == '"':
             if key_next:
-                key = orjson.loads(token) if "\\" in token else token[1:-1]
+                key = loads(token) if "\\" in token else token[1:-1]
                 keys = open_keys[-1]
                 if keys is not None:
                     if key in keys:

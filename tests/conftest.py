@@ -62,6 +62,26 @@ def stores_read_at_the_first_pace() -> None:
         ranged.LEARNED.clear()
 
 
+@pytest.fixture(scope="module", params=["orjson", "json"])
+def json_codec(request):
+    """Each JSON codec of fastst._json in turn, for this process and the children it
+    starts: orjson, and the standard library's json that a free-threaded build uses."""
+    from fastst import _json
+
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "orjson":
+            if not _json.uses_orjson() or not is_installed("orjson"):
+                pytest.skip("this interpreter decodes JSON with the standard library")
+            orjson = importlib.import_module("orjson")    # not a need of the tests using it
+            patch.setattr(_json, "_LOADS", orjson.loads)
+            patch.setattr(_json, "_DUMPS", orjson.dumps)
+        else:
+            patch.setenv("FASTST_JSON", "json")
+            patch.setattr(_json, "_LOADS", _json._stdlib_loads)
+            patch.setattr(_json, "_DUMPS", _json._stdlib_dumps)
+        yield request.param
+
+
 def mapping_ranges(path) -> list:
     """[start, end) address ranges where `path` is mapped in this process."""
     target = os.path.realpath(path)

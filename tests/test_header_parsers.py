@@ -1,5 +1,6 @@
-"""The fast header scanner and the strict orjson parser accept exactly the same
-headers and read them the same way."""
+"""The fast header scanner and the strict parser (orjson, or the standard library's
+json on a free-threaded build) accept exactly the same headers and read them the
+same way."""
 import json
 import random
 
@@ -8,6 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 import fastst
 from fastst import _core
+
+# The strict parser decodes with orjson, and with json as a free-threaded build does.
+pytestmark = pytest.mark.usefixtures("json_codec")
 
 CODES = list(fastst.DTYPE_CODES)
 BITS = {code: _core.dtype_bits(code) for code in CODES}

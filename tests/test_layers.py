@@ -12,6 +12,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "fastst"
 # Every module, bottom first: each may import only modules before it. The convert
 # package is one unit (its modules import each other); the package face comes last.
 LAYERS = [
+    # JSON, which the core imports
+    "_json",
     # core
     "_core",
     # facts

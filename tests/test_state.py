@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import builtins
+import json
 import math
 import pickle
 import sys
 from collections import OrderedDict
 
 import numpy as np
-import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -92,7 +92,7 @@ def test_metadata_keeps_user_entries_and_a_versioned_tree(tmp_path):
     save_state(path, {"x": 1}, metadata={"format": "pt"})
     metadata = fastst.safe_open(path).metadata()
     assert metadata["format"] == "pt"
-    document = orjson.loads(metadata[STATE_KEY])
+    document = json.loads(metadata[STATE_KEY])
     assert document["version"] == 1
     with pytest.raises(SafetensorError, match="reserved"):
         save_state(path, {}, metadata={STATE_KEY: "{}"})
@@ -413,7 +413,7 @@ def test_a_sharded_state_keeps_its_tree_in_the_index_and_loads_lazily(tmp_path):
     save_state(folder, tree, {"note": "kept"}, max_shard_size=300)
     shards = sorted(folder.glob("*-of-*.safetensors"))
     assert len(shards) == 4
-    index = orjson.loads((folder / "model.safetensors.index.json").read_bytes())
+    index = json.loads((folder / "model.safetensors.index.json").read_bytes())
     assert STATE_KEY in index["metadata"] and index["metadata"]["note"] == "kept"
     assert all(STATE_KEY not in (fastst.safe_open(shard).metadata() or {}) for shard in shards)
     shards[-1].unlink()

@@ -388,7 +388,7 @@ def test_save_file_from_an_open_file_reads_one_tensor_at_a_time(tmp_path, tensor
 
 
 MEMORY_PROBE = """
-import resource, sys, ml_dtypes, numpy as np, orjson, fastst   # all a write loads, loaded
+import resource, sys, ml_dtypes, numpy as np, fastst, fastst._json   # all a write loads, loaded
 path, mode, chunk_mib, chunks = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rows = (chunk_mib << 20) // 4096
 base = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10

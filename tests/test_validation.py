@@ -25,6 +25,9 @@ from fastst import SafetensorError
 from helpers import raw_file as st
 from servers import http_store  # noqa: F401  (a fixture)
 
+# The strict parser decodes with orjson, and with json as a free-threaded build does.
+pytestmark = pytest.mark.usefixtures("json_codec")
+
 U64_MAX = 2**64 - 1
 
 

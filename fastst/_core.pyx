@@ -14,6 +14,7 @@ from time import monotonic
 
 import numpy as np
 
+cimport cython
 cimport numpy as cnp
 from cpython.buffer cimport (
     PyBUF_ANY_CONTIGUOUS, PyBUF_WRITE, PyBuffer_FillInfo, PyBuffer_Release,

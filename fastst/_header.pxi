@@ -60,14 +60,21 @@ cdef class _Header:
         # np_dims_at entries were checked to be <= INTP_MAX, so they read as npy_intp
         return <cnp.npy_intp*>(self.dims + entry.np_dims_at)
 
+    # Built once, in a critical section, and never replaced after: without the GIL,
+    # two threads building it at once would have the second free the first's while
+    # the first still reads it. Read without one, as a field that no longer changes.
     def sorted_names(self):
         if self._sorted_names is None:
-            self._sorted_names = sorted(self.names)
+            with cython.critical_section(self):
+                if self._sorted_names is None:
+                    self._sorted_names = sorted(self.names)
         return self._sorted_names
 
     cdef dict index(self):
         if self._index is None:
-            self._index = {name: k for k, name in enumerate(self.names)}
+            with cython.critical_section(self):
+                if self._index is None:
+                    self._index = {name: k for k, name in enumerate(self.names)}
         return self._index
 
     def __len__(self):

@@ -15,7 +15,7 @@ import json      # orjson imports it too: its JSONDecodeError is json's
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, Union
+from typing import Any, Callable, Dict, Tuple, Union
 
 # orjson's: 1024 nested arrays and objects parse, 1025 do not
 MAX_DEPTH = 1024
@@ -56,7 +56,7 @@ def dumps(value: Any) -> bytes:
 
 def _stdlib_loads(data: Union[bytes, str]) -> Any:
     raw, text = _utf8(data)
-    hooks: Dict[str, Callable[[str], Any]] = {"parse_constant": _refuse_constant}
+    hooks: Dict[str, Any] = {"parse_constant": _refuse_constant}
     if _may_hold_wide_numbers(raw):
         hooks.update(parse_int=_int, parse_float=_float)
     try:
@@ -80,19 +80,19 @@ def _stdlib_dumps(value: Any) -> bytes:
         raise TypeError(f"str is not valid UTF-8: {error.reason}") from None
 
 
-def _utf8(data: Union[bytes, str]):
+def _utf8(data: Union[bytes, str]) -> Tuple[bytes, str]:
     """`data` as UTF-8 bytes and as text; JSONDecodeError where it is not strict UTF-8."""
     try:
         if isinstance(data, str):
             return data.encode("utf-8"), data
         raw = bytes(data)
         return raw, raw.decode("utf-8")
-    except UnicodeError as error:
+    except (UnicodeEncodeError, UnicodeDecodeError) as error:
         raise JSONDecodeError(f"str is not valid UTF-8: {error.reason}", "", error.start) \
             from None
 
 
-def _parse(text: str, raw: bytes, hooks: Dict[str, Callable[[str], Any]]) -> Any:
+def _parse(text: str, raw: bytes, hooks: Dict[str, Any]) -> Any:
     try:
         return json.loads(text, **hooks)
     except RecursionError:
@@ -168,7 +168,7 @@ def _refuse_constant(text: str) -> Any:
     raise ValueError(f"unexpected character, expected a JSON value: {text}")
 
 
-def _codec():
+def _codec() -> Tuple[Callable[[Union[bytes, str]], Any], Callable[[Any], bytes]]:
     if uses_orjson():
         import orjson
 

@@ -265,8 +265,9 @@ cdef class Reader:
         """Carry out a read plan by requests for byte ranges: coalesced, cut into parts,
         in batches of at most BATCH_BYTES; ranges within the first request's bytes are
         copied from them."""
-        fetch = self.fetch      # a local reference: close() cannot pull it away
-        head = self.head
+        with cython.critical_section(self):     # local references: close() cannot pull
+            fetch = self.fetch                  # them away
+            head = self.head
         self._check_open()
         if (plan.n and plan.total >= self.file_size - self.data_offset
                 and self.file_size > <uint64_t>len(head)
@@ -405,6 +406,17 @@ cdef class Reader:
         if self.is_closed:
             raise SafetensorError(f"{self.source}: file is closed")
 
+    cdef object _held_owner(self):
+        """The owner of the data (None: pread and ranges), in a local reference:
+        another thread's close() cannot unmap the memory while it is used. Taken in
+        a critical section: without the GIL, close() could free the owner between
+        the read of the field and the new reference. SafetensorError when closed."""
+        with cython.critical_section(self):
+            owner = self.owner
+        if owner is None:
+            self._check_open()
+        return owner
+
     cdef Py_ssize_t _position(self, name) except -1:
         self._check_open()
         position = self.header.index().get(name)
@@ -423,10 +435,7 @@ cdef class Reader:
         if self.kind == BACKEND_PREAD or self.kind == BACKEND_RANGES:
             return self._pread_array(i)
         descr = self._dtype_of(entry.code)
-        # A local reference: another thread's close() cannot unmap the memory under us.
-        owner = self.owner
-        if owner is None:
-            self._check_open()
+        owner = self._held_owner()
         Py_INCREF(descr)
         try:
             array = PyArray_NewFromDescr(
@@ -546,7 +555,9 @@ cdef class Reader:
     cdef _advise(self, Py_ssize_t i, bint random):
         """Advise tensor i's range of the map (see _Mapping.read_ahead_on_faults_in)
         when its advice changes."""
-        if self.owner is None:      # closed
+        with cython.critical_section(self):     # see _held_owner
+            owner = self.owner
+        if owner is None:      # closed
             return
         if self.advice is None:
             self.advice = bytearray(len(self.header.names))
@@ -554,8 +565,8 @@ cdef class Reader:
         if self.advice[i] == wanted:
             return
         cdef Entry* entry = &self.header.entries[i]
-        (<_Mapping>self.owner).read_ahead_on_faults_in(self.data + entry.begin,
-                                                       self.data + entry.end, not random)
+        (<_Mapping>owner).read_ahead_on_faults_in(self.data + entry.begin,
+                                                  self.data + entry.end, not random)
         self.advice[i] = wanted
 
     def copy_tensors(self):
@@ -658,7 +669,7 @@ cdef class Reader:
         if error != 0:
             raise OSError(error, f"{os.strerror(error)}: reading rows of "
                                  f"{_shown(name)} into the page cache", self.source)
-        _COUNTERS["rows_cached"] += 1
+        _count("rows_cached", 1)
         return end - begin
 
     def rows_cached(self, name, Py_ssize_t first, Py_ssize_t stop):
@@ -677,7 +688,7 @@ cdef class Reader:
         (fastst_pieces_cached), asked of the map; without a map: False."""
         if self.kind != BACKEND_MMAP:
             return False
-        owner = self.owner              # kept: a close meanwhile leaves the map in place
+        owner = self._held_owner()      # kept: a close meanwhile leaves the map in place
         cdef char* mapped = <char*>(<_Mapping>owner).addr
         cdef uint64_t size = self.file_size
         cdef int held
@@ -692,8 +703,10 @@ cdef class Reader:
         one entry; they are dropped (with the rest of the piece where it is held in
         part: fastst_drop_partial_first_piece). Once a reader, under a lock that every
         first read of the piece waits for, so that no thread's read of it is dropped."""
-        if self.first_piece_lock is None:       # made under the GIL: one for all threads
-            self.first_piece_lock = _thread.allocate_lock()
+        if self.first_piece_lock is None:       # one for all threads, made once
+            with cython.critical_section(self):
+                if self.first_piece_lock is None:
+                    self.first_piece_lock = _thread.allocate_lock()
         cdef uint64_t size = self.file_size
         with self.first_piece_lock:
             if self.first_piece_ready:
@@ -714,7 +727,7 @@ cdef class Reader:
             return False
         self.advice_fixed = True    # and kept: no partial read advises a tensor's range
         self.advice = None
-        return (<_Mapping>self.owner).read_ahead_on_faults(on)
+        return (<_Mapping>self._held_owner()).read_ahead_on_faults(on)
 
     cdef object _rows_span(self, name, Py_ssize_t first, Py_ssize_t stop):
         """The file's bytes [begin, end) of rows [first, stop) of tensor `name`'s first
@@ -853,9 +866,7 @@ cdef class Reader:
         """Mapped file or buffer: memcpy each row from memory. A mapped file is first
         checked to be the one mapped, no shorter; one cut short during the copy ends
         it (a guarded copy): a SafetensorError either way, never a fault."""
-        owner = self.owner     # holds the memory while the GIL is released
-        if owner is None:
-            self._check_open()
+        owner = self._held_owner()     # holds the memory while the GIL is released
         if self.kind == BACKEND_MMAP:
             os.close(self._reopen())
         _rows_plan(wanted, <char*>cnp.PyArray_DATA(out), row_bytes, start).copy_from(
@@ -907,20 +918,23 @@ cdef class Reader:
         """Give a plan on a local file its descriptor: the mapped file opened again
         (mmap), or the reader's own, counted busy so that close() leaves it open
         until _end_file_plan (pread)."""
-        self._check_open()
         if self.kind == BACKEND_MMAP:
+            self._check_open()
             plan.fd = self._reopen()
             return
-        self.busy += 1
-        plan.fd = self.fd
+        with cython.critical_section(self):     # the count, the check and close() as one
+            self._check_open()
+            self.busy += 1
+            plan.fd = self.fd
 
     cdef _end_file_plan(self, _ReadPlan plan):
         plan.stop_priming()     # before the descriptor it reads goes
         if self.kind == BACKEND_MMAP:
             os.close(plan.fd)
             return
-        self.busy -= 1
-        self._release_fd_if_closed()
+        with cython.critical_section(self):
+            self.busy -= 1
+            self._release_fd_if_closed()
 
     cdef _read_file(self, _ReadPlan plan):
         """pread the plan from plan.fd: hinted, shared by threads, and with O_DIRECT
@@ -951,7 +965,7 @@ cdef class Reader:
         except OSError as error:
             if error.errno not in (EINVAL, EOPNOTSUPP):
                 raise
-            _COUNTERS["direct_refused"] += 1
+            _count("direct_refused", 1)
             return -1
         info = os.fstat(fd)
         if <uint64_t>info.st_dev != self.file_dev or <uint64_t>info.st_ino != self.file_ino:
@@ -1028,7 +1042,7 @@ cdef class Reader:
         cdef char* begin = self.data + h.entries[0].begin
         cdef char* end = self.data + h.entries[n - 1].end
         if <uint64_t>(end - begin) >= 2 * CHUNK:
-            (<_Mapping>self.owner).read_ahead(begin, end)
+            (<_Mapping>self._held_owner()).read_ahead(begin, end)
 
     def keys(self):
         """Tensor names, sorted."""
@@ -1077,10 +1091,11 @@ cdef class Reader:
 
     def close(self):
         """Drop the handle's reference to the data. Arrays already returned stay valid."""
-        self.is_closed = True
-        self.owner = None     # `data` stays set: in-flight reads hold the owner themselves
-        self.fetch = self.head = None
-        self._release_fd_if_closed()
+        with cython.critical_section(self):     # see _held_owner and _begin_file_plan
+            self.is_closed = True
+            self.owner = None   # `data` stays set: in-flight reads hold the owner themselves
+            self.fetch = self.head = None
+            self._release_fd_if_closed()
 
     def __dealloc__(self):
         if self.fd >= 0:

@@ -22,7 +22,7 @@ cdef class _Mapping:
         memory: True when it started."""
         if fastst_map_reader_start(&self.ahead, begin, end, read_ahead_limit()) != 0:
             return False
-        _COUNTERS["maps_read_ahead"] += 1
+        _count("maps_read_ahead", 1)
         return True
 
     cdef bint read_ahead_on_faults(self, bint on):
@@ -136,6 +136,15 @@ cdef dict _COUNTERS = dict.fromkeys(
     ["requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
      "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes",
      "maps_read_ahead", "rows_cached", "files_checked"], 0)
+# Held for each change of _COUNTERS, and by read_options(): without the GIL, threads
+# counting at once would lose counts, and threads setting options would mix them.
+cdef object _COUNTING = _thread.allocate_lock()
+cdef object _SETTING_OPTIONS = _thread.allocate_lock()
+
+
+cdef _count(str key, object amount):
+    with _COUNTING:
+        _COUNTERS[key] += amount
 
 
 def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
@@ -154,30 +163,31 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
     `huge_pages`: fresh arrays of 4 MiB or more (from any source, URLs too) in
     memory mapped for huge pages."""
     global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES
-    before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES)
-    if threads is not None:
-        if type(threads) is not int or not 0 <= threads <= MAX_READ_THREADS:
-            raise SafetensorError(f"threads must be an integer from 0 to {MAX_READ_THREADS}, "
-                                  f"got {_shown(threads)}")
-    if request_bytes is not None:
-        if (type(request_bytes) is not int or not (64 << 10) <= request_bytes <= (1 << 30)
-                or request_bytes % DIRECT_ALIGN):
-            raise SafetensorError(f"request_bytes must be a multiple of {DIRECT_ALIGN} from "
-                                  f"64 KiB to 1 GiB, got {_shown(request_bytes)}")
-    for name, flag in (("direct", direct), ("hints", hints), ("huge_pages", huge_pages)):
-        if flag is not None and type(flag) is not bool:
-            raise SafetensorError(f"{name} must be True or False, got {_shown(flag)}")
-    if threads is not None:
-        READ_THREADS = threads
-    if request_bytes is not None:
-        CHUNK = request_bytes
-    if direct is not None:
-        READ_DIRECT = direct
-    if hints is not None:
-        READ_HINTS = hints
-    if huge_pages is not None:
-        HUGE_PAGES = huge_pages
-    return before
+    with _SETTING_OPTIONS:     # a call's options all at once, and `before` whole
+        before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES)
+        if threads is not None:
+            if type(threads) is not int or not 0 <= threads <= MAX_READ_THREADS:
+                raise SafetensorError(f"threads must be an integer from 0 to {MAX_READ_THREADS}, "
+                                      f"got {_shown(threads)}")
+        if request_bytes is not None:
+            if (type(request_bytes) is not int or not (64 << 10) <= request_bytes <= (1 << 30)
+                    or request_bytes % DIRECT_ALIGN):
+                raise SafetensorError(f"request_bytes must be a multiple of {DIRECT_ALIGN} from "
+                                      f"64 KiB to 1 GiB, got {_shown(request_bytes)}")
+        for name, flag in (("direct", direct), ("hints", hints), ("huge_pages", huge_pages)):
+            if flag is not None and type(flag) is not bool:
+                raise SafetensorError(f"{name} must be True or False, got {_shown(flag)}")
+        if threads is not None:
+            READ_THREADS = threads
+        if request_bytes is not None:
+            CHUNK = request_bytes
+        if direct is not None:
+            READ_DIRECT = direct
+        if hints is not None:
+            READ_HINTS = hints
+        if huge_pages is not None:
+            HUGE_PAGES = huge_pages
+        return before
 
 
 def read_counters():
@@ -190,7 +200,8 @@ def read_counters():
     rows into the page cache, and the checks of a file's length (fstat) by the thread
     Loader's gathers of rings closed. For tests and benchmarks:
     compare two snapshots."""
-    return dict(_COUNTERS)
+    with _COUNTING:
+        return dict(_COUNTERS)
 
 
 def hint_sequential(int fd, uint64_t offset, uint64_t length):
@@ -200,7 +211,7 @@ def hint_sequential(int fd, uint64_t offset, uint64_t length):
     ring) what read plans do themselves."""
     if not READ_HINTS or posix_fadvise(fd, offset, length, POSIX_FADV_SEQUENTIAL) != 0:
         return False
-    _COUNTERS["hinted_plans"] += 1
+    _count("hinted_plans", 1)
     return True
 
 
@@ -460,17 +471,17 @@ cdef class _ReadPlan:
         else:
             self.run(0, 1)
         self.stop_priming()
-        _COUNTERS["requests"] += self.requests
-        _COUNTERS["bytes"] += self.total - self.short_by
-        _COUNTERS["direct_requests"] += self.direct_requests
-        _COUNTERS["direct_bytes"] += self.direct_bytes
-        _COUNTERS["bounced_bytes"] += self.bounced_bytes
+        _count("requests", self.requests)
+        _count("bytes", self.total - self.short_by)
+        _count("direct_requests", self.direct_requests)
+        _count("direct_bytes", self.direct_bytes)
+        _count("bounced_bytes", self.bounced_bytes)
 
     cdef _run_on(self, Py_ssize_t threads):
         import threading
         helpers = [threading.Thread(target=self.run, args=(k, threads), daemon=True)
                    for k in range(1, threads)]
-        _COUNTERS["threads_started"] += len(helpers)
+        _count("threads_started", len(helpers))
         for helper in helpers:
             helper.start()
         try:
@@ -512,11 +523,11 @@ cdef class _ReadPlan:
             return
         self.hinted = hint_sequential(self.fd, begin, end - begin)
         if fastst_primer_start(&self.primer, self.fd, begin, end) == 0:
-            _COUNTERS["primed_plans"] += 1
+            _count("primed_plans", 1)
 
     cdef stop_priming(self):
         """Stop the primer, if one runs, and wait for it (one request at most)."""
-        _COUNTERS["primed_bytes"] += fastst_primer_stop(&self.primer)
+        _count("primed_bytes", fastst_primer_stop(&self.primer))
 
     cdef raise_if_failed(self, str source, object what):
         if self.error:

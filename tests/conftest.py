@@ -241,6 +241,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(missing)}"))
 
 
+class ModuleNotImportable(pytest.Module):
+    """A test module whose own imports are not all installed: skipped whole, with the
+    reason, rather than an error (the reference, which has no free-threaded wheel)."""
+
+    def collect(self):
+        missing = ", ".join(self.missing)
+        raise pytest.skip.Exception(f"needs {missing}", allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if not module_path.name.startswith("test_"):
+        return None
+    tree = ast.parse(module_path.read_text())
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    missing = sorted(name for name in third_party(imported_names(imports))
+                     if not is_installed(name))
+    if not missing:
+        return None
+    module = ModuleNotImportable.from_parent(parent, path=module_path)
+    module.missing = missing
+    return module
+
+
 @functools.lru_cache(maxsize=None)
 def is_installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None

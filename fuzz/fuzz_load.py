@@ -46,7 +46,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 # code carries coverage instrumentation (NumPy's would only slow every run down).
 import ml_dtypes  # noqa: F401
 import numpy as np
-import orjson  # noqa: F401
 
 try:
     import atheris

@@ -47,7 +47,6 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import ml_dtypes  # noqa: F401
 import numpy as np
-import orjson  # noqa: F401
 
 try:
     import atheris

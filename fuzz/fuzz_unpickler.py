@@ -50,7 +50,6 @@ from typing import Iterator, Tuple
 
 import ml_dtypes  # noqa: F401
 import numpy as np  # noqa: F401
-import orjson  # noqa: F401
 
 try:
     import atheris

@@ -128,7 +128,8 @@ def switch_environment(variable: Optional[str]) -> Dict[str, str]:
 # What an example needs beyond fastst's own dependencies, by what it imports...
 FRAMEWORK_OF_IMPORT = {"torch": "torch", "fastst.torch": "torch", "jax": "jax",
                        "fastst.flax": "jax", "fastst.jax": "jax", "fastst.dask": "dask",
-                       "dask": "dask", "fsspec": "fsspec"}
+                       "dask": "dask", "fsspec": "fsspec",
+                       "safetensors": "safetensors"}   # the reference: no free-threaded wheel
 # ... by the URLs it opens (fsspec serves them), and by the checksums it writes (xxhash)
 URL = re.compile(r"""["'](?:memory|s3|gs|https?)://""")
 CHECKSUM = re.compile(r"""["']xxh3_(?:64|128)["']""")

@@ -170,6 +170,7 @@ def test_a_module_fastst_does_not_have_is_refused_with_those_it_has(tmp_path, na
         f"fastst.safe_open(path, framework=...) reads for MLX, TensorFlow and Paddle")
 
 
+@pytest.mark.needs("safetensors")     # in the child it runs
 def test_metadata_still_describes_the_installed_distribution(tmp_path):
     code = """
     import importlib.metadata, importlib.util, json

@@ -14,6 +14,7 @@ from ._files import PathLike
 from ._handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
                       open_handle)
 from ._index import is_checkpoint
+from ._limits import DEFAULT_BACKEND
 from ._source import NOT_LOCAL, as_source
 
 if TYPE_CHECKING:   # none of these is imported when fastst is; numpy.typing costs milliseconds
@@ -29,7 +30,7 @@ class WritableFile(Protocol):
 __all__ = ["load", "load_file", "load_into", "safe_open", "save", "save_file"]
 
 
-def load_file(filename: Openable, *, backend: Optional[Backend] = None,
+def load_file(filename: Openable, *, backend: Backend = DEFAULT_BACKEND,
               copy: bool = False, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
               storage_options: Optional[Mapping[str, Any]] = None
               ) -> Dict[str, npt.NDArray[Any]]:
@@ -54,7 +55,7 @@ def load_file(filename: Openable, *, backend: Optional[Backend] = None,
         ``*.index.json`` (read shard by shard); an fsspec URL (``s3://``,
         ``gs://``, ``https://``...); or a binary file object with ``seek`` and
         ``read``.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How a local file is read (see `safe_open`).
     copy : bool, default False
         Read each tensor into memory of its own instead of viewing the map.
@@ -436,14 +437,15 @@ class safe_open(metaclass=_OpensHandles):
     device : str or int or torch.device or jax.Device, default "cpu"
         ``"cpu"`` (default; the only one for NumPy), or where the framework should
         put the tensors (``"cuda:0"``, ``0``, ``"gpu"``...).
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         ``"mmap"`` maps the file privately: arrays are views, writable, and
         writes never reach the file. ``"pread"`` reads each tensor into fresh
         memory when asked, for files that may change while open, several large
-        requests in flight. None (default): ``"pread"`` on a network file system
+        requests in flight. Left to its default, a file on a network file system
         (NFS, FUSE such as sshfs or virtiofs, Lustre, CephFS, SMB, 9p, AFS,
-        GPFS), where each fault of a map waits for a round trip, ``"mmap"``
-        elsewhere; the handle's ``backend`` tells which. URLs and file objects
+        GPFS), where each fault of a map waits for a round trip, is read with
+        ``"pread"``; ``backend="mmap"`` given maps it all the same. The handle's
+        ``backend`` tells which. URLs and file objects
         are always read by ranges into fresh memory, whatever `backend` says.
     max_header_size : int, default 100,000,000
         Largest header accepted, in bytes (``fastst.DEFAULT_MAX_HEADER_SIZE``).
@@ -504,33 +506,33 @@ class safe_open(metaclass=_OpensHandles):
     @overload
     def __new__(  # type: ignore[misc]  # a handle, not a safe_open: see _OpensHandles
             cls, filename: Openable, framework: Literal["np", "numpy"] = "np",
-            device: Literal["cpu"] = "cpu", *, backend: Optional[Backend] = None,
+            device: Literal["cpu"] = "cpu", *, backend: Backend = DEFAULT_BACKEND,
             max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
             storage_options: Optional[Mapping[str, Any]] = None) -> ArrayHandle: ...
     @overload
     def __new__(  # type: ignore[misc]
             cls, filename: Openable, framework: Literal["pt", "torch", "pytorch"],
-            device: Union[str, int, torch.device] = "cpu", *, backend: Optional[Backend] = None,
+            device: Union[str, int, torch.device] = "cpu", *, backend: Backend = DEFAULT_BACKEND,
             max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
             storage_options: Optional[Mapping[str, Any]] = None
             ) -> Handle[torch.Tensor]: ...
     @overload
     def __new__(  # type: ignore[misc]
             cls, filename: Openable, framework: Literal["jax", "flax"],
-            device: Union[str, jax.Device] = "cpu", *, backend: Optional[Backend] = None,
+            device: Union[str, jax.Device] = "cpu", *, backend: Backend = DEFAULT_BACKEND,
             max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
             storage_options: Optional[Mapping[str, Any]] = None) -> Handle[jax.Array]: ...
     @overload
     def __new__(  # type: ignore[misc]
             cls, filename: Openable, framework: str, device: Any = "cpu", *,
-            backend: Optional[Backend] = None, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+            backend: Backend = DEFAULT_BACKEND, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
             verify: bool = False, storage_options: Optional[Mapping[str, Any]] = None
             ) -> Handle[Any]: ...
     def __new__(  # type: ignore[misc]
             cls, filename: Openable,
             framework: Union[Literal["np", "numpy", "pt", "torch", "pytorch", "jax", "flax",
                                      "mlx", "tf", "tensorflow", "paddle"], str] = "np",
-            device: Any = "cpu", *, backend: Optional[Literal["mmap", "pread"]] = None,
+            device: Any = "cpu", *, backend: Literal["mmap", "pread"] = DEFAULT_BACKEND,
             max_header_size: int = DEFAULT_MAX_HEADER_SIZE, verify: bool = False,
             storage_options: Optional[Mapping[str, Any]] = None
             ) -> Union[ArrayHandle, Handle[Any]]:
@@ -550,7 +552,7 @@ class safe_open(metaclass=_OpensHandles):
 
 
 def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *,
-                      backend: Optional[Backend] = None) -> Handle[Any]:
+                      backend: Backend = DEFAULT_BACKEND) -> Handle[Any]:
     """Open the file behind an open file object, as ``safetensors._safe_open_handle``
     (0.6.2 and later) does.
 
@@ -567,7 +569,7 @@ def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *,
         As for `safe_open`.
     device : str or int or torch.device or jax.Device, default "cpu"
         As for `safe_open`.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How a file opened by its name is read (see `safe_open`).
 
     Returns

@@ -19,6 +19,7 @@ from ._adapters import NUMPY_FRAMEWORKS, converter
 from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
+from ._limits import DEFAULT_BACKEND
 from ._order import EpochRows
 from ._pipeline import Blocks, Pipeline
 from ._rowblocks import BlockEdges
@@ -121,7 +122,7 @@ class Loader:
     block_rows, window_blocks : int, default 4096 and 16
         The blocks of ``shuffle="blocks"``; a full shuffle reads a window's
         rows at a time.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How local files are read (see ``fastst.safe_open``); URLs are read by
         byte ranges, each batch's rows of a file in as few requests as their
         ranges allow.
@@ -174,7 +175,7 @@ class Loader:
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  threads: int = 2, prefetch: int = 4, copy: bool = False,
                  framework: str = "np", device: Any = "cpu", pin_memory: bool = False,
-                 block_rows: int = 4096, window_blocks: int = 16, backend: Optional[Backend] = None,
+                 block_rows: int = 4096, window_blocks: int = 16, backend: Backend = DEFAULT_BACKEND,
                  storage_options: Optional[Dict[str, Any]] = None) -> None:
         self.batch_size, self.threads, self.prefetch, self.block_rows, self.window_blocks = (
             _integer(what, value, 1) for what, value in (

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, NamedTuple, Optional, Tupl
 
 from ._core import Reader, SafetensorError, WritePlan, file_system_type
 from ._files import PathLike, write_atomically
+from ._limits import DEFAULT_BACKEND
 
 if TYPE_CHECKING:
     from ._ranged import RangedObject
@@ -142,10 +143,10 @@ class Source:
 
 class LocalFile(Source):
     """A file (or folder) on a local file system, read by map (``"mmap"``) or by
-    ``pread`` into fresh memory (``"pread"``; None: ``planned_reading`` picks), and
-    written atomically."""
+    ``pread`` into fresh memory (``"pread"``; DEFAULT_BACKEND: ``planned_reading``
+    picks), and written atomically."""
 
-    def __init__(self, path: PathLike, backend: Optional[str] = None) -> None:
+    def __init__(self, path: PathLike, backend: str = DEFAULT_BACKEND) -> None:
         self.path = self.local_path = path
         self.label = os.fsdecode(path)
         # where it is whatever the working directory becomes (a pickled handle's)
@@ -326,9 +327,9 @@ class Url(Source):
         return SpooledUpload(self.url, self.storage_options)
 
 
-def planned_reading(path: str, backend: Optional[str]) -> Tuple[str, int]:
+def planned_reading(path: str, backend: str) -> Tuple[str, int]:
     """How a local file (or a folder's files) is read: the backend (the caller's;
-    else ``"pread"`` on a network file system, ``NETWORK_FILE_SYSTEMS``, and
+    for DEFAULT_BACKEND, ``"pread"`` on a network file system, ``NETWORK_FILE_SYSTEMS``, and
     ``"mmap"`` elsewhere or where the file system cannot be told, as for a path not
     there yet, which opening reports), and the threads its read plans are shared by
     where ``read_options`` sets none (``NETWORK_READ_THREADS`` on a network file
@@ -337,16 +338,16 @@ def planned_reading(path: str, backend: Optional[str]) -> Tuple[str, int]:
         network = file_system_type(path) in NETWORK_FILE_SYSTEMS
     except (OSError, ValueError):
         network = False
-    if backend is None:
+    if backend is DEFAULT_BACKEND:
         backend = "pread" if network else "mmap"
     return backend, NETWORK_READ_THREADS if network else 0
 
 
 def as_source(target: Any, storage_options: Optional[Mapping[str, Any]] = None, *,
-              backend: Optional[str] = None, writing: bool = False) -> Source:
+              backend: str = DEFAULT_BACKEND, writing: bool = False) -> Source:
     """The Source a user's `target` names: a URL string (with its fsspec
     `storage_options`), a path (str, bytes, os.PathLike; read with `backend`, or
-    as ``planned_reading`` picks for None), or a binary file object (one with
+    as ``planned_reading`` picks for DEFAULT_BACKEND), or a binary file object (one with
     ``seek`` and ``read``; for `writing`, one with ``write``). A Source is taken
     as it is."""
     if isinstance(target, Source):

@@ -42,7 +42,7 @@ from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_file
                      find_checkpoint, index_name, index_text, is_checkpoint, is_checkpoint_path,
                      is_index_name, read_index, remove_leftovers, save_place, shard_names,
                      write_files)
-from ._limits import DEFAULT_PREFETCH_BYTES
+from ._limits import DEFAULT_BACKEND, DEFAULT_PREFETCH_BYTES
 from ._progress import byte_bar
 from ._source import Identity, LocalFile, Source, as_source, identity_of
 
@@ -731,7 +731,7 @@ def _copy_of(handle: Shard) -> Dict[str, Any]:
 
 
 def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
-                    backend: Optional[str] = None, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+                    backend: str = DEFAULT_BACKEND, max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
                     verify: bool = False, opened_as: Optional[Tuple[str, Any]] = None,
                     shards_seen: Optional[Dict[str, Identity]] = None,
                     storage_options: Optional[Mapping[str, Any]] = None,
@@ -752,7 +752,7 @@ def open_checkpoint(target: Any, convert: Optional[Converter[Any]] = None, *,
     convert : callable, optional
         A framework's converter, ``convert(array, name, info)``; None for
         NumPy arrays.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How local shards are read (for a path).
     max_header_size : int, default 100,000,000
         The largest header, and index, accepted, in bytes.

@@ -6,7 +6,7 @@ its file lazily in each process: pickled (to a spawned worker), it carries the
 file's identity and reopens it on first use, refusing a file that changed.
 
 - ``batches(path, names, batch_size)``: NumPy (or JAX) batches, no torch needed.
-- ``RowDataset(path, names, *, backend=None, framework="pt")``: a map-style
+- ``RowDataset(path, names, *, backend="mmap", framework="pt")``: a map-style
   ``torch.utils.data.Dataset`` (defined only when torch is installed, on first use
   of the name), a ``Rows`` that gives torch tensors by default;
   ``dataset[[3, 1, 4]]`` gathers a batch.
@@ -37,6 +37,7 @@ from ._core import SafetensorError
 from ._files import PathLike
 from ._api import safe_open
 from ._handle import Backend
+from ._limits import DEFAULT_BACKEND
 from ._loader import Loader, Names, _common_length, _integer
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from torch.utils.data import BatchSampler, DataLoader, Dataset
 
     class RowDataset(Rows, Dataset[Any]):   # what _row_dataset_class makes at run time
-        def __init__(self, path: PathLike, names: Names, *, backend: Optional[Backend] = None,
+        def __init__(self, path: PathLike, names: Names, *, backend: Backend = DEFAULT_BACKEND,
                      framework: str = "pt") -> None: ...
         def __getitem__(self, index: Any) -> Any: ...
         def __getitems__(self, indices: Sequence[int]) -> list[Any]: ...
@@ -74,7 +75,7 @@ class Rows:
         One tensor name (batches are its arrays), or several (batches are
         tuples of arrays, in this order). Every tensor needs at least one
         axis, and the same length along the first.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How the file is read (see ``fastst.safe_open``).
     framework : str, default "np"
         What the batches are: NumPy arrays (``"np"``), torch (``"pt"``) or JAX
@@ -107,7 +108,7 @@ class Rows:
            [0., 1.]]), array([4, 0])))
     """
 
-    def __init__(self, path: PathLike, names: Names, *, backend: Optional[Backend] = None,
+    def __init__(self, path: PathLike, names: Names, *, backend: Backend = DEFAULT_BACKEND,
                  framework: str = "np") -> None:
         self._single = isinstance(names, str)
         self.names: Tuple[str, ...] = (names,) if isinstance(names, str) else tuple(names)
@@ -241,7 +242,7 @@ class Rows:
 
 
 def batches(path: PathLike, names: Names, batch_size: int, *, shuffle: bool = False,
-            seed: Any = None, drop_last: bool = False, backend: Optional[Backend] = None,
+            seed: Any = None, drop_last: bool = False, backend: Backend = DEFAULT_BACKEND,
             framework: str = "np") -> Iterator[Any]:
     """Batches of rows of tensors of a file, each tensor's gathered in one call:
     a data loader that needs no torch.
@@ -261,7 +262,7 @@ def batches(path: PathLike, names: Names, batch_size: int, *, shuffle: bool = Fa
         The seed of the order.
     drop_last : bool, default False
         Leave out the last batch when it is shorter.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How the file is read.
     framework : str, default "np"
         What the batches are: NumPy arrays (``"np"``), torch (``"pt"``) or JAX
@@ -428,7 +429,7 @@ def _row_dataset_class() -> type:
             A safetensors file, or a sharded checkpoint.
         names : str or sequence of str
             One tensor or several, of equal lengths (see `Rows`).
-        backend : "mmap", "pread" or None, default None
+        backend : "mmap" or "pread", default "mmap"
             How the file is read.
         framework : str, default "pt"
             What the rows are: torch tensors (``"pt"``), NumPy arrays
@@ -455,7 +456,7 @@ def _row_dataset_class() -> type:
         >>> dataset.close()
         """
 
-        def __init__(self, path: PathLike, names: Names, *, backend: Optional[Backend] = None,
+        def __init__(self, path: PathLike, names: Names, *, backend: Backend = DEFAULT_BACKEND,
                      framework: str = "pt") -> None:
             Rows.__init__(self, path, names, backend=backend, framework=framework)
 

@@ -50,6 +50,7 @@ import numpy as np
 from ._blocks import (Box, Split, check_split, device_boxes, grouped, join_gap,
                       leading_index, packed_refusal, part_of, runs_of, whole, widened)
 from ._core import SafetensorError, TensorInfo
+from ._limits import DEFAULT_BACKEND
 from ._source import as_source
 from .checkpoint import ShardedHandle, data_bytes, open_checkpoint
 
@@ -717,7 +718,7 @@ def _fail_together(group: _Group, error: BaseException, digest: bytes) -> None:
 
 
 def load_tensor_parallel(filename: Any, dims: Dims, *, group: Any = None,
-                         split: Split = "chunk", device: Any = "cpu", backend: Optional[str] = None,
+                         split: Split = "chunk", device: Any = "cpu", backend: str = DEFAULT_BACKEND,
                          storage_options: Optional[Mapping[str, Any]] = None,
                          timeout: Optional[float] = None) -> Dict[str, "torch.Tensor"]:
     """This rank's tensor-parallel slices of a file's tensors, reading only them.
@@ -740,7 +741,7 @@ def load_tensor_parallel(filename: Any, dims: Dims, *, group: Any = None,
         How uneven dimensions are cut (see `plan_tensor_parallel`).
     device : str or torch.device, default "cpu"
         Where this rank's tensors go (``"cuda:0"``...).
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How local files are read: ``"pread"`` reads each slice's bytes alone,
         ``"mmap"`` copies them out of the file's map.
     storage_options : dict, optional
@@ -810,7 +811,7 @@ def load_tensor_parallel(filename: Any, dims: Dims, *, group: Any = None,
 
 
 def load_split(filename: Any, *, group: Any = None, device: Any = "cpu",
-               backend: Optional[str] = None,
+               backend: str = DEFAULT_BACKEND,
                storage_options: Optional[Mapping[str, Any]] = None,
                timeout: Optional[float] = None) -> Dict[str, "torch.Tensor"]:
     """Every tensor of a file on every rank, each rank reading about 1/world of it.
@@ -837,7 +838,7 @@ def load_split(filename: Any, *, group: Any = None, device: Any = "cpu",
     device : str or torch.device, default "cpu"
         Where the tensors go, for a gloo group (an NCCL group puts them on its
         CUDA device).
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How local files are read (either way, only this rank's part).
     storage_options : dict, optional
         For a URL: the options of its fsspec file system.

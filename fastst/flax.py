@@ -30,6 +30,7 @@ from ._api import save as save_numpy, save_file as save_numpy_file  # noqa: E402
 from ._core import Reader  # noqa: E402
 from ._api import safe_open  # noqa: E402
 from ._handle import Backend  # noqa: E402
+from ._limits import DEFAULT_BACKEND  # noqa: E402
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -158,7 +159,7 @@ def load(data: bytes) -> Dict[str, jax.Array]:
 
 
 def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
-              backend: Optional[Backend] = None, shardings: Any = None,
+              backend: Backend = DEFAULT_BACKEND, shardings: Any = None,
               storage_options: Optional[Mapping[str, Any]] = None) -> Dict[str, jax.Array]:
     """Load every tensor of a file, or of a sharded checkpoint, as ``jax.Array``s.
 
@@ -177,7 +178,7 @@ def load_file(filename: Union[str, "os.PathLike[str]"], *, device: Any = "cpu",
     device : str or jax.Device, default "cpu"
         Where the arrays go: ``"cpu"``, ``"gpu"``, ``"cuda:1"``, a
         ``jax.Device``.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How the file is read. ``"pread"`` reads each shard's bytes alone;
         ``"mmap"`` copies them out of the file's map.
     shardings : jax.sharding.Sharding, mapping or callable, optional

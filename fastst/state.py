@@ -44,6 +44,7 @@ from ._checksums import plan_with_checksums
 from ._core import SafetensorError, SafetensorTypeError, WriteSpec
 from ._files import PathLike, write_atomically
 from ._handle import Backend
+from ._limits import DEFAULT_BACKEND
 from ._specs import is_tensor, spec_of
 from .checkpoint import ShardEntry, save_checkpoint
 
@@ -154,21 +155,21 @@ def save_state(filename: PathLike, tree: State[Array], metadata: Optional[Mappin
 
 @overload
 def load_state(filename: PathLike, framework: Literal["np", "numpy"] = "np",
-               device: Literal["cpu"] = "cpu", *, backend: Optional[Backend] = None,
+               device: Literal["cpu"] = "cpu", *, backend: Backend = DEFAULT_BACKEND,
                verify: bool = False) -> State[npt.NDArray[Any]]: ...
 @overload
 def load_state(filename: PathLike, framework: Literal["pt", "torch", "pytorch"],
-               device: Union[str, int, torch.device] = "cpu", *, backend: Optional[Backend] = None,
+               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = DEFAULT_BACKEND,
                verify: bool = False) -> State[torch.Tensor]: ...
 @overload
 def load_state(filename: PathLike, framework: Literal["jax", "flax"],
-               device: Union[str, jax.Device] = "cpu", *, backend: Optional[Backend] = None,
+               device: Union[str, jax.Device] = "cpu", *, backend: Backend = DEFAULT_BACKEND,
                verify: bool = False) -> State[jax.Array]: ...
 @overload
 def load_state(filename: PathLike, framework: str, device: Any = "cpu", *,
-               backend: Optional[Backend] = None, verify: bool = False) -> State[Any]: ...
+               backend: Backend = DEFAULT_BACKEND, verify: bool = False) -> State[Any]: ...
 def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *,
-               backend: Optional[Backend] = None, verify: bool = False) -> State[Any]:
+               backend: Backend = DEFAULT_BACKEND, verify: bool = False) -> State[Any]:
     """Load the nested state that `save_state` wrote: the same tree, the same
     container and key types.
 
@@ -188,7 +189,7 @@ def load_state(filename: PathLike, framework: str = "np", device: Any = "cpu", *
         torch on the CPU.
     device : str, default "cpu"
         Where the framework puts them.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How the file is read.
     verify : bool, default False
         Check each tensor's checksum as it is read.

@@ -34,6 +34,7 @@ from ._checksums import plan_with_checksums
 from ._core import DTYPES, Reader, WritePlan
 from ._files import write_atomically
 from ._handle import Backend
+from ._limits import DEFAULT_BACKEND
 from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._source import as_source
 from ._torch_adapter import bytes_of, converter, spec_of_tensor, target_device
@@ -84,7 +85,7 @@ def _streamed_cuda_device(device: Any, filename: Any) -> Optional[torch.device]:
     return None
 
 
-def _opened_for_ring(filename: PathLike, backend: Optional[Backend]) -> Any:
+def _opened_for_ring(filename: PathLike, backend: Backend) -> Any:
     """The file or checkpoint opened for the CUDA ring, which reads its header and
     its bytes: its bfloat16 and float8 arrays hold their bits, and ml_dtypes is not
     imported."""
@@ -94,7 +95,7 @@ def _opened_for_ring(filename: PathLike, backend: Optional[Backend]) -> Any:
 
 
 def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *,
-              backend: Optional[Backend] = None) -> Dict[str, torch.Tensor]:
+              backend: Backend = DEFAULT_BACKEND) -> Dict[str, torch.Tensor]:
     """Load every tensor of a file, or of a sharded checkpoint, as torch tensors.
 
     The drop-in for ``safetensors.torch.load_file``. On the CPU (the default)
@@ -113,7 +114,7 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
         ``*.index.json``); a URL or file object as ``fastst.safe_open`` takes.
     device : str or int or torch.device, default "cpu"
         Where the tensors go (``"cuda:0"``, ``0``, ``"meta"``...).
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         ``"pread"`` reads each tensor into memory of its own instead of
         viewing the map.
 
@@ -560,7 +561,7 @@ def save_model(model: torch.nn.Module, filename: PathLike,
 
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
-               device: Union[str, int, torch.device] = "cpu", *, backend: Optional[Backend] = None
+               device: Union[str, int, torch.device] = "cpu", *, backend: Backend = DEFAULT_BACKEND
                ) -> Tuple[Set[str], List[str]]:
     """Load a file, or a sharded checkpoint's directory, into a model, as saved
     by `save_model`.
@@ -581,7 +582,7 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
         Raise when names are missing or unexpected.
     device : str or int or torch.device, default "cpu"
         Where the tensors are loaded.
-    backend : "mmap", "pread" or None, default None
+    backend : "mmap" or "pread", default "mmap"
         How the file is read.
 
     Returns

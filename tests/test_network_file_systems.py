@@ -12,6 +12,7 @@ import pytest
 import fastst
 import fastst._source
 from fastst._core import read_counters, read_threads
+from fastst._limits import DEFAULT_BACKEND
 from fastst._source import NETWORK_READ_THREADS
 from fastst.checkpoint import open_checkpoint
 from fuse_mount import passthrough_mount
@@ -119,7 +120,7 @@ def test_every_shard_of_a_checkpoint_on_a_network_file_system_is_read_by_a_plan(
 
 def test_a_path_whose_file_system_cannot_be_told_is_mapped_or_refused_as_before(tmp_path):
     missing = tmp_path / "gone.safetensors"
-    assert fastst._source.planned_reading(str(missing), None) == ("mmap", 0)
+    assert fastst._source.planned_reading(str(missing), DEFAULT_BACKEND) == ("mmap", 0)
     with pytest.raises(FileNotFoundError):
         fastst.load_file(missing)
 

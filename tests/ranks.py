@@ -206,6 +206,7 @@ def main(job, arguments, out):
     import orjson  # noqa: F401
 
     import fastst._cuda  # noqa: F401
+    import fastst._json  # noqa: F401
     import fastst._torch_adapter  # noqa: F401
     import fastst.checkpoint  # noqa: F401
     import fastst.distributed  # noqa: F401

@@ -53,12 +53,13 @@ NETWORK_FILE_SYSTEMS = {
 NETWORK_READ_THREADS = 16
 
 
-class Identity(NamedTuple):
+# The functional form, subclassed: the class form compiles its string annotations
+# when the module is imported (see _handle.TensorMeta).
+class Identity(NamedTuple("Identity", [("location", str), ("version", Tuple[Any, ...])])):
     """One version of a file or object: where it is, and what tells its versions
     apart (a local file's st_dev, st_ino, st_size and st_mtime_ns; an object's
     size, ETag and modification time)."""
-    location: str
-    version: Tuple[Any, ...]
+    __slots__ = ()
 
     def changed(self, now: Optional[Identity], what: str, since: str,
                 remedy: str) -> SafetensorError:

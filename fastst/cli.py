@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, TextIO
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
 from ._inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
@@ -83,79 +83,24 @@ def _add_max_header_size(command: argparse.ArgumentParser) -> None:
                               f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
 
 
-class _Command(argparse.ArgumentParser):
-    """A command's parser, whose arguments are added the first time it parses or
-    shows its help: a run builds those of the command it runs, not every command's."""
-
-    def __init__(self, *args: Any, add_arguments: Callable[[argparse.ArgumentParser], None],
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._add_arguments: Optional[Callable[[argparse.ArgumentParser], None]] = add_arguments
-
-    def _ready(self) -> None:
-        if self._add_arguments is not None:
-            add_arguments, self._add_arguments = self._add_arguments, None
-            add_arguments(self)
-
-    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
-        self._ready()
-        return super().parse_known_args(*args, **kwargs)
-
-    def format_usage(self) -> str:
-        self._ready()
-        return super().format_usage()
-
-    def format_help(self) -> str:
-        self._ready()
-        return super().format_help()
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line's parser, every command's arguments included."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Fast, strict, zero-copy safetensors for NumPy.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
-                                     parser_class=_Command)
-    commands.add_parser(
-        "inspect", help="list the tensors, offsets and metadata of .safetensors files",
-        description="List every tensor of each safetensors file in buffer order, with its "
-                    "dtype, shape, size and data offsets, then totals and metadata. A file "
-                    "that cannot be read is reported and the others still are; the exit "
-                    "status is 1 if any could not be read.",
-        add_arguments=_add_inspect_arguments)
-    commands.add_parser(
-        "verify", help="check the structure and checksums of .safetensors files or folders",
-        description="Check each file's structure and, when it has them, every tensor's "
-                    "checksum; for a folder, each .safetensors file in it and each "
-                    "*.index.json against its shards; for a sharded checkpoint's "
-                    "*.index.json, the shards it names and the index against them. A "
-                    "corrupt tensor is named, and so is a tensor that the file's checksums "
-                    "leave out. The exit status is 0 when everything checks out, 1 "
-                    "otherwise; a file without checksums has its structure checked and "
-                    "says so.",
-        add_arguments=_add_verify_arguments)
-    commands.add_parser(
-        "convert", help="convert PyTorch checkpoints and .npy/.npz files to safetensors",
-        description="Convert a torch.save checkpoint (.bin, .pt, .pth: zip or legacy "
-                    "format) or a .npy/.npz file to safetensors, without torch and without "
-                    "running the checkpoint's pickle. A directory converts every checkpoint "
-                    "in it (a sharded pytorch_model.bin.index.json keeps its split) and "
-                    "copies the other files. No dtype is cast. Exit status: 0 when every "
-                    "file converted, 1 when one could not be or when there is nothing to "
-                    "convert (a .safetensors file, a folder without a checkpoint), 2 for a "
-                    "usage error.",
-        add_arguments=_add_convert_arguments)
-    commands.add_parser(
-        "demo", help="a tour of fastst on a sample checkpoint, timed against pickle and "
-                     "np.savez",
-        description="Build a sample transformer-shaped checkpoint in NumPy, save it with "
-                    "fastst, and show in a line each, with its figures, what fastst does "
-                    "that the reference does not: zero-copy opening, atomic and sharded "
-                    "saves, checksums and verify, conversion, object stores (with fsspec), "
-                    "the streaming writer and row gathers; then time fastst against pickle "
-                    "and np.savez. A few seconds, no network. The exit status is 1 when a "
-                    "step did not hold.",
-        add_arguments=_add_demo_arguments)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, command in COMMANDS.items():
+        command.add_arguments(commands.add_parser(name, help=command.summary,
+                                                  description=command.description))
+    return parser
+
+
+def _command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one command, as `build_parser` makes it (``fastst NAME``): a run
+    builds only the parser of the command it runs, a millisecond each saved."""
+    command = COMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"{PROG} {name}", description=command.description)
+    command.add_arguments(parser)
     return parser
 
 
@@ -334,16 +279,68 @@ def _source_bytes(path: str) -> int:
     return os.stat(path).st_size
 
 
+# One command of the command line: its line in ``fastst --help``, what ``fastst NAME
+# --help`` says it does, what adds its arguments to a parser and what runs it. The
+# functional form: the class form compiles its string annotations on import.
+Command = NamedTuple("Command", [
+    ("summary", str), ("description", str),
+    ("add_arguments", Callable[[argparse.ArgumentParser], None]),
+    ("run", Callable[[argparse.Namespace, TextIO], int])])
+
+
+COMMANDS = {
+    "inspect": Command(
+        "list the tensors, offsets and metadata of .safetensors files",
+        "List every tensor of each safetensors file in buffer order, with its "
+        "dtype, shape, size and data offsets, then totals and metadata. A file "
+        "that cannot be read is reported and the others still are; the exit "
+        "status is 1 if any could not be read.",
+        _add_inspect_arguments, _cmd_inspect),
+    "verify": Command(
+        "check the structure and checksums of .safetensors files or folders",
+        "Check each file's structure and, when it has them, every tensor's "
+        "checksum; for a folder, each .safetensors file in it and each "
+        "*.index.json against its shards; for a sharded checkpoint's "
+        "*.index.json, the shards it names and the index against them. A "
+        "corrupt tensor is named, and so is a tensor that the file's checksums "
+        "leave out. The exit status is 0 when everything checks out, 1 "
+        "otherwise; a file without checksums has its structure checked and "
+        "says so.",
+        _add_verify_arguments, _cmd_verify),
+    "convert": Command(
+        "convert PyTorch checkpoints and .npy/.npz files to safetensors",
+        "Convert a torch.save checkpoint (.bin, .pt, .pth: zip or legacy "
+        "format) or a .npy/.npz file to safetensors, without torch and without "
+        "running the checkpoint's pickle. A directory converts every checkpoint "
+        "in it (a sharded pytorch_model.bin.index.json keeps its split) and "
+        "copies the other files. No dtype is cast. Exit status: 0 when every "
+        "file converted, 1 when one could not be or when there is nothing to "
+        "convert (a .safetensors file, a folder without a checkpoint), 2 for a "
+        "usage error.",
+        _add_convert_arguments, _cmd_convert),
+    "demo": Command(
+        "a tour of fastst on a sample checkpoint, timed against pickle and "
+        "np.savez",
+        "Build a sample transformer-shaped checkpoint in NumPy, save it with "
+        "fastst, and show in a line each, with its figures, what fastst does "
+        "that the reference does not: zero-copy opening, atomic and sharded "
+        "saves, checksums and verify, conversion, object stores (with fsspec), "
+        "the streaming writer and row gathers; then time fastst against pickle "
+        "and np.savez. A few seconds, no network. The exit status is 1 when a "
+        "step did not hold.",
+        _add_demo_arguments, _cmd_demo),
+}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``fastst`` command line; returns the exit status."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = parser.parse_args(argv)
+        args = _parse(argv)
     except SystemExit as exit_:     # --help, --version and usage errors
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 2)
-    command = {"inspect": _cmd_inspect, "verify": _cmd_verify, "convert": _cmd_convert,
-               "demo": _cmd_demo}[args.command]
+    command = COMMANDS[args.command].run
     try:
         return command(args, sys.stdout)
     except SafetensorError as error:
@@ -358,6 +355,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if error.filename is not None and error.strerror:
             return _print_error(f"{os.fsdecode(error.filename)}: {error.strerror}")
         return _print_error(str(error))
+
+
+def _parse(argv: List[str]) -> argparse.Namespace:
+    """`argv` parsed by its command's parser alone where that is enough; by the whole
+    command line's (the same parsers, the same messages) otherwise."""
+    if argv and argv[0] in COMMANDS:
+        args, unknown = _command_parser(argv[0]).parse_known_args(argv[1:])
+        if not unknown:
+            args.command = argv[0]
+            return args
+    return build_parser().parse_args(argv)
 
 
 def _print_error(message: str) -> int:

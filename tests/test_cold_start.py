@@ -321,8 +321,8 @@ def test_a_first_torch_load_imports_what_slices_reads_ahead_or_opens_checkpoints
 
 
 def test_a_command_builds_its_own_arguments_alone(wide_file):
-    """The other commands' parsers hold their names and descriptions until one of
-    them runs (or shows its help)."""
+    """A run builds the parser of its command alone: the whole command line's, every
+    command's arguments in it, only for ``fastst --help`` or a usage error."""
     out = run_python(f"""
         import argparse, contextlib, io
         added, add_argument = set(), argparse.ArgumentParser.add_argument
@@ -336,4 +336,12 @@ def test_a_command_builds_its_own_arguments_alone(wide_file):
             main(["inspect", {str(wide_file)!r}])
         print(sorted(added))
     """)
-    assert out.strip() == "['files', 'help', 'json', 'max_header_size', 'version']"
+    assert out.strip() == "['files', 'help', 'json', 'max_header_size']"
+
+
+def test_a_usage_error_is_told_by_the_whole_command_line(capsys, wide_file):
+    from fastst.cli import main
+
+    assert main(["inspect", str(wide_file), "--bogus"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "fastst: error: unrecognized arguments: --bogus")

@@ -3,7 +3,10 @@
 
 Each measurement is a whole child process: the interpreter starting, its imports, the
 call and the exit; wall clock, and CPU time (user + system, from the kernel's
-accounting of the child). Every round runs each row's processes and the floor once, in
+accounting of the child); and the child's own part, timed inside it: the library's
+imports and its first call, after the imports both sides share (NumPy, torch), which
+is what a whole process's noise hides (the from_pretrained row has none: transformers
+imports the library itself). Every round runs each row's processes and the floor once, in
 an order rotated each round, after a warm-up round that is not counted (it fills the
 page cache, and a bytecode cache of the bench's own for every module imported, so that
 no run compiles); the tables give medians.
@@ -70,10 +73,26 @@ AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
 
 
 class Child(NamedTuple):
-    """One process to time: its code (for ``python -c``), arguments and environment."""
+    """One process to time: its code (for ``python -c``), arguments and environment;
+    `shared`, imports both sides pay, run before the child's own part is timed."""
     code: str
     args: Tuple[str, ...] = ()
     env: Dict[str, str] = {}
+    shared: str = ""
+
+
+# What a child reports of its own part (the library's imports and its first call),
+# timed inside the process after the imports both sides share.
+OWN = "coldstart-own-seconds"
+
+
+def script(child: Child) -> str:
+    """The child's code for ``python -c``: with `shared` imported first, its own part
+    timed and reported on stderr."""
+    if not child.shared:
+        return child.code
+    return (f"import sys, time\n{child.shared}\n__start = time.perf_counter()\n{child.code}\n"
+            f"sys.stderr.write(f'{OWN} {{time.perf_counter() - __start}}\\n')\n")
 
 
 class Row(NamedTuple):
@@ -86,18 +105,20 @@ def rows_for(files: Dict[str, str], switch: str) -> List[Row]:
     preamble, switch_env = SWITCHES[switch]
     return [
         Row("`load_file` of a small F32 file",
-            Child("import sys, fastst; fastst.load_file(sys.argv[1])", (files["f32"],)),
-            Child("import sys; from safetensors.numpy import load_file; load_file(sys.argv[1])",
-                  (files["f32"],))),
+            Child("import fastst; fastst.load_file(sys.argv[1])", (files["f32"],),
+                  shared="import numpy"),
+            Child("from safetensors.numpy import load_file; load_file(sys.argv[1])",
+                  (files["f32"],), shared="import numpy")),
         Row("`fastst inspect` of a small F32/BF16/F8 file",
-            Child("import sys; from fastst.cli import main; sys.exit(main())",
-                  ("inspect", files["mixed"])),
-            Child(INSPECT_REFERENCE, (files["mixed"],))),
+            Child("from fastst.cli import main\nif main(): raise SystemExit(1)",
+                  ("inspect", files["mixed"]),
+                  shared="import numpy"),
+            Child(INSPECT_REFERENCE, (files["mixed"],), shared="import numpy")),
         Row("`torch` `load_file` of a BF16 file",
-            Child("import sys, fastst.torch; fastst.torch.load_file(sys.argv[1])",
-                  (files["bf16"],)),
-            Child("import sys; from safetensors.torch import load_file; load_file(sys.argv[1])",
-                  (files["bf16"],))),
+            Child("import fastst.torch; fastst.torch.load_file(sys.argv[1])",
+                  (files["bf16"],), shared="import numpy, torch"),
+            Child("from safetensors.torch import load_file; load_file(sys.argv[1])",
+                  (files["bf16"],), shared="import numpy, torch")),
         Row("`from_pretrained` of a Llama-shaped BF16 model",
             Child(preamble + FROM_PRETRAINED, (files["model"],), {**OFFLINE, **switch_env}),
             Child(FROM_PRETRAINED, (files["model"],), OFFLINE)),
@@ -107,8 +128,16 @@ def rows_for(files: Dict[str, str], switch: str) -> List[Row]:
 FLOOR = Child("pass")
 
 
-def run_child(child: Child, fastst_dir: str, folder: str) -> Tuple[float, float]:
-    """(wall seconds, CPU seconds) of one run of `child`, from its start to its exit,
+class Run(NamedTuple):
+    """One run of a child: seconds of wall clock and of CPU from its start to its exit,
+    and of its own part (None where it has none)."""
+    wall: float
+    cpu: float
+    own: Optional[float]
+
+
+def run_child(child: Child, fastst_dir: str, folder: str) -> Run:
+    """One run of `child`, from its start to its exit,
     in `folder` (``python -c`` imports from its working directory first). Bytecode goes
     to a cache of the bench's own in `folder`, as an installed package's would be
     compiled once: the warm-up round fills it for every module, both sides'. Every
@@ -120,21 +149,22 @@ def run_child(child: Child, fastst_dir: str, folder: str) -> Tuple[float, float]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [fastst_dir, env.get("PYTHONPATH")]))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", child.code, *child.args], env=env, cwd=folder,
+    done = subprocess.run([sys.executable, "-c", script(child), *child.args], env=env, cwd=folder,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{child.code!r} {child.args} failed:\n{done.stderr}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    own = [float(line.split()[1]) for line in done.stderr.splitlines() if line.startswith(OWN)]
+    return Run(wall, cpu, own[0] if own else None)
 
 
 def measure(children: Sequence[Child], rounds: int, fastst_dir: str, folder: str
-            ) -> List[List[Tuple[float, float]]]:
+            ) -> List[List[Run]]:
     """Each child's runs, `rounds` of them, interleaved: every round runs each child
     once, the order rotated by one each round, after an uncounted warm-up round."""
-    runs: List[List[Tuple[float, float]]] = [[] for _ in children]
+    runs: List[List[Run]] = [[] for _ in children]
     order = list(range(len(children)))
     for round_ in range(rounds + 1):
         for k in order:
@@ -193,22 +223,27 @@ def load_average() -> str:
     return f"{one:.1f} (5 min: {five:.1f})"
 
 
-def table(rows: Sequence[Row], runs: List[List[Tuple[float, float]]]) -> List[str]:
-    floor_wall = statistics.median(wall for wall, _ in runs[-1])
-    floor_cpu = statistics.median(cpu for _, cpu in runs[-1])
+def table(rows: Sequence[Row], runs: List[List[Run]]) -> List[str]:
     lines = ["| first call, fresh process | fastst | reference | fastst / reference "
-             "| CPU: fastst | CPU: reference | CPU ratio |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| CPU ratio | own part: fastst | reference | ratio |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for k, row in enumerate(rows):
         ours, theirs = runs[2 * k], runs[2 * k + 1]
-        wall = [statistics.median(wall for wall, _ in timed) for timed in (ours, theirs)]
-        cpu = [statistics.median(cpu for _, cpu in timed) for timed in (ours, theirs)]
+        wall, cpu = _medians(ours, theirs, "wall"), _medians(ours, theirs, "cpu")
+        own = (_medians(ours, theirs, "own") if ours[0].own is not None
+               else None)
+        own_cells = (f"{own[0] * 1000:.2f} ms | {own[1] * 1000:.2f} ms | {own[0] / own[1]:.2f}x"
+                     if own else " | | ")
         lines.append(f"| {row.label} | {_ms(wall[0])} | {_ms(wall[1])} | "
-                     f"{wall[0] / wall[1]:.2f}x | {_ms(cpu[0])} | {_ms(cpu[1])} | "
-                     f"{cpu[0] / cpu[1]:.2f}x |")
-    lines.append(f"| `python -c pass` (the floor) | {_ms(floor_wall)} | | | {_ms(floor_cpu)} "
-                 f"| | |")
+                     f"{wall[0] / wall[1]:.2f}x | {cpu[0] / cpu[1]:.2f}x | {own_cells} |")
+    floor = statistics.median(run.wall for run in runs[-1])
+    lines.append(f"| `python -c pass` (the floor) | {_ms(floor)} | | | | | | |")
     return lines
+
+
+def _medians(ours: Sequence[Run], theirs: Sequence[Run], field: str) -> Tuple[float, float]:
+    return (statistics.median(getattr(run, field) for run in ours),
+            statistics.median(getattr(run, field) for run in theirs))
 
 
 def _ms(seconds: float) -> str:

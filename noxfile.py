@@ -54,11 +54,12 @@ DEBIAN_SOURCES = "deb-src http://deb.debian.org/debian trixie main"
 DOWNLOAD_SECONDS = 600
 BUILD_SECONDS = 3600
 # What the free-threaded session installs beside fastst: the test-core extra without the
-# reference (its abi3 wheel cannot load without the GIL, and its sdist needs crates) nor
-# aiohttp (no free-threaded wheel); the tests that need them are skipped. The rest as
-# wheels only: pip then takes the newest release with a wheel for 3.13t (NumPy 2.5 has
-# none, 2.4 has; hypothesis' newest need crates for it).
-FREE_THREADED_LEAVES_OUT = {"safetensors", "aiohttp"}
+# reference (its abi3 wheel cannot load without the GIL, and its sdist needs crates), nor
+# aiohttp, nor mypy (no free-threaded wheel of aiohttp, nor of mypy 2's compiled
+# dependencies; what mypy checks, the stubs, is the same on every Python); the tests that
+# need them are skipped. The rest as wheels only: pip then takes the newest release with
+# a wheel for 3.13t (NumPy 2.5 has none, 2.4 has; hypothesis' newest need crates for it).
+FREE_THREADED_LEAVES_OUT = {"safetensors", "aiohttp", "mypy"}
 FREE_THREADED_WHEELS_ONLY = ":all:"
 
 nox.options.default_venv_backend = "venv"

@@ -6,9 +6,9 @@ their bytes land or when asked for by name.
 whole before anything is read. The loader's
 threads read its tensors in file order: several small ones in one read plan, a
 larger one in pieces of ``read_options``' request size that the threads share. The
-bytes read and not yet taken, with those being read, never exceed the budget: a
-tensor larger than the budget is read by the caller when it takes it, as is one it
-takes before the threads reach it. The threads stop when every tensor is read, and
+bytes of the tensors admitted and not yet taken (their memory made, being read, or
+read) never exceed the budget: a tensor larger than the budget is read by the caller
+when it takes it, as is one it takes before the threads reach it. The threads stop when every tensor is read, and
 when the loader is closed or dropped.
 """
 from __future__ import annotations
@@ -32,8 +32,9 @@ __all__ = ["MAX_THREADS", "Plan", "PrefetchLoader", "checked_plan", "planned_ten
 Plan = Mapping[str, Optional[slice]]
 MAX_THREADS = 64     # as many as read_options gives a read plan at most
 
-# what became of a tensor of the plan
-PENDING, READING, LANDED, LEFT, HANDED_OUT = range(5)
+# what became of a tensor of the plan: ADMITTED, within the budget, its array made and
+# not yet read
+PENDING, ADMITTED, READING, LANDED, LEFT, HANDED_OUT = range(6)
 
 
 def checked_plan(plan: Optional[Plan], source: str) -> Optional[Dict[str, Optional[slice]]]:
@@ -114,7 +115,8 @@ class _Tensor:
     def read_now(self) -> None:
         """Read whole by the calling thread, its error kept to raise when handed out."""
         try:
-            self.allocate()
+            if self.array is None:
+                self.allocate()
             self.read_part(0, self.nbytes)
         except BaseException as error:
             self.error = error.with_traceback(None)
@@ -193,7 +195,13 @@ def _bound(where: str, bound: Any, default: int, count: int) -> int:
 
 class _Loading:
     """What the loader's threads and its callers share, under `lock`. The threads
-    hold this, never the loader, so that dropping the loader stops them."""
+    hold this, never the loader, so that dropping the loader stops them.
+
+    The caller's thread admits tensors to the budget, making their arrays: memory
+    made by one thread and dropped by another waits, on a free-threaded Python, for
+    the first to run again, and a thread that waits on the budget would hold the
+    memory of the tensors it read past the budget's end. The threads read what was
+    admitted, in file order."""
 
     def __init__(self, tensors: Sequence[_Tensor], budget: int, piece: int) -> None:
         self.lock = threading.Condition()
@@ -204,7 +212,9 @@ class _Loading:
         self.pieces: Deque[Tuple[_Tensor, int, int]] = collections.deque()
         self.landed: Deque[_Tensor] = collections.deque()      # in the order they landed
         self.left: Deque[_Tensor] = collections.deque()        # for the caller to read
-        self.held = self.peak = 0            # bytes being read, and read and not taken
+        self.held = self.peak = 0            # bytes admitted and not taken
+        self.admitted = 0                    # the next tensor to admit, in file order
+        self.ready = 0                       # tensors admitted and not yet read
         self.reading = 0                     # tensors the threads are reading
         self.waiting = len(self.tensors)     # tensors not handed out
         self.workers = 0
@@ -213,19 +223,18 @@ class _Loading:
     # -- the threads' side (each with the lock held) --------------------------------
 
     def next_read(self) -> Optional[Callable[[], List[_Tensor]]]:
-        """What a thread reads next, once the budget has room for it: a piece of a
-        tensor read in pieces, or several small tensors; None when nothing is left."""
+        """What a thread reads next, once admitted: a piece of a tensor read in
+        pieces, or several small tensors; None when nothing is left."""
         while not self.closed:
             if self.pieces:
                 return self._piece(*self.pieces.popleft())
-            while self.cursor < len(self.tensors) and self.tensors[self.cursor].state != PENDING:
+            while (self.cursor < len(self.tensors)
+                   and self.tensors[self.cursor].state not in (PENDING, ADMITTED)):
                 self.cursor += 1
             if self.cursor == len(self.tensors):
                 return None
             tensor = self.tensors[self.cursor]
-            if tensor.nbytes > self.budget:
-                self._leave(tensor)
-            elif self.held + tensor.nbytes > self.budget:
+            if tensor.state == PENDING:
                 self.lock.wait()
             elif tensor.whole and tensor.nbytes <= self.piece:
                 return self._batch_from(tensor)
@@ -241,17 +250,10 @@ class _Loading:
 
     def _start(self, tensor: _Tensor) -> None:
         tensor.state = READING
+        self.ready -= 1
         self.reading += 1
-        self.held += tensor.nbytes
-        self.peak = max(self.peak, self.held)
 
     def _split(self, tensor: _Tensor) -> None:
-        try:
-            tensor.allocate()
-        except MemoryError as error:
-            tensor.error = error.with_traceback(None)
-            self.land([tensor])
-            return
         starts = range(0, tensor.nbytes or 1, self.piece)    # rows of no bytes: one piece
         tensor.pieces_left = len(starts)
         self.pieces.extend((tensor, start, min(start + self.piece, tensor.nbytes))
@@ -264,10 +266,12 @@ class _Loading:
         batch, total = [], 0
         for k in range(self.cursor, len(self.tensors)):
             tensor = self.tensors[k]
-            if tensor.state != PENDING:
+            if tensor.state == PENDING:
+                break
+            if tensor.state != ADMITTED:
                 continue
             if (tensor.reader is not first.reader or not tensor.whole
-                    or total + tensor.nbytes > min(self.piece, self.budget - self.held)):
+                    or total + tensor.nbytes > self.piece):
                 break
             batch.append(tensor)
             total += tensor.nbytes
@@ -300,6 +304,7 @@ class _Loading:
                 tensor.array = None
                 self.held -= tensor.nbytes
             self.landed.append(tensor)
+        self.admit()                        # what errors freed, whether the caller calls or not
         self.lock.notify_all()
 
     def worker_done(self) -> None:
@@ -308,18 +313,59 @@ class _Loading:
         self.workers -= 1
         if self.workers == 0 and not self.closed:
             for tensor in self.tensors[self.cursor:]:
+                if tensor.state == ADMITTED:
+                    self._release(tensor)
                 if tensor.state == PENDING:
                     self._leave(tensor)
         self.lock.notify_all()
 
     # -- the caller's side (each with the lock held) --------------------------------
 
+    def admit(self) -> None:
+        """Admit the tensors the threads read next, in file order, as far as the budget
+        has room: their arrays made here (a tensor over the whole budget is left to the
+        caller)."""
+        admitted = False
+        while self.admitted < len(self.tensors) and not self.closed:
+            tensor = self.tensors[self.admitted]
+            if tensor.state == PENDING and tensor.nbytes > self.budget:
+                self._leave(tensor)
+            elif tensor.state == PENDING:
+                if self.held + tensor.nbytes > self.budget:
+                    break
+                try:
+                    tensor.allocate()
+                except MemoryError as error:    # handed out as the error, holding nothing
+                    tensor.error = error.with_traceback(None)
+                    tensor.state = LANDED
+                    self.landed.append(tensor)
+                else:
+                    tensor.state = ADMITTED
+                    self.ready += 1
+                    self.held += tensor.nbytes
+                    self.peak = max(self.peak, self.held)
+                admitted = True
+            self.admitted += 1
+        if admitted:
+            self.lock.notify_all()
+
+    def _release(self, tensor: _Tensor) -> None:
+        """An admitted tensor no thread will read: back to PENDING, its bytes freed."""
+        tensor.state = PENDING
+        tensor.array = None
+        self.ready -= 1
+        self.held -= tensor.nbytes
+
     def hand_over(self, tensor: _Tensor) -> None:
         """`tensor` is the caller's now."""
-        if tensor.state == LANDED and tensor.error is None:
+        if tensor.state == ADMITTED:
+            self.ready -= 1
+            self.held -= tensor.nbytes      # its array goes with it: the caller reads it
+        elif tensor.state == LANDED and tensor.error is None:
             self.held -= tensor.nbytes
         tensor.state = HANDED_OUT
         self.waiting -= 1
+        self.admit()
         self.lock.notify_all()
 
     def first_of(self, queue: Deque[_Tensor], state: int) -> Optional[_Tensor]:
@@ -331,8 +377,9 @@ class _Loading:
 
     def stop(self) -> None:
         self.closed = True
-        for tensor in self.landed:
-            tensor.array = None
+        for tensor in self.tensors:
+            if tensor.state in (ADMITTED, LANDED):
+                tensor.array = None
         self.landed.clear()
         self.pieces.clear()
         self.held = 0
@@ -343,8 +390,6 @@ def _read_batch(batch: List[_Tensor]) -> List[_Tensor]:
     """Small whole tensors of one file, read by one read plan into fresh arrays; each
     read alone when the plan fails, so that each has its own outcome."""
     try:
-        for tensor in batch:
-            tensor.allocate()
         Reader.read_into(batch[0].reader, {tensor.name: tensor.array for tensor in batch})
     except BaseException:
         for tensor in batch:
@@ -430,6 +475,8 @@ class PrefetchLoader(Generic[T]):
         self.threads = threads
         self.max_bytes_in_flight = max_bytes_in_flight
         self._loading = _Loading(tensors, max_bytes_in_flight, read_options().request_bytes)
+        with self._loading.lock:
+            self._loading.admit()
         pieces = sum(max(1, -(-tensor.nbytes // self._loading.piece)) for tensor in tensors)
         self._threads = [threading.Thread(target=_work, args=(self._loading,),
                                           name="fastst-prefetch", daemon=True)
@@ -508,7 +555,7 @@ class PrefetchLoader(Generic[T]):
             while True:
                 self._check_open()
                 tensor = loading.first_of(loading.landed, LANDED)
-                read_here = tensor is None and loading.reading == 0
+                read_here = tensor is None and loading.reading == loading.ready == 0
                 if read_here:
                     tensor = loading.first_of(loading.left, LEFT)
                 if tensor is not None:

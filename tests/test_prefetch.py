@@ -487,6 +487,33 @@ def test_the_threads_read_ahead_up_to_the_budget_and_no_further(tmp_path, no_thr
             assert loader.peak_bytes == 40 * KIB
 
 
+def test_a_tensor_whose_memory_cannot_be_had_is_handed_out_as_that_error(
+        tmp_path, monkeypatch, no_thread_left):
+    path = many_tensors(tmp_path, count=6)
+    allocate = _prefetch._Tensor.allocate
+
+    def short_of_memory(tensor):
+        if tensor.name == "t002":
+            raise MemoryError("no memory for t002")
+        allocate(tensor)
+
+    monkeypatch.setattr(_prefetch._Tensor, "allocate", short_of_memory)
+    handed, failed = [], []
+    with fastst.safe_open(path) as f, f.prefetch(max_bytes_in_flight=20 * KIB) as loader:
+        while True:
+            try:
+                name, array = next(loader)
+            except MemoryError as error:
+                failed.append(str(error))
+                continue
+            except StopIteration:
+                break
+            handed.append(name)
+            assert array.tolist() == [int(name[1:]) % 251] * (10 * KIB)
+    assert sorted(handed) == ["t000", "t001", "t003", "t004", "t005"]
+    assert failed == ["no memory for t002"]
+
+
 def test_memory_stays_within_the_budget_over_a_plan_far_larger(tmp_path):
     """1 GiB of tensors read through a budget of 64 MiB, by a process whose address
     space may grow by 512 MiB: a loader that read further ahead runs out of memory."""

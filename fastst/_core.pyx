@@ -25,7 +25,7 @@ from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.errno cimport EFAULT, EINTR, EIO, EINVAL, ENOSYS, EOPNOTSUPP, errno
 from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t, uintptr_t
@@ -57,6 +57,14 @@ cdef extern from "numpy/arrayobject.h":
     object PyDataMem_SetHandler(object handler)   # returns the handler it replaced
 
 cdef extern from "_fastst.h":
+    int fastst_load_int(const int* p) noexcept nogil
+    void fastst_store_int(int* p, int value) noexcept nogil
+    uint64_t fastst_load_u64(const uint64_t* p) noexcept nogil
+    void fastst_store_u64(uint64_t* p, uint64_t value) noexcept nogil
+    Py_ssize_t fastst_load_ssize(const Py_ssize_t* p) noexcept nogil
+    void fastst_store_ssize(Py_ssize_t* p, Py_ssize_t value) noexcept nogil
+    PyObject* fastst_load_object(PyObject** p) noexcept nogil
+    void fastst_store_object(PyObject** p, PyObject* value) noexcept nogil
     bint fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t* out) noexcept nogil
     int fastst_packed_bytes(uint64_t count, unsigned bits, uint64_t* out) noexcept nogil
     Py_ssize_t fastst_string_end(const uint8_t* p, Py_ssize_t pos, Py_ssize_t n,

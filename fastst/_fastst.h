@@ -10,6 +10,34 @@
 #include <Python.h>
 #include <numpy/ndarraytypes.h>
 
+/* Fields and options that one thread writes while others read them (a handle's
+ * closed flag, its lazily built index, read_options()): loaded and stored atomically,
+ * so that no read is torn, a pointer is seen only after what it points to, and
+ * ThreadSanitizer sees the order. Plain loads and stores on x86-64; barriers where
+ * the memory model is weaker (aarch64). */
+static inline int fastst_load_int(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void fastst_store_int(int *p, int value) {
+    __atomic_store_n(p, value, __ATOMIC_RELEASE);
+}
+static inline uint64_t fastst_load_u64(const uint64_t *p) {
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+static inline void fastst_store_u64(uint64_t *p, uint64_t value) {
+    __atomic_store_n(p, value, __ATOMIC_RELEASE);
+}
+static inline Py_ssize_t fastst_load_ssize(const Py_ssize_t *p) {
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+static inline void fastst_store_ssize(Py_ssize_t *p, Py_ssize_t value) {
+    __atomic_store_n(p, value, __ATOMIC_RELEASE);
+}
+static inline PyObject *fastst_load_object(PyObject *const *p) {
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+static inline void fastst_store_object(PyObject **p, PyObject *value) {
+    __atomic_store_n(p, value, __ATOMIC_RELEASE);
+}
+
 static inline int fastst_mul_overflow(uint64_t a, uint64_t b, uint64_t *out) {
     return __builtin_mul_overflow(a, b, out);
 }

@@ -21,7 +21,8 @@ cdef class _Header:
     Python objects only for names and metadata."""
     cdef readonly str source
     cdef readonly list names          # buffer (offset) order
-    cdef dict _index                  # name -> position in `names`, built on first use
+    cdef PyObject* _index             # dict: name -> position in `names`, built on first
+                                      # use and published atomically (a reference held)
     cdef readonly object metadata     # dict or None
     cdef readonly uint64_t data_len
     cdef Entry* entries
@@ -38,6 +39,7 @@ cdef class _Header:
     def __dealloc__(self):
         free(self.entries)
         free(self.dims)
+        Py_XDECREF(self._index)
 
     cdef Entry* add_entry(self) except NULL:
         if self.n == self.capacity:
@@ -71,11 +73,16 @@ cdef class _Header:
         return self._sorted_names
 
     cdef dict index(self):
-        if self._index is None:
+        cdef PyObject* index = fastst_load_object(&self._index)
+        if index == NULL:
             with cython.critical_section(self):
-                if self._index is None:
-                    self._index = {name: k for k, name in enumerate(self.names)}
-        return self._index
+                index = self._index
+                if index == NULL:
+                    built = {name: k for k, name in enumerate(self.names)}
+                    Py_INCREF(built)
+                    index = <PyObject*>built
+                    fastst_store_object(&self._index, index)
+        return <dict>index
 
     def __len__(self):
         return self.n

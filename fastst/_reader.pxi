@@ -403,7 +403,7 @@ cdef class Reader:
                 for r in batch]
 
     cdef inline _check_open(self):
-        if self.is_closed:
+        if fastst_load_int(<int*>&self.is_closed):   # close() may be running in another thread
             raise SafetensorError(f"{self.source}: file is closed")
 
     cdef object _held_owner(self):
@@ -530,7 +530,10 @@ cdef class Reader:
     cdef _read_around(self, Py_ssize_t i):
         """Tensor i handed out whole, as a view: its range of the map read as the
         kernel reads a map by default, where a partial read advised it otherwise."""
-        if self.advice is not None and self.advice[i] == ADVISED_RANDOM:
+        cdef bint advised_random
+        with cython.critical_section(self):     # see _advise
+            advised_random = self.advice is not None and self.advice[i] == ADVISED_RANDOM
+        if advised_random:
             self._advise(i, False)
 
     cdef _advise_part(self, Py_ssize_t i, uint64_t runs, uint64_t run):
@@ -546,28 +549,29 @@ cdef class Reader:
         cdef Entry* entry = &self.header.entries[i]
         if self.kind != BACKEND_MMAP or self.advice_fixed or runs == 0 or run == 0:
             return      # nothing is touched: nothing to advise
-        if self.read_around == 0:
-            self.read_around = _readahead_bytes(self.file_dev)
+        cdef uint64_t read_around = fastst_load_u64(&self.read_around)   # threads share it
+        if read_around == 0:
+            read_around = _readahead_bytes(self.file_dev)
+            fastst_store_u64(&self.read_around, read_around)
         cdef uint64_t pages = (entry.end - entry.begin) // FASTST_PAGE
-        self._advise(i, run * 32 <= self.read_around and runs <= pages
+        self._advise(i, run * 32 <= read_around and runs <= pages
                         and runs * (run // FASTST_PAGE + 2) * 4 <= pages)
 
     cdef _advise(self, Py_ssize_t i, bint random):
         """Advise tensor i's range of the map (see _Mapping.read_ahead_on_faults_in)
         when its advice changes."""
-        with cython.critical_section(self):     # see _held_owner
-            owner = self.owner
-        if owner is None:      # closed
-            return
-        if self.advice is None:
-            self.advice = bytearray(len(self.header.names))
         cdef unsigned char wanted = ADVISED_RANDOM if random else ADVISED_READ_AROUND
-        if self.advice[i] == wanted:
-            return
         cdef Entry* entry = &self.header.entries[i]
-        (<_Mapping>owner).read_ahead_on_faults_in(self.data + entry.begin,
-                                                  self.data + entry.end, not random)
-        self.advice[i] = wanted
+        cdef bint closed
+        with cython.critical_section(self):     # the owner (see _held_owner), and the advice
+            owner = self.owner                  # that threads share: made once, given once
+            closed = owner is None
+            if not closed and self.advice is None:
+                self.advice = bytearray(len(self.header.names))
+            if not closed and self.advice[i] != wanted:
+                (<_Mapping>owner).read_ahead_on_faults_in(self.data + entry.begin,
+                                                          self.data + entry.end, not random)
+                self.advice[i] = wanted
 
     def copy_tensors(self):
         """Every tensor, in buffer order, read into fresh memory of its own. From a
@@ -726,7 +730,8 @@ cdef class Reader:
         if self.kind != BACKEND_MMAP:
             return False
         self.advice_fixed = True    # and kept: no partial read advises a tensor's range
-        self.advice = None
+        with cython.critical_section(self):     # see _advise
+            self.advice = None
         return (<_Mapping>self._held_owner()).read_ahead_on_faults(on)
 
     cdef object _rows_span(self, name, Py_ssize_t first, Py_ssize_t stop):
@@ -941,7 +946,7 @@ cdef class Reader:
         where read_options() asks for it and the file system takes it."""
         cdef bint hinted = plan.hint()
         plan.threads = self.plan_threads
-        if READ_DIRECT and plan.total >= plan.chunk:     # else the cache is as good
+        if _direct_option() and plan.total >= plan.chunk:     # else the cache is as good
             plan.direct_fd = self._open_direct()
         try:
             plan.run_threaded()
@@ -1022,8 +1027,11 @@ cdef class Reader:
             return self.copy_tensors()
         cdef Py_ssize_t i
         names = self.header.names
+        cdef bint advised
         if self.kind == BACKEND_MMAP:
-            if self.advice is not None:
+            with cython.critical_section(self):     # see _advise
+                advised = self.advice is not None
+            if advised:
                 for i in range(len(names)):
                     self._read_around(i)
             self._read_map_ahead()
@@ -1037,11 +1045,11 @@ cdef class Reader:
         page not yet read waited for the disk."""
         cdef _Header h = self.header
         cdef Py_ssize_t n = len(h.names)
-        if not READ_HINTS or n == 0:
+        if not _hints_option() or n == 0:
             return
         cdef char* begin = self.data + h.entries[0].begin
         cdef char* end = self.data + h.entries[n - 1].end
-        if <uint64_t>(end - begin) >= 2 * CHUNK:
+        if <uint64_t>(end - begin) >= 2 * _chunk_option():
             (<_Mapping>self._held_owner()).read_ahead(begin, end)
 
     def keys(self):
@@ -1087,12 +1095,12 @@ cdef class Reader:
 
     @property
     def closed(self):
-        return self.is_closed
+        return bool(fastst_load_int(<int*>&self.is_closed))
 
     def close(self):
         """Drop the handle's reference to the data. Arrays already returned stay valid."""
         with cython.critical_section(self):     # see _held_owner and _begin_file_plan
-            self.is_closed = True
+            fastst_store_int(<int*>&self.is_closed, True)
             self.owner = None   # `data` stays set: in-flight reads hold the owner themselves
             self.fetch = self.head = None
             self._release_fd_if_closed()

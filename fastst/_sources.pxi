@@ -178,15 +178,15 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
             if flag is not None and type(flag) is not bool:
                 raise SafetensorError(f"{name} must be True or False, got {_shown(flag)}")
         if threads is not None:
-            READ_THREADS = threads
+            fastst_store_ssize(&READ_THREADS, threads)
         if request_bytes is not None:
-            CHUNK = request_bytes
+            fastst_store_u64(&CHUNK, request_bytes)
         if direct is not None:
-            READ_DIRECT = direct
+            fastst_store_int(<int*>&READ_DIRECT, direct)
         if hints is not None:
-            READ_HINTS = hints
+            fastst_store_int(<int*>&READ_HINTS, hints)
         if huge_pages is not None:
-            HUGE_PAGES = huge_pages
+            fastst_store_int(<int*>&HUGE_PAGES, huge_pages)
         return before
 
 
@@ -209,7 +209,7 @@ def hint_sequential(int fd, uint64_t offset, uint64_t length):
     will be read once, in order (posix_fadvise SEQUENTIAL), unless read_options()
     turned hints off: True when it was told. For readers of their own (the CUDA
     ring) what read plans do themselves."""
-    if not READ_HINTS or posix_fadvise(fd, offset, length, POSIX_FADV_SEQUENTIAL) != 0:
+    if not _hints_option() or posix_fadvise(fd, offset, length, POSIX_FADV_SEQUENTIAL) != 0:
         return False
     _count("hinted_plans", 1)
     return True
@@ -217,6 +217,19 @@ def hint_sequential(int fd, uint64_t offset, uint64_t length):
 
 cdef Py_ssize_t PREFETCH_JOBS = 8         # copies whose source is asked for ahead of its copy
 cdef bint HUGE_PAGES = True                # big fresh arrays in huge pages (see _fastst.h)
+
+# read_options() writes the options (under _SETTING_OPTIONS) while reads in other
+# threads read them: through these, atomically (see fastst_load_int)
+cdef inline Py_ssize_t _read_threads_option() noexcept nogil:
+    return fastst_load_ssize(&READ_THREADS)
+cdef inline uint64_t _chunk_option() noexcept nogil:
+    return fastst_load_u64(&CHUNK)
+cdef inline bint _direct_option() noexcept nogil:
+    return fastst_load_int(<int*>&READ_DIRECT)
+cdef inline bint _hints_option() noexcept nogil:
+    return fastst_load_int(<int*>&READ_HINTS)
+cdef inline bint _huge_pages_option() noexcept nogil:
+    return fastst_load_int(<int*>&HUGE_PAGES)
 cdef uint64_t HUGE_ARRAY_BYTES = 4 << 20   # fresh arrays this big or bigger get huge pages
 cdef object _HUGE_HANDLER = fastst_huge_handler_capsule()
 cdef str HUGE_ADVICE = None               # see use_huge_page_settings
@@ -311,7 +324,7 @@ cdef object _fresh_array(int ndim, cnp.npy_intp* dims, object descr):
     cdef int k
     for k in range(ndim):
         nbytes *= <uint64_t>dims[k]
-    if not HUGE_PAGES or nbytes < HUGE_ARRAY_BYTES:
+    if not _huge_pages_option() or nbytes < HUGE_ARRAY_BYTES:
         return PyArray_Empty(ndim, dims, <Descr*><PyObject*>descr, 0)
     fastst_advise_huge = _advise_huge(nbytes)
     before = PyDataMem_SetHandler(_HUGE_HANDLER)
@@ -341,7 +354,7 @@ cdef class _ReadPlan:
 
     def __cinit__(self):
         self.direct_fd = -1
-        self.chunk = CHUNK      # fixed for the plan: read_options() may change CHUNK
+        self.chunk = _chunk_option()   # fixed for the plan: read_options() may change it
 
     def __dealloc__(self):
         fastst_primer_stop(&self.primer)     # joined already, unless an error came first
@@ -464,7 +477,7 @@ cdef class _ReadPlan:
         cdef Py_ssize_t threads = 1
         self.group()
         if self.total >= 2 * self.chunk:     # a smaller plan is read by the calling thread
-            threads = min(READ_THREADS or self.threads or read_threads(), self.ngroups)
+            threads = min(_read_threads_option() or self.threads or read_threads(), self.ngroups)
         fastst_primer_signal(&self.primer)   # the readers take over from here
         if threads > 1:
             self._run_on(threads)
@@ -503,7 +516,7 @@ cdef class _ReadPlan:
         once, in order, so that it reads further ahead: True when it was told."""
         if self.hinted:
             return True
-        if not READ_HINTS or self.total < 2 * self.chunk or not self.in_file_order():
+        if not _hints_option() or self.total < 2 * self.chunk or not self.in_file_order():
             return False
         cdef uint64_t begin = self.jobs[0].offset
         cdef uint64_t end = self.jobs[self.n - 1].offset + self.jobs[self.n - 1].length
@@ -519,7 +532,7 @@ cdef class _ReadPlan:
         readers stop it as they start, find what it read in the page cache and
         carry on where it stopped, on the same descriptor, whose read-ahead state
         they share."""
-        if not READ_HINTS or READ_DIRECT or end - begin < 2 * self.chunk:
+        if not _hints_option() or _direct_option() or end - begin < 2 * self.chunk:
             return
         self.hinted = hint_sequential(self.fd, begin, end - begin)
         if fastst_primer_start(&self.primer, self.fd, begin, end) == 0:
@@ -684,7 +697,7 @@ cdef Py_ssize_t _read_direct(int direct_fd, int fd, ReadJob* job, char* bounce,
 def read_threads():
     """The threads a read plan of two requests or more is shared by now: read_options'
     `threads`, or by default the usable CPUs, at most AUTO_THREADS."""
-    return READ_THREADS or min(usable_cpus(), AUTO_THREADS)
+    return _read_threads_option() or min(usable_cpus(), AUTO_THREADS)
 
 
 def usable_cpus():

@@ -339,7 +339,9 @@ class Loader:
             memory = torch.empty(nbytes + 64, dtype=torch.uint8, pin_memory=True).numpy()
         else:
             memory = np.empty(nbytes + 64, np.uint8)
-        start = -memory.ctypes.data % 64
+        # its address from the array interface: `.ctypes` makes ctypes objects, which
+        # CPython 3.13t makes racily from several threads (ThreadSanitizer: _ctypes.c)
+        start = -memory.__array_interface__["data"][0] % 64
         return memory[start:start + nbytes].view(dtype).reshape(shape)
 
     # -- the position ---------------------------------------------------------

@@ -14,6 +14,7 @@ suite, frameworks included, runs on one Python: the README's second command.
 
     nox -s wheel-3.11     # the wheel repaired to a manylinux tag, installed with no compiler
     nox -s freethreaded   # the quick check on CPython 3.13 built without the GIL
+    nox -s tsan           # the thread tests under ThreadSanitizer (its own interpreter)
     nox -s reference      # the reference's own tests through the switch
 
 `nox -s freethreaded` builds the free-threaded interpreter once, from Debian's source
@@ -50,6 +51,9 @@ REFERENCE_TEST_NEEDS = ["torch==2.13.0", "jax", "flax", "tensorflow-cpu", "h5py"
 # Where `nox -s freethreaded` builds CPython 3.13 without the GIL, from Debian's source.
 FREE_THREADED_HOME = pathlib.Path(os.environ.get(
     "FASTST_FREE_THREADED_HOME", pathlib.Path.home() / ".cache" / "fastst-nox" / "python3.13t"))
+# Where `nox -s tsan` builds it again with ThreadSanitizer.
+TSAN_HOME = pathlib.Path(os.environ.get("FASTST_TSAN_HOME",
+                                        FREE_THREADED_HOME.parent / "python3.13t-tsan"))
 DEBIAN_SOURCES = "deb-src http://deb.debian.org/debian trixie main"
 DOWNLOAD_SECONDS = 600
 BUILD_SECONDS = 3600
@@ -61,6 +65,9 @@ BUILD_SECONDS = 3600
 # a wheel for 3.13t (NumPy 2.5 has none, 2.4 has; hypothesis' newest need crates for it).
 FREE_THREADED_LEAVES_OUT = {"safetensors", "aiohttp", "mypy"}
 FREE_THREADED_WHEELS_ONLY = ":all:"
+# What `nox -s tsan` installs: what tests/test_threads.py imports, and what building
+# fastst without build isolation needs.
+TSAN_NEEDS = ["numpy", "ml_dtypes", "pytest", "cython", "setuptools", "packaging"]
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
@@ -147,14 +154,15 @@ def freethreaded(session):
     run_core_tests(session, str(venv / "bin" / "pytest"))
 
 
-def free_threaded_python(session):
-    """FREE_THREADED_HOME's python3.13t, built there first when it is not."""
-    python = FREE_THREADED_HOME / "bin" / "python3.13t"
-    built = FREE_THREADED_HOME / "BUILT"     # written last: a build cut short is redone
+def free_threaded_python(session, home=FREE_THREADED_HOME, configure=()):
+    """The python3.13t of `home`, built there first (configured with `configure` too)
+    when it is not."""
+    python = home / "bin" / "python3.13t"
+    built = home / "BUILT"     # written last: a build cut short is redone
     if not built.exists():
         with tempfile.TemporaryDirectory() as work:
             source = download_cpython_source(session, pathlib.Path(work))
-            build_free_threaded(session, source, FREE_THREADED_HOME)
+            build_free_threaded(session, source, home, configure)
         built.write_text(f"{source.name}\n")
     return python
 
@@ -180,16 +188,46 @@ def download_cpython_source(session, work):
     return source
 
 
-def build_free_threaded(session, source, prefix):
-    """Configure CPython in `source` without the GIL, build it and install it into
-    `prefix`: at low priority (nice), within BUILD_SECONDS."""
+def build_free_threaded(session, source, prefix, configure=()):
+    """Configure CPython in `source` without the GIL (and with `configure`), build it
+    and install it into `prefix`: at low priority (nice), within BUILD_SECONDS."""
     nice = ["timeout", str(BUILD_SECONDS), "nice", "-n", "10"]
     with session.chdir(source):
-        session.run(*nice, "./configure", "--disable-gil", f"--prefix={prefix}", "--quiet",
-                    external=True)
+        session.run(*nice, "./configure", "--disable-gil", *configure, f"--prefix={prefix}",
+                    "--quiet", external=True)
         session.run(*nice, "make", f"-j{os.cpu_count()}", "--quiet", external=True,
                     silent=True)
         session.run(*nice, "make", "install", external=True, silent=True)
+
+
+@nox.session(python=False)
+def tsan(session):
+    """The thread tests (tests/test_threads.py) under ThreadSanitizer: the free-threaded
+    interpreter and fastst's core both built with it (an interpreter so built passes
+    its flags to the extensions it builds). A report fails the session unless
+    tests/tsan-suppressions.txt suppresses it, with why; NumPy and the other wheels
+    are not instrumented, and their own threads are limited to one."""
+    python = free_threaded_python(session, TSAN_HOME, ["--with-thread-sanitizer"])
+    venv = pathlib.Path(session.create_tmp()).resolve() / "venv"
+    session.run(str(python), "-m", "venv", "--clear", str(venv))
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    session.run(*pip, *TSAN_NEEDS, env={"PIP_ONLY_BINARY": FREE_THREADED_WHEELS_ONLY})
+    session.run(*pip, "--no-build-isolation", str(ROOT))
+    reports = pathlib.Path(session.create_tmp()).resolve() / "tsan"
+    shutil.rmtree(reports, ignore_errors=True)
+    reports.mkdir()
+    options = (f"halt_on_error=0 exitcode=66 second_deadlock_stack=1 log_path={reports}/report "
+               f"suppressions={ROOT / 'tests' / 'tsan-suppressions.txt'}")
+    with session.chdir(session.create_tmp()):
+        session.run(str(venv / "bin" / "pytest"), str(ROOT / "tests" / "test_threads.py"),
+                    "-p", "no:cacheprovider", *session.posargs, success_codes=[0, 66],
+                    env={"FASTST_TEST_INSTALLED": "1", "TSAN_OPTIONS": options,
+                         "OPENBLAS_NUM_THREADS": "1"})
+    found = sorted(reports.iterdir())
+    for report in found:     # pytest holds a test's stderr: the reports are files
+        print(report.read_text())
+    if found:
+        session.error(f"ThreadSanitizer reported races ({len(found)} processes)")
 
 
 @nox.session(python="3.11")

@@ -1,7 +1,8 @@
 """Reading an object by ranged requests, whatever carries them: the bounds a read works
 within, the version of the object opened and the checks each answer is held to, how
-many requests go at once and how large (``Pace``), and ``RangedObject``, the fetch
-through which the compiled Reader reads such an object.
+many requests go at once and how large (``Pace``), the contract of the fetch through
+which the compiled Reader reads such an object (``RangedFetch``), and ``RangedObject``,
+on which transports build it.
 
 Two transports build on it: ``fastst._http`` (HTTP(S) through the standard library's
 ``http.client``, threads reading straight into the arrays) and ``fastst.remote``'s
@@ -16,7 +17,8 @@ import threading
 import time
 import traceback
 import urllib.parse
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence,
+                    Tuple)
 
 import numpy as np
 
@@ -659,24 +661,47 @@ def _precondition_failed(error: BaseException) -> bool:
 # ---------------------------------------------------------------------------
 
 
-class RangedObject:
-    """Byte ranges of one object, as the compiled Reader asks for them: called with a
-    list of ``(offset, length)``, the bytes of each; ``fetch_into`` puts them into
-    buffers given. A transport gives `url` (and `label`, as messages show it:
-    ``shown_url``), `size`, `version`, `limits`, `pace` and `ranges_ignored`, and
-    fetches spans by parts (``_fetch``).
-
-    From a server that ignores range requests, the first read that needs more than
-    the object's first bytes reads it whole, once, and every read after it is
-    served from that copy, kept as long as the object (``_whole_for``)."""
+class RangedFetch(Protocol):
+    """What the compiled Reader reads an object by (``Reader.open_ranges``, which
+    finds ``fetch_into`` and ``ranges_ignored`` by name) and ``fastst._source.Url``
+    opens it with: called with a list of ``(offset, length)``, the bytes of each,
+    exactly as long (fewer where an answer was cut short: the Reader refuses them);
+    ``fetch_into`` puts them into buffers given instead. `url` is the object's
+    address, `label` that address as messages show it (``shown_url``), `size` its
+    length and `version` what it was when opened (`identity`, the same as a tuple,
+    is what the Reader's ``file_identity`` gives); `limits` bound its reads and
+    `pace` keeps their requests in flight; `ranges_ignored` tells a server that
+    answers range requests with the whole object. The transports implement it on
+    ``RangedObject``."""
 
     url: str
     label: str
     size: int
     version: ObjectVersion
+    identity: Tuple[Any, ...]
     limits: Limits
     pace: Pace
     ranges_ignored: bool
+
+    def __call__(self, ranges: Sequence[Range]) -> List[Any]:
+        ...
+
+    def fetch_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> List[int]:
+        """Put the bytes of each range into its buffer (a writable memoryview exactly
+        as long, not kept past the call); returns the bytes each got, fewer than asked
+        where an answer was cut short. The compiled Reader fetches tensors this way,
+        straight into their arrays."""
+        ...
+
+
+class RangedObject(RangedFetch):
+    """A `RangedFetch` whose transport fetches spans by parts (``_fetch``): ranges
+    of one call that follow on, or nearly, share requests.
+
+    From a server that ignores range requests, the first read that needs more than
+    the object's first bytes reads it whole, once, and every read after it is
+    served from that copy, kept as long as the object (``_whole_for``)."""
+
     fetched = 0      # bytes asked by earlier calls: where a download bar goes on
     whole: Optional[memoryview] = None   # the object read whole, where ranges are ignored
 
@@ -697,12 +722,8 @@ class RangedObject:
                 for span, buffer in zip(spans, buffers) for offset, length in span.ranges]
 
     def fetch_into(self, ranges: Sequence[Range], buffers: Sequence[memoryview]) -> List[int]:
-        """Put the bytes of each range into its buffer (a writable memoryview exactly
-        as long), fetched in parts as a call does, neighbouring ranges in shared
-        requests whose bodies are read into each buffer in turn; returns the bytes
-        each got, fewer than asked where an answer was cut short. The buffers are not
-        kept past the call. The compiled Reader fetches tensors this way, straight
-        into their arrays."""
+        """Fetched in parts as a call is, neighbouring ranges in shared requests whose
+        bodies are read into each buffer in turn."""
         for (offset, length), buffer in zip(ranges, buffers, strict=True):
             if buffer.readonly or buffer.nbytes != length:
                 raise ValueError(f"{self.label}: bytes [{offset}, {offset + length}) need a "

@@ -20,7 +20,7 @@ from ._files import PathLike, write_atomically
 from ._limits import DEFAULT_BACKEND
 
 if TYPE_CHECKING:
-    from ._ranged import RangedObject
+    from ._ranged import RangedFetch
     from .remote import SpooledUpload
 
 __all__ = ["Buffer", "FileObject", "Identity", "LocalFile", "NETWORK_FILE_SYSTEMS",
@@ -280,7 +280,7 @@ class Url(Source):
     def __repr__(self) -> str:
         return f"Url({self.label!r})"
 
-    def _ranges(self) -> RangedObject:
+    def _ranges(self) -> RangedFetch:
         from .remote import open_object   # a transport: imported when a URL is opened
 
         return open_object(self.url, self.storage_options)
@@ -288,7 +288,7 @@ class Url(Source):
     def open(self, reader: Reader, *, max_header_size: int) -> None:
         self._open_on(self._ranges(), reader, max_header_size)
 
-    def _open_on(self, ranges: RangedObject, reader: Reader, max_header_size: int) -> None:
+    def _open_on(self, ranges: RangedFetch, reader: Reader, max_header_size: int) -> None:
         reader.open_ranges(self.label, ranges.size, ranges, max_header_size=max_header_size,
                            identity=ranges.identity)
 

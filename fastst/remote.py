@@ -48,7 +48,7 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping
 
 from ._core import SafetensorError, WritePlan
 from ._files import write_atomically
-from ._ranged import (READ_PIECE, Limits, ObjectVersion, Pace, PartQueue, Range,
+from ._ranged import (READ_PIECE, Limits, ObjectVersion, Pace, PartQueue, Range, RangedFetch,
                       RangedObject, Scatter, Span, Tally, checked_answer, precondition, shown_url,
                       too_long, translated)
 
@@ -100,7 +100,7 @@ S3_PROTOCOLS = ("s3", "s3a")
 STAGED_PROTOCOLS = ("s3", "s3a", "gs", "gcs")
 
 
-def open_object(url: str, storage_options: Optional[Mapping[str, Any]]) -> RangedObject:
+def open_object(url: str, storage_options: Optional[Mapping[str, Any]]) -> RangedFetch:
     """The object a URL names, opened for ranged reads by the transport that suits it:
     fastst's HTTP client for an ``http(s)://`` URL (``storage_options`` of
     ``headers``, ``client_kwargs={"timeout": ..., "headers": ...}`` and fsspec's
@@ -117,7 +117,7 @@ def open_object(url: str, storage_options: Optional[Mapping[str, Any]]) -> Range
 
     Returns
     -------
-    RangedObject
+    RangedFetch
         A `UrlRanges`, or the HTTP client's ``HttpRanges``: the fetch the compiled
         Reader calls, with the object's ``size`` and ``identity``.
 

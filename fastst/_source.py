@@ -300,8 +300,12 @@ class Url(Source):
             raise seen.changed(now, what, since, remedy)
         self._open_on(ranges, reader, max_header_size)
 
-    def identity(self) -> Identity:
-        return Identity(self.label, tuple(self._ranges().identity[1:]))
+    def identity(self) -> Optional[Identity]:
+        try:
+            ranges = self._ranges()
+        except FileNotFoundError:
+            return None
+        return Identity(self.label, tuple(ranges.identity[1:]))
 
     def read_all(self, limit: int, what: str) -> bytes:
         from .remote import read_object

@@ -143,6 +143,14 @@ class SourceTests:
         with fastst.safe_open(sibling) as f:
             assert_tensors(f.get_tensor, OTHER)
 
+    def test_a_missing_file_has_no_version_and_is_not_found(self, put):
+        if not self.in_folder:
+            pytest.skip(f"{type(self).__name__}: has no siblings")
+        missing = put(NAME, DATA).sibling("missing.safetensors")
+        assert missing.identity() is None
+        with pytest.raises(FileNotFoundError, match="missing.safetensors"):
+            fastst.safe_open(missing)
+
     def test_its_name_is_the_files_and_it_is_no_folder(self, put):
         source = put(NAME, DATA)
         assert source.name == (NAME if self.in_folder else "")

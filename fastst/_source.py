@@ -312,12 +312,20 @@ class Url(Source):
 
         return read_object(self.url, self.storage_options, limit, what)
 
+    @property
+    def name(self) -> str:
+        return self._folder_and_name()[1]
+
     def sibling(self, name: str) -> Url:
-        # the object's folder: its path without the last part, and without a query
-        # or a fragment, which belong to the object named (a presigned URL's, say)
+        return Url(f"{self._folder_and_name()[0]}/{name}", self.storage_options)
+
+    def _folder_and_name(self) -> Tuple[str, str]:
+        """The URL of the object's folder, and the object's name: its path cut at the
+        last "/", without a query or a fragment, which belong to the object named
+        (a presigned URL's, a download flag)."""
         scheme, rest = self.url.split("://", 1)
-        path = re.split(r"[?#]", rest, maxsplit=1)[0]
-        return Url(f"{scheme}://{posixpath.dirname(path)}/{name}", self.storage_options)
+        folder, name = posixpath.split(re.split(r"[?#]", rest, maxsplit=1)[0])
+        return f"{scheme}://{folder}", name
 
     def write(self, plan: WritePlan, *, fsync: bool = False) -> None:
         if fsync:

@@ -48,6 +48,7 @@ class SourceTests:
     can_reopen = True    # it tells its version (an Identity), so handles on it pickle
     reads_whole = True   # read_all reads it (a checkpoint's index)
     in_folder = True     # it has a name, and siblings beside it
+    query = None         # what may follow its name (a URL's query), not part of it
 
     @pytest.fixture
     def put(self):
@@ -150,6 +151,18 @@ class SourceTests:
         assert missing.identity() is None
         with pytest.raises(FileNotFoundError, match="missing.safetensors"):
             fastst.safe_open(missing)
+
+    def test_a_query_is_no_part_of_its_name(self, put, tmp_path):
+        if self.query is None:
+            pytest.skip(f"{type(self).__name__}: nothing follows its name")
+        assert put(NAME + self.query, DATA).name == NAME
+        fastst.save_file(TENSORS, tmp_path / NAME, max_shard_size=4096)
+        for shard in tmp_path.glob("*-of-*.safetensors"):
+            put(shard.name, shard.read_bytes())
+        index = tmp_path / f"{NAME}.index.json"
+        # a checkpoint, its shards beside its index
+        with fastst.safe_open(put(index.name + self.query, index.read_bytes())) as f:
+            assert_tensors(f.get_tensor)
 
     def test_its_name_is_the_files_and_it_is_no_folder(self, put):
         source = put(NAME, DATA)

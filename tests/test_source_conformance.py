@@ -118,6 +118,7 @@ class TestOpenFileObject(InMemory):
 
 class TestHttp(SourceTests):
     options = None
+    query = "?download=true"
 
     @pytest.fixture
     def put(self, served):

@@ -164,6 +164,12 @@ class SourceTests:
         with fastst.safe_open(put(index.name + self.query, index.read_bytes())) as f:
             assert_tensors(f.get_tensor)
 
+    def test_a_truncated_file_is_refused_naming_it(self, put):
+        source = put(NAME, DATA[:-10])
+        with pytest.raises(SafetensorError, match="truncated") as error:
+            fastst.safe_open(source)
+        assert str(error.value).startswith(f"{source.label}: ")
+
     def test_its_name_is_the_files_and_it_is_no_folder(self, put):
         source = put(NAME, DATA)
         assert source.name == (NAME if self.in_folder else "")
@@ -215,6 +221,14 @@ class RangedFetchTests:
             assert memory[at:at + length] == DATA[offset:offset + length], offset
             at += length + guard
         assert memory[at - guard:] == b"\xa5" * guard
+
+    def test_a_range_past_the_end_comes_back_cut_at_the_end(self, fetch_of):
+        fetch = fetch_of(DATA)
+        ranges = [(len(DATA) - 2, 10), (0, 4)]
+        assert [bytes(item) for item in fetch(ranges)] == [DATA[-2:], DATA[:4]]
+        buffers = [memoryview(bytearray(10)), memoryview(bytearray(4))]
+        assert fetch.fetch_into(ranges, buffers) == [2, 4]
+        assert bytes(buffers[0][:2]) == DATA[-2:] and bytes(buffers[1]) == DATA[:4]
 
     def test_fetch_into_refuses_a_buffer_not_as_long_as_its_range(self, fetch_of):
         fetch = fetch_of(DATA)

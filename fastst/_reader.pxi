@@ -44,6 +44,7 @@ cdef class Reader:
     cdef list dtypes             # code -> the dtype of its arrays (see uses_ml_dtypes)
     cdef bint leaves_ml_dtypes
     cdef bytearray advice        # mmap: per tensor, how a partial read advised its range
+    cdef int advised             # whether `advice` is made: read without the lock
     cdef bint advice_fixed       # read_ahead_on_faults() advised the whole map: kept
     cdef uint64_t read_around    # mmap: the most that a fault reads (see _advise_part)
     cdef readonly str source
@@ -531,6 +532,8 @@ cdef class Reader:
         """Tensor i handed out whole, as a view: its range of the map read as the
         kernel reads a map by default, where a partial read advised it otherwise."""
         cdef bint advised_random
+        if not fastst_load_int(&self.advised):  # no partial read advised any range
+            return
         with cython.critical_section(self):     # see _advise
             advised_random = self.advice is not None and self.advice[i] == ADVISED_RANDOM
         if advised_random:
@@ -568,6 +571,7 @@ cdef class Reader:
             closed = owner is None
             if not closed and self.advice is None:
                 self.advice = bytearray(len(self.header.names))
+                fastst_store_int(&self.advised, True)
             if not closed and self.advice[i] != wanted:
                 (<_Mapping>owner).read_ahead_on_faults_in(self.data + entry.begin,
                                                           self.data + entry.end, not random)
@@ -732,6 +736,7 @@ cdef class Reader:
         self.advice_fixed = True    # and kept: no partial read advises a tensor's range
         with cython.critical_section(self):     # see _advise
             self.advice = None
+            fastst_store_int(&self.advised, False)
         return (<_Mapping>self._held_owner()).read_ahead_on_faults(on)
 
     cdef object _rows_span(self, name, Py_ssize_t first, Py_ssize_t stop):
@@ -1027,11 +1032,8 @@ cdef class Reader:
             return self.copy_tensors()
         cdef Py_ssize_t i
         names = self.header.names
-        cdef bint advised
         if self.kind == BACKEND_MMAP:
-            with cython.critical_section(self):     # see _advise
-                advised = self.advice is not None
-            if advised:
+            if fastst_load_int(&self.advised):
                 for i in range(len(names)):
                     self._read_around(i)
             self._read_map_ahead()

@@ -74,26 +74,28 @@ cdef uint64_t _LAST_LEVEL_CACHE = 0
 cpdef uint64_t last_level_cache():
     """The bytes of the first CPU's last level of cache, as Linux describes it (glibc's
     sysconf adds up a whole package's); 32 MiB where it cannot be told."""
-    global _LAST_LEVEL_CACHE
-    if _LAST_LEVEL_CACHE == 0:
-        levels = {}
-        caches = "/sys/devices/system/cpu/cpu0/cache"
+    cdef uint64_t known = fastst_load_u64(&_LAST_LEVEL_CACHE)   # rings of threads ask at once
+    if known != 0:
+        return known
+    levels = {}
+    caches = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        folders = [os.path.join(caches, name) for name in os.listdir(caches)
+                   if name.startswith("index")]
+    except OSError:
+        folders = []
+    for folder in folders:
         try:
-            folders = [os.path.join(caches, name) for name in os.listdir(caches)
-                       if name.startswith("index")]
-        except OSError:
-            folders = []
-        for folder in folders:
-            try:
-                with open(os.path.join(folder, "level")) as level, \
-                        open(os.path.join(folder, "size")) as size:
-                    text = size.read().strip()
-                    levels[int(level.read())] = int(text.rstrip("KMG")) << {
-                        "K": 10, "M": 20, "G": 30}.get(text[-1:], 0)
-            except (OSError, ValueError):
-                continue
-        _LAST_LEVEL_CACHE = levels[max(levels)] if levels else 32 << 20
-    return _LAST_LEVEL_CACHE
+            with open(os.path.join(folder, "level")) as level, \
+                    open(os.path.join(folder, "size")) as size:
+                text = size.read().strip()
+                levels[int(level.read())] = int(text.rstrip("KMG")) << {
+                    "K": 10, "M": 20, "G": 30}.get(text[-1:], 0)
+        except (OSError, ValueError):
+            continue
+    known = levels[max(levels)] if levels else 32 << 20
+    fastst_store_u64(&_LAST_LEVEL_CACHE, known)
+    return known
 
 
 cdef class BatchRing:

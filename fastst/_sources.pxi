@@ -78,13 +78,15 @@ cpdef uint64_t read_ahead_limit():
     counted on to stay there: the map readers' bytes at once, and a dataset whose
     shuffle reads whole 2 MiB pieces (the thread Loader). 1 where the memory
     is not known: nothing is read ahead so."""
-    global _READ_AHEAD_LIMIT
-    if _READ_AHEAD_LIMIT == 0:
-        try:
-            _READ_AHEAD_LIMIT = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-        except (ValueError, OSError):
-            _READ_AHEAD_LIMIT = 1
-    return _READ_AHEAD_LIMIT
+    cdef uint64_t limit = fastst_load_u64(&_READ_AHEAD_LIMIT)   # threads ask at once
+    if limit != 0:
+        return limit
+    try:
+        limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError):
+        limit = 1
+    fastst_store_u64(&_READ_AHEAD_LIMIT, limit)
+    return limit
 
 
 cdef _BufferOwner _hold_buffer(object data):

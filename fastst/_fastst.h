@@ -132,7 +132,7 @@ static void fastst_transpose_rows(const char *src, char *dst, Py_ssize_t m,
 #define FASTST_PAGE ((size_t)4096)
 #define FASTST_HEAD ((size_t)16)           /* malloc's alignment */
 
-static int fastst_advise_huge = 1;
+static _Thread_local int fastst_advise_huge = 1;   /* the allocating thread's */
 
 static void *fastst_block_with(char *data, size_t mapped, size_t size) {
     size_t *fields = (size_t *)data - 2;

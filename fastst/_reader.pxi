@@ -550,7 +550,8 @@ cdef class Reader:
         with read-around (read_ahead_kb 8192); a 256 MiB view touched in order took
         13x longer with MADV_RANDOM than with read-around."""
         cdef Entry* entry = &self.header.entries[i]
-        if self.kind != BACKEND_MMAP or self.advice_fixed or runs == 0 or run == 0:
+        if (self.kind != BACKEND_MMAP or fastst_load_int(<int*>&self.advice_fixed)
+                or runs == 0 or run == 0):
             return      # nothing is touched: nothing to advise
         cdef uint64_t read_around = fastst_load_u64(&self.read_around)   # threads share it
         if read_around == 0:
@@ -568,7 +569,7 @@ cdef class Reader:
         cdef bint closed
         with cython.critical_section(self):     # the owner (see _held_owner), and the advice
             owner = self.owner                  # that threads share: made once, given once
-            closed = owner is None
+            closed = owner is None or self.advice_fixed
             if not closed and self.advice is None:
                 self.advice = bytearray(len(self.header.names))
                 fastst_store_int(&self.advised, True)
@@ -711,12 +712,12 @@ cdef class Reader:
         one entry; they are dropped (with the rest of the piece where it is held in
         part: fastst_drop_partial_first_piece). Once a reader, under a lock that every
         first read of the piece waits for, so that no thread's read of it is dropped."""
-        if self.first_piece_lock is None:       # one for all threads, made once
-            with cython.critical_section(self):
-                if self.first_piece_lock is None:
-                    self.first_piece_lock = _thread.allocate_lock()
+        with cython.critical_section(self):     # one for all threads, made once
+            if self.first_piece_lock is None:
+                self.first_piece_lock = _thread.allocate_lock()
+            lock = self.first_piece_lock
         cdef uint64_t size = self.file_size
-        with self.first_piece_lock:
+        with lock:
             if self.first_piece_ready:
                 return
             with nogil:
@@ -733,8 +734,9 @@ cdef class Reader:
         self._check_open()
         if self.kind != BACKEND_MMAP:
             return False
-        self.advice_fixed = True    # and kept: no partial read advises a tensor's range
         with cython.critical_section(self):     # see _advise
+            # kept: no partial read advises a tensor's range after this
+            fastst_store_int(<int*>&self.advice_fixed, True)
             self.advice = None
             fastst_store_int(&self.advised, False)
         return (<_Mapping>self._held_owner()).read_ahead_on_faults(on)

@@ -301,9 +301,18 @@ def free_huge_page_bytes(path="/proc/buddyinfo"):
     return total
 
 
+cdef object _ADVISING_HUGE = _thread.allocate_lock()
+
+
 cdef bint _advise_huge(uint64_t nbytes):
     """Whether a fresh array of `nbytes` is advised MADV_HUGEPAGE (see
-    use_huge_page_settings)."""
+    use_huge_page_settings). Under a lock: threads making big arrays at once share
+    the settings read once and the count of free blocks."""
+    with _ADVISING_HUGE:
+        return _advise_huge_locked(nbytes)
+
+
+cdef bint _advise_huge_locked(uint64_t nbytes):
     global _free_read_at, _free_huge
     if HUGE_ADVICE is None:
         use_huge_page_settings()

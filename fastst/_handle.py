@@ -65,6 +65,9 @@ class TensorMeta(NamedTuple):
     ...     f.get_tensor_meta("w")
     TensorMeta(dtype='F32', shape=[2, 3], data_offsets=(0, 24))
     """
+
+    __module__ = "fastst"
+
     dtype: str
     shape: List[int]
     data_offsets: Tuple[int, int]
@@ -159,6 +162,8 @@ class NumpyHandle(Reader):
     ['x', 'y']
     >>> f.close()
     """
+
+    __module__ = "fastst"
 
     _origin: Optional[Source] = None
 
@@ -461,6 +466,8 @@ class FrameworkHandle(Generic[T]):
     tensor([[1., 0.],
             [0., 1.]])
     """
+
+    __module__ = "fastst"
 
     def __init__(self, reader: NumpyHandle, convert: Converter[T],
                  opened_as: Optional[Tuple[str, Any]] = None) -> None:
@@ -1038,6 +1045,8 @@ class VerifyingHandle(NumpyHandle):
       ...
     fastst._core.SafetensorError: ...: verify=True, but the file has no checksums (save it with checksum='xxh3_64')
     """
+
+    __module__ = "fastst.integrity"
 
     def open_file(self, filename: Any, backend: str = "mmap", *,
                   max_header_size: int = DEFAULT_MAX_HEADER_SIZE, threads: int = 0) -> None:

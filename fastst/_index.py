@@ -70,6 +70,9 @@ class CheckpointIndex(NamedTuple):
     ...     f.index.shards, f.index.metadata
     ({'model-00001-of-00002.safetensors': ['a'], 'model-00002-of-00002.safetensors': ['b']}, {'total_size': 1600})
     """
+
+    __module__ = "fastst.checkpoint"
+
     path: str                          # the index file, or its URL
     weight_map: Dict[str, str]         # tensor name -> shard file name, in index order
     shards: Dict[str, List[str]]       # shard file name -> its tensors, in index order

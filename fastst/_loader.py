@@ -170,6 +170,8 @@ class Loader:
     ([0, 1, 2, 3, 4, 5], True)
     """
 
+    __module__ = "fastst.data"
+
     def __init__(self, source: Any, names: Names, batch_size: int, *, shuffle: Any = False,
                  seed: Optional[int] = None, drop_last: bool = False,
                  rank: Optional[int] = None, world_size: Optional[int] = None,

@@ -78,6 +78,8 @@ class TensorSpec:
     array([0., 1., 2.], dtype=float32)
     """
 
+    __module__ = "fastst"
+
     __slots__ = ("_dtype", "_shape", "_data_ptr", "_data_len")
 
     def __init__(self, *, dtype: str, shape: Sequence[int], data_ptr: int,

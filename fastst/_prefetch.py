@@ -459,6 +459,8 @@ class PrefetchLoader(Generic[T]):
     (['w0', 'w2'], [[2.0, 2.0], [2.0, 2.0]], ['w0'])
     """
 
+    __module__ = "fastst"
+
     def __init__(self, tensors: Sequence[_Tensor], source: str, *, threads: Optional[int],
                  max_bytes_in_flight: int) -> None:
         if not tensors:

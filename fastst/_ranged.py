@@ -134,6 +134,8 @@ class Pace:
     (8388608, 5242880)
     """
 
+    __module__ = "fastst.remote"
+
     GROWTH = 1.3
     CHANCES = 2
     MIN_WINDOW = 0.05

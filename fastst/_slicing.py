@@ -97,6 +97,8 @@ class SafeSlice(Generic[T]):
     fastst._core.SafetensorIndexError: Error during slicing [4] with shape [4, 3]: index 4 out of bounds for tensor dimension #0 of size 4 (tensor 'x' of ...model.safetensors)
     """
 
+    __module__ = "fastst"
+
     def __init__(self, reader: Reader, name: str, convert: Optional[Converter[T]] = None,
                  handle: Any = None) -> None:
         self._reader = reader

@@ -1,4 +1,5 @@
 import ast
+import doctest
 import functools
 import importlib.util
 import inspect
@@ -138,19 +139,20 @@ def docstring_examples(tmp_path, monkeypatch):
     """A runner of a module's docstring examples, (failures, tried), whose temporary
     folders (``tempfile.mkdtemp()``) go under this test's `tmp_path`. A compiled
     module's examples are those of the stub beside it (``_core.pyi``), which the API
-    reference documents it from. A docstring whose examples need an optional package
-    that is not installed (torch, JAX, dask, fsspec, xxhash) is left out. ``...`` in
-    an expected output matches any text."""
-    import doctest
-
+    reference documents it from. A class is searched in the module its ``__module__``
+    names (the public one that offers it). A docstring whose examples need an optional
+    package that is not installed (torch, JAX, dask, fsspec, xxhash) is left out.
+    ``...`` in an expected output matches any text."""
     from helpers import missing_frameworks
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def run(module):
+        for name in getattr(module, "__all__", ()):
+            getattr(module, name)    # a lazy name, made an attribute for the finder to see
         stub = stub_of(module)
         tests = (stub_doctests(stub) if stub is not None
-                 else doctest.DocTestFinder().find(module, module.__name__))
+                 else PublicClassFinder().find(module, module.__name__))
         runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
         for test in tests:
             code = "".join(example.source for example in test.examples)
@@ -159,6 +161,18 @@ def docstring_examples(tmp_path, monkeypatch):
         return tuple(runner.summarize(verbose=False))
 
     return run
+
+
+class PublicClassFinder(doctest.DocTestFinder):
+    """doctest's finder, which also takes the methods of a class that names `module`
+    as its ``__module__`` though a private module defines them."""
+
+    def _from_module(self, module, object):
+        owner, _, member = getattr(object, "__qualname__", "").partition(".")
+        offered = getattr(module, owner, None) if member else None
+        if isinstance(offered, type) and offered.__module__ == module.__name__:
+            return True
+        return super()._from_module(module, object)
 
 
 def stub_of(module):
@@ -172,9 +186,6 @@ def stub_of(module):
 def stub_doctests(stub):
     """The examples of every docstring of a stub file (modules', classes', functions'
     and attributes'), each run in a namespace of its own."""
-    import doctest
-    import inspect
-
     with open(stub, encoding="utf-8") as file:
         text = file.read()
     parser = doctest.DocTestParser()

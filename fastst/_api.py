@@ -10,12 +10,12 @@ from typing import (TYPE_CHECKING, Any, Dict, Literal, Mapping, Optional, Protoc
 from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, plan_write,
                     spec_of_array)
-from ._files import PathLike
+from ._io.files import PathLike
 from ._handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
                       open_handle)
 from ._index import is_checkpoint
-from ._limits import DEFAULT_BACKEND
-from ._source import NOT_LOCAL, as_source
+from ._io.limits import DEFAULT_BACKEND
+from ._io.source import NOT_LOCAL, as_source
 
 if TYPE_CHECKING:   # none of these is imported when fastst is; numpy.typing costs milliseconds
     import jax  # type: ignore[import-not-found, unused-ignore]

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ._core import SafetensorError, TensorInfo, hint_sequential
-from ._source import Identity, identity_of, local_version
+from ._io.source import Identity, identity_of, local_version
 from ._torch_dtypes import numpy_array_torch_dtypes, torch_dtype_of_bytes
 
 # Measured on H100 machines (bench/gpu.py, bench/RESULTS.md): of the ring shapes

@@ -10,7 +10,7 @@ from typing import List, Mapping, Optional
 from ._checksums import CHECKSUM_KEY
 from ._core import (ALIGNED_HEADER_SPACES, MAX_ALIGN, Reader, SafetensorError, WritePlan,
                     WriteSpec, plan_write)
-from ._files import AtomicFile, PathLike, copy_range
+from ._io.files import AtomicFile, PathLike, copy_range
 from ._specs import specs_of
 
 __all__ = ["update_metadata"]

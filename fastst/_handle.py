@@ -14,9 +14,9 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Itera
 from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
                     TensorInfo, read_runs)
-from ._files import PathLike
-from ._limits import DEFAULT_PREFETCH_BYTES
-from ._source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
+from ._io.files import PathLike
+from ._io.limits import DEFAULT_PREFETCH_BYTES
+from ._io.source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
 
 if TYPE_CHECKING:   # none of these is imported when fastst is; each on its first use
     import numpy.typing as npt
@@ -170,7 +170,7 @@ class NumpyHandle(Reader):
     @property
     def origin(self) -> Source:
         """Where the handle's bytes are: the Source it was opened on (see
-        ``fastst._source``), which a pickled handle opens again."""
+        ``fastst._io.source``), which a pickled handle opens again."""
         if self._origin is None:   # opened with the Reader's own methods
             self._origin = _origin_of(self)
         return self._origin

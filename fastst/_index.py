@@ -16,8 +16,8 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Op
                     Sequence, Set, Tuple)
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WritePlan
-from ._files import TEMP_SUFFIX, AtomicFile, PathLike, fsync_path, write_text_atomically
-from ._source import LocalFile, Source, as_source
+from ._io.files import TEMP_SUFFIX, AtomicFile, PathLike, fsync_path, write_text_atomically
+from ._io.source import LocalFile, Source, as_source
 
 __all__ = ["BACKUP_INFIX", "CheckpointIndex", "DEFAULT_PATTERN", "INDEX_SUFFIX",
            "SHARD_NAME_RULE", "commit_files", "find_checkpoint", "index_text", "is_checkpoint",
@@ -94,7 +94,7 @@ def is_checkpoint(source: Source) -> bool:
     Parameters
     ----------
     source : Source
-        Where the bytes are, as ``fastst._source.as_source`` makes it from a
+        Where the bytes are, as ``fastst._io.source.as_source`` makes it from a
         path, a URL or a file object (`is_checkpoint_path` takes those).
 
     Returns
@@ -104,7 +104,7 @@ def is_checkpoint(source: Source) -> bool:
     Examples
     --------
     >>> import tempfile
-    >>> from fastst._source import as_source
+    >>> from fastst._io.source import as_source
     >>> from fastst._index import is_checkpoint
     >>> is_checkpoint(as_source(tempfile.mkdtemp())), is_checkpoint(as_source("model.safetensors"))
     (True, False)

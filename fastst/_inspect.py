@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
 from ._handle import data_bytes, open_handle
 from ._index import is_checkpoint_path
-from ._source import as_source
+from ._io.source import as_source
 
 __all__ = ["describe", "describe_checkpoint", "diagnose", "explain", "format_table",
            "human_size", "inspect_file", "json_lines", "printable", "render_checkpoint",

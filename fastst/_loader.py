@@ -19,11 +19,11 @@ from ._adapters import NUMPY_FRAMEWORKS, converter
 from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
 from ._handle import Backend
 from ._index import INDEX_SUFFIX
-from ._limits import DEFAULT_BACKEND
+from ._io.limits import DEFAULT_BACKEND
 from ._order import EpochRows
 from ._pipeline import Blocks, Pipeline
 from ._rowblocks import BlockEdges
-from ._source import Identity, LocalFile, as_source, identity_of
+from ._io.source import Identity, LocalFile, as_source, identity_of
 from .checkpoint import open_checkpoint
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ._checksums import plan_with_checksums
 from ._core import Reader, SafetensorError, WriteSpec
-from ._files import PathLike, write_atomically
+from ._io.files import PathLike, write_atomically
 from ._torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
 
 __all__ = ["TensorSpec", "deserialize", "serialize", "serialize_file"]

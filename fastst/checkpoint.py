@@ -35,16 +35,16 @@ from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
 from ._checksums import plan_with_checksums
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
-from ._files import PathLike
+from ._io.files import PathLike
 from ._handle import (FrameworkHandle, NumpyHandle, T, TensorMeta, data_bytes, meta_of,
                       open_handle)
 from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
                      find_checkpoint, index_name, index_text, is_checkpoint, is_checkpoint_path,
                      is_index_name, read_index, remove_leftovers, save_place, shard_names,
                      write_files)
-from ._limits import DEFAULT_BACKEND, DEFAULT_PREFETCH_BYTES
-from ._progress import byte_bar
-from ._source import Identity, LocalFile, Source, as_source, identity_of
+from ._io.limits import DEFAULT_BACKEND, DEFAULT_PREFETCH_BYTES
+from ._io.progress import byte_bar
+from ._io.source import Identity, LocalFile, Source, as_source, identity_of
 
 if TYPE_CHECKING:   # each imported on its first use
     from ._prefetch import Plan, PrefetchLoader

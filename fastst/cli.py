@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Te
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
 from ._inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
                        render_checkpoint, render_inspect)
-from ._limits import DEFAULT_MAX_EXPANSION
+from ._io.limits import DEFAULT_MAX_EXPANSION
 from ._version import __version__
 
 PROG = "fastst"
@@ -243,7 +243,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
                                "max_expansion": args.max_expansion, "align": args.align}
     # each byte is written, read back and compared, and with --verify compared with torch's
     passes = 3 if args.verify else 2
-    from ._progress import byte_bar
+    from ._io.progress import byte_bar
 
     bar = None if args.no_progress else byte_bar(_source_bytes(args.src) * passes, "reading")
     if bar is not None:

@@ -46,9 +46,9 @@ from dask.utils import parse_bytes
 
 from ._core import DTYPES, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError
 from ._core import numpy_dtype
-from ._files import PathLike
+from ._io.files import PathLike
 from ._api import safe_open
-from ._source import Source, as_source, identity_of
+from ._io.source import Source, as_source, identity_of
 from .writer import PendingFile, StreamWriter
 
 __all__ = ["from_safetensors", "open_files_kept", "to_safetensors"]

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Sized, Tupl
 import numpy as np
 
 from ._core import SafetensorError
-from ._files import PathLike
+from ._io.files import PathLike
 from ._api import safe_open
 from ._handle import Backend
-from ._limits import DEFAULT_BACKEND
+from ._io.limits import DEFAULT_BACKEND
 from ._loader import Loader, Names, _common_length, _integer
 
 if TYPE_CHECKING:

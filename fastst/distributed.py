@@ -50,8 +50,8 @@ import numpy as np
 from ._blocks import (Box, Split, check_split, device_boxes, grouped, join_gap,
                       leading_index, packed_refusal, part_of, runs_of, whole, widened)
 from ._core import SafetensorError, TensorInfo
-from ._limits import DEFAULT_BACKEND
-from ._source import as_source
+from ._io.limits import DEFAULT_BACKEND
+from ._io.source import as_source
 from .checkpoint import ShardedHandle, data_bytes, open_checkpoint
 
 if TYPE_CHECKING:   # imported when used: JAX users need no torch, and torch users no JAX

@@ -27,8 +27,8 @@ from ._checksums import (ALGORITHMS, CHECKSUM_KEY, checksum_metadata, checksums_
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 from ._handle import NumpyHandle, VerifyingHandle, open_handle
 from ._index import is_index_name, read_index
-from ._progress import byte_bar, is_terminal
-from ._source import Source, as_source
+from ._io.progress import byte_bar, is_terminal
+from ._io.source import Source, as_source
 
 __all__ = ["CHECKSUM_KEY", "ALGORITHMS", "digest_of", "digests_of", "with_checksums",
            "checksum_metadata", "reserved_checksums", "digests_in_file", "plan_with_checksums",

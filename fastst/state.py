@@ -42,9 +42,9 @@ import numpy as np
 from ._api import safe_open
 from ._checksums import plan_with_checksums
 from ._core import SafetensorError, SafetensorTypeError, WriteSpec
-from ._files import PathLike, write_atomically
+from ._io.files import PathLike, write_atomically
 from ._handle import Backend
-from ._limits import DEFAULT_BACKEND
+from ._io.limits import DEFAULT_BACKEND
 from ._specs import is_tensor, spec_of
 from .checkpoint import ShardEntry, save_checkpoint
 

@@ -41,9 +41,9 @@ from ._core import (DTYPES, MAX_ALIGN, SafetensorError, SafetensorNotImplemented
                     SafetensorTypeError, TensorInfo, WritePlan, WriteSpec, numpy_dtype,
                     plan_write, spec_of_array, write_array_at)
 from ._edit import update_metadata
-from ._files import AtomicFile, PathLike, write_atomically
+from ._io.files import AtomicFile, PathLike, write_atomically
 from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
-from ._source import as_source
+from ._io.source import as_source
 from ._specs import Declared, declared_specs, piece_of, specs_of
 
 __all__ = ["MAX_ALIGN", "PendingFile", "StreamWriter", "TensorRegion", "TensorSpec", "WritePlan", "WriteSpec",

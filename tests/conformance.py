@@ -41,7 +41,7 @@ def reopen(source, seen, reader):
 
 class SourceTests:
     """What every Source does. A subclass gives the fixture `put`: put(name, data) -> the
-    Source (``fastst._source.as_source``'s) of a file called `name` that holds `data`;
+    Source (``fastst._io.source.as_source``'s) of a file called `name` that holds `data`;
     putting the same name again replaces its bytes, where the kind can (`can_change`)."""
 
     can_change = True    # its bytes can be replaced under an open source
@@ -177,7 +177,7 @@ class SourceTests:
 
 
 class RangedFetchTests:
-    """What every ranged fetch (``fastst._ranged.RangedFetch``) does. A subclass gives the
+    """What every ranged fetch (``fastst._io.ranged.RangedFetch``) does. A subclass gives the
     fixtures `fetch_of`: fetch_of(data) -> a RangedFetch of an object that holds `data`;
     and `server`: the tests.servers.RangeServer it is on, whose modes make it answer
     wrongly, or None for a store that cannot be made to (`memory://`)."""
@@ -270,7 +270,7 @@ class RangedFetchTests:
     @staticmethod
     @contextlib.contextmanager
     def opened(fetch):
-        """A Reader open on `fetch`, as ``fastst._source.Url`` opens one."""
+        """A Reader open on `fetch`, as ``fastst._io.source.Url`` opens one."""
         reader = Reader()
         reader.open_ranges(fetch.label, fetch.size, fetch, identity=fetch.identity)
         try:

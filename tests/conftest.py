@@ -58,7 +58,7 @@ def rng() -> np.random.Generator:
 def stores_read_at_the_first_pace() -> None:
     """Each test's stores start at the first pace, not at the level an earlier test's
     store with the same name reached (a bucket, a port used again)."""
-    ranged = sys.modules.get("fastst._ranged")    # not imported by every test
+    ranged = sys.modules.get("fastst._io.ranged")    # not imported by every test
     if ranged is not None:
         ranged.LEARNED.clear()
 

@@ -317,7 +317,7 @@ def test_a_first_torch_load_imports_what_slices_reads_ahead_or_opens_checkpoints
     assert modules_loaded_by(
         f"import fastst.torch; fastst.torch.load_file({str(wide_file)!r})",
         ["fastst._slicing", "fastst._blocks", "fastst._readahead", "fastst.checkpoint",
-         "fastst._progress"]) == []
+         "fastst._io.progress"]) == []
 
 
 def test_a_command_builds_its_own_arguments_alone(wide_file):

@@ -87,8 +87,8 @@ def test_convert_npz(tmp_path, capsys):
 
 
 def test_progress_bar_counts_bytes_on_a_terminal(tmp_path, capsys, monkeypatch):
-    import fastst._progress
-    monkeypatch.setattr(fastst._progress, "PROGRESS_MIN_BYTES", 0)
+    import fastst._io.progress
+    monkeypatch.setattr(fastst._io.progress, "PROGRESS_MIN_BYTES", 0)
     np.save(tmp_path / "a.npy", np.arange(1000))
     assert main(["convert", str(tmp_path / "a.npy")]) == 0
     assert capsys.readouterr().err == ""        # no terminal: no bar

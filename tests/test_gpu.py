@@ -564,7 +564,7 @@ class FileConverter:
 
 def test_get_tensors_hands_the_whole_file_to_a_converter_that_takes_one(tmp_path):
     from fastst._handle import open_handle
-    from fastst._source import FileObject, LocalFile
+    from fastst._io.source import FileObject, LocalFile
 
     path = tmp_path / "w.safetensors"
     fastst.save_file({"a": np.ones(3), "b": np.zeros(2)}, path, checksum="xxh3_64")
@@ -747,7 +747,7 @@ def check_jax_takes_the_packed_allocation(fj, path, backend):
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_jax_converter_for_cuda_takes_whole_files(every_dtype, backend):
     from fastst._handle import open_handle
-    from fastst._source import LocalFile
+    from fastst._io.source import LocalFile
 
     fj = pytest.importorskip("fastst.jax")
     make_dest, make_ring, rings = host_stand_ins(7, 2)

@@ -1,4 +1,4 @@
-"""fastst's own HTTP client (fastst._http): which URLs it reads, connections kept from
+"""fastst's own HTTP client (fastst._io.http): which URLs it reads, connections kept from
 one request to the next, redirects and where credentials go, signed locations that
 expire, servers that refuse HEAD or give weak ETags, bounded waits, threads, forks.
 What every transport must do with hostile answers is tested in test_remote.py."""
@@ -19,7 +19,7 @@ from fastst import SafetensorError
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
-from fastst._http import CallReader, HttpRanges  # noqa: E402
+from fastst._io.http import CallReader, HttpRanges  # noqa: E402
 from servers import RangeServer, http_store, putter, served  # noqa: E402,F401
 
 MiB = 1 << 20

@@ -347,10 +347,10 @@ def test_cli_reports_a_broken_file_and_a_missing_one(tmp_path, capsys):
 
 
 def test_cli_shows_a_progress_bar_only_on_a_terminal(tmp_path, capsys, monkeypatch):
-    import fastst._progress
+    import fastst._io.progress
     path = tmp_path / "c.safetensors"
     fastst.save_file({"a": np.zeros(1000)}, path, checksum="xxh3_64")
-    monkeypatch.setattr(fastst._progress, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(fastst._io.progress, "PROGRESS_MIN_BYTES", 0)
     assert run_cli(capsys, path)[2] == ""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert "verify" in run_cli(capsys, path)[2]

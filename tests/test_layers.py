@@ -9,18 +9,19 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "fastst"
 
-# Every module, bottom first: each may import only modules before it. The convert
-# package is one unit (its modules import each other); the package face comes last.
+# Every unit, bottom first: a folder of fastst (a layer), or a module at its top; each
+# may import only units before it. The public faces come last.
 LAYERS = [
     # JSON, which the core imports
     "_json",
     # core
     "_core",
     # facts
-    "_version", "_limits", "_progress", "_blocks", "_slicing", "_files", "_checksums",
-    "_torch_dtypes",
+    "_version",
     # where bytes are
-    "_ranged", "_http", "remote", "_source", "_readahead",
+    "_io",
+    # facts of the format
+    "_blocks", "_slicing", "_checksums", "_torch_dtypes", "_readahead",
     # formats
     "_lowlevel", "_index",
     # frameworks
@@ -33,24 +34,35 @@ LAYERS = [
     "_api",
     # on top
     "numpy", "_rowblocks", "_order", "_pipeline", "_loader", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_inspect", "_demo", "cli", "_switch",
-    "__main__", "__init__",
+    "remote", "__main__", "__init__",
 ]
 
+# The modules of each layer's folder, bottom first: each may import only those before
+# it (and the units below its folder). The convert package is one unit: its modules
+# import each other.
+FOLDERS = {
+    "_io": ["__init__", "limits", "progress", "files", "ranged", "http", "fileobj", "fsspec",
+            "upload", "transports", "source"],
+}
 
-def unit_of(path: pathlib.Path) -> str:
-    relative = path.relative_to(PACKAGE)
-    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+def place_of(path: pathlib.Path):
+    """(unit, module within the unit's folder, or None) of a file of fastst."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return (parts[0], parts[1]) if len(parts) > 1 else (parts[0], None)
 
 
-def imported_units(path: pathlib.Path):
-    """(line, unit) of each fastst module `path` imports, at any depth of the code."""
-    here = path.relative_to(PACKAGE).parent.parts     # () for fastst/, ("convert",)
+def imported_places(path: pathlib.Path):
+    """(line, unit, module or None) of each fastst module `path` imports, at any depth
+    of the code."""
+    here = path.relative_to(PACKAGE).parent.parts     # () for fastst/, ("_io",)
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
                 if parts[0] == "fastst":
-                    yield node.lineno, parts[1] if len(parts) > 1 else "__init__"
+                    yield (node.lineno, *(parts[1:3] + [None])[:2]) if len(parts) > 1 else (
+                        node.lineno, "__init__", None)
         elif isinstance(node, ast.ImportFrom):
             if node.level == 0:
                 parts = (node.module or "").split(".")
@@ -60,11 +72,16 @@ def imported_units(path: pathlib.Path):
             else:
                 base = list(here[:len(here) - (node.level - 1)]) + (
                     node.module.split(".") if node.module else [])
-            if base:
-                yield node.lineno, base[0]
+            if len(base) > 1:
+                yield node.lineno, base[0], base[1]
+            elif base and base[0] in FOLDERS:   # from ._io import ranged: the modules named
+                for alias in node.names:
+                    yield node.lineno, base[0], alias.name
+            elif base:
+                yield node.lineno, base[0], None
             else:     # from . import name: the modules named
                 for alias in node.names:
-                    yield node.lineno, alias.name
+                    yield node.lineno, alias.name, None
 
 
 def sources():
@@ -72,26 +89,37 @@ def sources():
 
 
 def test_every_module_has_a_layer():
-    assert sorted({unit_of(path) for path in sources()}) == sorted(set(LAYERS) - {"_core"})
+    assert sorted({place_of(path)[0] for path in sources()}) == sorted(set(LAYERS) - {"_core"})
+    for folder, modules in FOLDERS.items():
+        assert sorted(path.stem for path in (PACKAGE / folder).glob("*.py")) == sorted(modules)
+
+
+def is_below(target, module, unit, own_module):
+    if target != unit:
+        return LAYERS.index(target) < LAYERS.index(unit)
+    if unit not in FOLDERS or module is None or own_module is None:
+        return True     # a unit that is one module, or the convert package
+    return FOLDERS[unit].index(module) < FOLDERS[unit].index(own_module)
 
 
 @pytest.mark.parametrize("path", sources(), ids=lambda path: str(path.relative_to(PACKAGE)))
 def test_modules_import_only_from_the_layers_below(path):
-    unit = unit_of(path)
-    upward = [f"line {line}: {target}" for line, target in imported_units(path)
-              if target != unit and LAYERS.index(target) >= LAYERS.index(unit)]
+    unit, own_module = place_of(path)
+    upward = [f"line {line}: {target}{'.' + module if module else ''}"
+              for line, target, module in imported_places(path)
+              if not is_below(target, module, unit, own_module)]
     assert upward == [], f"{path.name} imports modules at or above its own layer"
 
 
 def code_outside(*allowed):
     for path in sources():
-        if path.name not in allowed:
+        if str(path.relative_to(PACKAGE)) not in allowed:
             yield path, path.read_text()
 
 
 def test_only_the_source_module_tells_a_url_from_a_path_or_a_file_object():
     asking = re.compile(r"""is_url|is_remote|URL\.match|["']seek["']|\[A-Za-z\]\[A-Za-z0-9""")
-    found = [f"{path.name}: {match.group()}" for path, text in code_outside("_source.py")
+    found = [f"{path.name}: {match.group()}" for path, text in code_outside("_io/source.py")
              for match in asking.finditer(text)]
     assert found == []
 
@@ -99,7 +127,7 @@ def test_only_the_source_module_tells_a_url_from_a_path_or_a_file_object():
 def test_one_identity_of_a_file_version():
     defining = re.compile(r"^(?:class|def) \w*(?:[Ss]tamp|Identity|file_changed)\w*",
                           flags=re.M)
-    found = [f"{path.name}: {match.group()}" for path, text in code_outside("_source.py")
+    found = [f"{path.name}: {match.group()}" for path, text in code_outside("_io/source.py")
              for match in defining.finditer(text)]
     assert found == []
 

@@ -165,7 +165,7 @@ def test_a_missing_file_is_file_not_found(tmp_path):
 
 def test_the_rewrite_copies_in_bounded_memory(tmp_path, monkeypatch):
     # Without a kernel copy, the data goes through one buffer of COPY_BLOCK bytes.
-    from fastst import _files
+    from fastst._io import files as _files
     monkeypatch.delattr(os, "copy_file_range", raising=False)
     monkeypatch.setattr(_files, "COPY_BLOCK", 1000)
     sizes = []

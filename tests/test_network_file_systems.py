@@ -2,7 +2,7 @@
 f_type, are read by a plan of parallel preads into fresh memory, shared by more threads
 than a local disk's, where faulting a map waits for a round trip a page; elsewhere they
 are mapped. The caller's backend and read_options always win. The file system type is
-faked through ``fastst._source.file_system_type``, and read for real from a FUSE mount
+faked through ``fastst._io.source.file_system_type``, and read for real from a FUSE mount
 where one can be made here (see fuse_mount.py)."""
 import os
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import fastst
-import fastst._source
+import fastst._io.source
 from fastst._core import read_counters, read_threads
-from fastst._limits import DEFAULT_BACKEND
-from fastst._source import NETWORK_READ_THREADS
+from fastst._io.limits import DEFAULT_BACKEND
+from fastst._io.source import NETWORK_READ_THREADS
 from fastst.checkpoint import open_checkpoint
 from fuse_mount import passthrough_mount
 from test_read_options import restore_read_options  # noqa: F401 (autouse)
@@ -45,7 +45,7 @@ def statfs_calls(monkeypatch):
             return self.kind
 
     fake = Fake()
-    monkeypatch.setattr(fastst._source, "file_system_type", fake)
+    monkeypatch.setattr(fastst._io.source, "file_system_type", fake)
     return fake
 
 
@@ -120,7 +120,7 @@ def test_every_shard_of_a_checkpoint_on_a_network_file_system_is_read_by_a_plan(
 
 def test_a_path_whose_file_system_cannot_be_told_is_mapped_or_refused_as_before(tmp_path):
     missing = tmp_path / "gone.safetensors"
-    assert fastst._source.planned_reading(str(missing), DEFAULT_BACKEND) == ("mmap", 0)
+    assert fastst._io.source.planned_reading(str(missing), DEFAULT_BACKEND) == ("mmap", 0)
     with pytest.raises(FileNotFoundError):
         fastst.load_file(missing)
 

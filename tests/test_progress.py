@@ -27,10 +27,10 @@ CONVERT_PHASES = ["reading", "writing", "verifying"]
 CHILD = """
 import sys
 sys.modules["tqdm"] = None          # not installed
-import fastst._progress
+import fastst._io.progress
 min_bytes = {min_bytes!r}
 if min_bytes is not None:
-    fastst._progress.PROGRESS_MIN_BYTES = min_bytes
+    fastst._io.progress.PROGRESS_MIN_BYTES = min_bytes
 from fastst.cli import main
 sys.exit(main({argv!r}))
 """
@@ -177,8 +177,8 @@ def test_a_narrow_terminal_gets_a_line_that_fits(npy, tmp_path):
 SHARDED_SAVE = """
 import sys
 import numpy as np
-import fastst, fastst._progress
-fastst._progress.PROGRESS_MIN_BYTES = 0
+import fastst, fastst._io.progress
+fastst._io.progress.PROGRESS_MIN_BYTES = 0
 arrays = {{f"layer{{k}}": np.full(1 << 18, k, np.float32) for k in range(8)}}
 fastst.save_file(arrays, {folder!r}, max_shard_size=2 << 20)
 print("saved", file=sys.stderr)
@@ -203,9 +203,9 @@ REMOTE_LOAD = """
 import sys
 sys.path.insert(0, {tests!r})
 import numpy as np
-import fastst, fastst._progress
+import fastst, fastst._io.progress
 from servers import RangeServer
-fastst._progress.PROGRESS_MIN_BYTES = 0
+fastst._io.progress.PROGRESS_MIN_BYTES = 0
 arrays = {{f"layer{{k}}": np.full(1 << 18, k, np.float32) for k in range(8)}}
 if {scheme!r} == "memory":
     import fsspec

@@ -29,6 +29,7 @@ fsspec = pytest.importorskip("fsspec")
 import fsspec.asyn  # noqa: E402
 pytest.importorskip("aiohttp")
 import fastst.remote  # noqa: E402
+from fastst._io import upload  # noqa: E402
 from servers import (RangeServer, counted_http_server, http_store, moto_s3,  # noqa: E402,F401
                      putter, s3_store, served, simple_http_server)
 
@@ -772,7 +773,7 @@ def test_a_server_that_says_it_takes_no_range_requests_is_asked_for_none(served)
 def test_an_answer_longer_than_the_object_is_too_long_not_short(served, monkeypatch):
     server, put = served
     url = put("index.json", b'{"weight_map": {}}')
-    monkeypatch.setattr(fastst._ranged.RangedObject, "__call__",
+    monkeypatch.setattr(fastst._io.ranged.RangedObject, "__call__",
                         lambda self, ranges: [b" " * (self.size + 5)])
     with pytest.raises(SafetensorError, match=r"answered 23 bytes for 18 \(too long\)$"):
         fastst.remote.read_object(url, None, 1000, "index")
@@ -789,7 +790,7 @@ def test_an_object_of_no_known_size_is_refused(served):
 
 ENDLESS_READER = """
 import json, os, resource, sys
-import fsspec, fastst, fastst.cli, fastst.remote, fastst._http   # all a read loads, loaded
+import fsspec, fastst, fastst.cli, fastst.remote, fastst._io.http   # all a read loads, loaded
 if sys.argv[2] != "null":
     import s3fs
 base = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10
@@ -970,9 +971,9 @@ def test_no_repr_report_or_progress_bar_shows_the_credentials_of_a_url(
     from fastst.data import Loader
 
     server, put = served
-    for module in (fastst._ranged, fastst._progress):    # a bar for every read
+    for module in (fastst._io.ranged, fastst._io.progress):    # a bar for every read
         monkeypatch.setattr(module, "PROGRESS_MIN_BYTES", 0)
-    monkeypatch.setattr(fastst._progress, "is_terminal", lambda stream: True)
+    monkeypatch.setattr(fastst._io.progress, "is_terminal", lambda stream: True)
     url, shown = with_secrets(server, "model.safetensors")
     put(f"model.safetensors{SECRET_QUERY}", fastst.save(GUARDED))
     _, files = sharded(tmp_path)
@@ -987,7 +988,7 @@ def test_no_repr_report_or_progress_bar_shows_the_credentials_of_a_url(
         checkpoint.get_tensor("layer.0")
         handle, shown_checkpoint = repr(f), repr(checkpoint)
         texts = [handle, f.source, str(f.file_identity), shown_checkpoint, checkpoint.source,
-                 repr(fastst._source.as_source(url)), checkpoint.shard_file("layer.0")]
+                 repr(fastst._io.source.as_source(url)), checkpoint.shard_file("layer.0")]
     texts.append(capsys.readouterr().err)
     assert "download" in texts[-1]
     assert main(["inspect", "--json", url]) == 0 and main(["verify", "--json", index]) == 0
@@ -1110,7 +1111,7 @@ def test_s3_a_big_save_goes_in_parts_at_once(s3_store, tmp_path, monkeypatch):
 
 def test_s3_a_file_that_would_take_more_parts_than_s3_takes_goes_in_larger_ones(
         s3_store, tmp_path, monkeypatch):
-    monkeypatch.setattr(fastst.remote, "MAX_S3_PARTS", 4)    # S3's 10,000, for 24 MiB
+    monkeypatch.setattr(upload, "MAX_S3_PARTS", 4)    # S3's 10,000, for 24 MiB
     tensors = {"a": np.arange(6 * MiB, dtype=np.float32)}
     fastst.save_file(tensors, tmp_path / "disk.safetensors")
     expected = (tmp_path / "disk.safetensors").read_bytes()
@@ -1133,9 +1134,9 @@ def test_s3_an_upload_keeps_nothing_of_a_part_sent_but_its_etag(s3_store, monkey
     # parts of 1 KiB, which moto takes when told to, so that an upload has many
     import moto.s3.models
     monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 1)
-    monkeypatch.setattr(fastst.remote, "SMALLEST_S3_PART", 1024)
+    monkeypatch.setattr(upload, "SMALLEST_S3_PART", 1024)
     futures, held = [], []
-    submit, call = asyncio.run_coroutine_threadsafe, fastst.remote._MultipartUpload._call
+    submit, call = asyncio.run_coroutine_threadsafe, upload._MultipartUpload._call
 
     def submitting(coroutine, loop):
         future = submit(coroutine, loop)
@@ -1149,7 +1150,7 @@ def test_s3_an_upload_keeps_nothing_of_a_part_sent_but_its_etag(s3_store, monkey
         return call(self, method, **kwargs)
 
     monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", submitting)
-    monkeypatch.setattr(fastst.remote._MultipartUpload, "_call", completing)
+    monkeypatch.setattr(upload._MultipartUpload, "_call", completing)
     url = "s3://fastst/many-parts.safetensors"
     tensors = {"a": np.arange(25_000, dtype=np.float32)}    # 98 parts
     fastst.save_file(tensors, url, storage_options={**s3_store, "part_size": 1024,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import fastst
 from fastst import SafetensorError
-from fastst._ranged import Pace, PartQueue, spans_of
+from fastst._io.ranged import Pace, PartQueue, spans_of
 
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from conformance import RangedFetchTests, SourceTests
-from fastst._source import Buffer, as_source
+from fastst._io.source import Buffer, as_source
 from fastst.remote import open_object
 from servers import http_store, moto_s3, served  # noqa: F401
 

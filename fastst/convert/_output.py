@@ -11,8 +11,8 @@ from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, 
 import numpy as np
 
 from .._core import Reader, SafetensorError, plan_write
-from .._files import write_atomically
-from .._limits import DEFAULT_MAX_EXPANSION, EXPANSION_ALLOWANCE
+from .._io.files import write_atomically
+from .._io.limits import DEFAULT_MAX_EXPANSION, EXPANSION_ALLOWANCE
 from ._torch_files import ByteRange
 
 __all__ = ["TensorToWrite", "OutputBudget", "Reporter", "StreamedFile", "write_declared",
@@ -106,7 +106,7 @@ class Reporter:
 class StreamedFile:
     """A converted file to write: the plan of its header (`tensors` declared, with
     `metadata`), and the tensors' bytes, produced chunk by chunk as it is written
-    (what ``fastst._files.write_atomically`` and ``fastst._index.write_files`` take
+    (what ``fastst._io.files.write_atomically`` and ``fastst._index.write_files`` take
     of a plan: its ``total_size`` and ``write_to``)."""
 
     def __init__(self, tensors: Sequence[TensorToWrite], metadata: Optional[Mapping[str, str]],

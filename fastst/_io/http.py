@@ -1,6 +1,6 @@
 """HTTP(S) objects read by byte ranges through the standard library's ``http.client``.
 
-A read's parts (``fastst._ranged.PartQueue``, sized and counted by its ``Pace``) are
+A read's parts (``fastst._io.ranged.PartQueue``, sized and counted by its ``Pace``) are
 taken by threads, as many at once as the pace allows; each thread holds a connection
 open from one request to the next and reads its answers' bodies from the socket
 straight into the arrays (``readinto``), the GIL released while it waits. aiohttp
@@ -9,7 +9,7 @@ bytes object to be copied into place, aiohttp on one event-loop thread; on a fas
 link that copy and the Python around it were the limit (bench/RESULTS.md, "Object
 stores").
 
-Every answer is held to what ``fastst._ranged.checked_answer`` asks of it, and its
+Every answer is held to what ``fastst._io.ranged.checked_answer`` asks of it, and its
 body is read one socket read at a time, never past the bytes it should hold; every
 wait (connecting, each socket read of an answer, its head and the bodies of redirects
 included) is bounded by the read timeout and by the call's deadline, after which the
@@ -36,8 +36,8 @@ import urllib.parse
 import weakref
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ._core import SafetensorError
-from ._ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range,
+from .._core import SafetensorError
+from .ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range,
                       RangedObject, Scatter, Span, Tally, changed, check_version, checked_answer,
                       precondition, precondition_failed, shown_url, too_long, translated)
 

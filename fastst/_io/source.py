@@ -15,13 +15,13 @@ import re
 import stat
 from typing import TYPE_CHECKING, Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
-from ._core import Reader, SafetensorError, WritePlan, file_system_type
-from ._files import PathLike, write_atomically
-from ._limits import DEFAULT_BACKEND
+from .._core import Reader, SafetensorError, WritePlan, file_system_type
+from .files import PathLike, write_atomically
+from .limits import DEFAULT_BACKEND
 
 if TYPE_CHECKING:
-    from ._ranged import RangedFetch
-    from .remote import SpooledUpload
+    from .ranged import RangedFetch
+    from .upload import SpooledUpload
 
 __all__ = ["Buffer", "FileObject", "Identity", "LocalFile", "NETWORK_FILE_SYSTEMS",
            "NETWORK_READ_THREADS", "Source", "Url", "as_source", "identity_of", "local_version",
@@ -241,7 +241,7 @@ class FileObject(Source):
         self.label = name if isinstance(name, str) else f"<{type(file).__name__}>"
 
     def open(self, reader: Reader, *, max_header_size: int) -> None:
-        from .remote import FileObjectRanges   # what a file object needs: imported when used
+        from .fileobj import FileObjectRanges   # what a file object needs: imported when used
 
         ranges = FileObjectRanges(self.file, self.label)
         reader.open_ranges(self.label, ranges.size, ranges, max_header_size=max_header_size)
@@ -264,11 +264,11 @@ class Url(Source):
     ``memory://``...), with its file system's `storage_options`: read by byte
     ranges, each request holding to the version seen at opening (see
     ``fastst.remote``), and written by an upload. Its `label` is the URL with its
-    credentials hidden (``fastst._ranged.shown_url``), as messages, reprs and
+    credentials hidden (``fastst._io.ranged.shown_url``), as messages, reprs and
     reports show it."""
 
     def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]] = None) -> None:
-        from ._ranged import shown_url   # the transport's: imported when a URL is named
+        from .ranged import shown_url   # the transport's: imported when a URL is named
 
         self.url, self.label = url, shown_url(url)
         self.storage_options: Optional[Dict[str, Any]] = (
@@ -281,7 +281,7 @@ class Url(Source):
         return f"Url({self.label!r})"
 
     def _ranges(self) -> RangedFetch:
-        from .remote import open_object   # a transport: imported when a URL is opened
+        from .transports import open_object   # a transport: imported when a URL is opened
 
         return open_object(self.url, self.storage_options)
 
@@ -308,7 +308,7 @@ class Url(Source):
         return Identity(self.label, tuple(ranges.identity[1:]))
 
     def read_all(self, limit: int, what: str) -> bytes:
-        from .remote import read_object
+        from .transports import read_object
 
         return read_object(self.url, self.storage_options, limit, what)
 
@@ -330,12 +330,12 @@ class Url(Source):
     def write(self, plan: WritePlan, *, fsync: bool = False) -> None:
         if fsync:
             raise SafetensorError(NOT_LOCAL)
-        from .remote import save_plan   # fsspec: imported when a URL is written
+        from .upload import save_plan   # fsspec: imported when a URL is written
 
         save_plan(plan, self.url, self.storage_options)
 
     def spool(self) -> SpooledUpload:
-        from .remote import SpooledUpload
+        from .upload import SpooledUpload
 
         return SpooledUpload(self.url, self.storage_options)
 

@@ -8,7 +8,7 @@ import os
 import stat
 from typing import Iterator, Optional, Union
 
-from ._core import WritePlan
+from .._core import WritePlan
 
 PathLike = Union[str, bytes, os.PathLike[str], os.PathLike[bytes]]
 TEMP_SUFFIX = ".fastst-tmp"

@@ -4,7 +4,7 @@ many requests go at once and how large (``Pace``), the contract of the fetch thr
 which the compiled Reader reads such an object (``RangedFetch``), and ``RangedObject``,
 on which transports build it.
 
-Two transports build on it: ``fastst._http`` (HTTP(S) through the standard library's
+Two transports build on it: ``fastst._io.http`` (HTTP(S) through the standard library's
 ``http.client``, threads reading straight into the arrays) and ``fastst.remote``'s
 ``UrlRanges`` (any fsspec URL, on fsspec's event loop). Each carries parts; this module
 says which parts, and whether an answer is the bytes asked of the object opened.
@@ -17,13 +17,14 @@ import threading
 import time
 import traceback
 import urllib.parse
-from typing import (Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence,
-                    Tuple)
+from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol,
+                    Sequence, Tuple)
 
 import numpy as np
 
-from ._core import SafetensorError
-from ._progress import PROGRESS_MIN_BYTES, ByteBar, byte_bar
+from .._core import SafetensorError
+from . import limits as knobs
+from .progress import PROGRESS_MIN_BYTES, ByteBar, byte_bar
 
 SLOWEST_RATE = 256 << 10   # bytes a second below which a call's answer counts as stalled
 SMALLEST_PART = 4 << 20   # parts are cut no smaller than this, but for a range's last
@@ -399,7 +400,7 @@ SECRET_WORDS = ("auth", "credential", "key", "pass", "pwd", "secret", "session",
                 "token")
 HIDDEN = "***"
 # Whatever runs around a "://" up to a space or a quote, in another library's text:
-# nothing here tells a URL from a path (fastst._source does), it only hides.
+# nothing here tells a URL from a path (fastst._io.source does), it only hides.
 URL_IN_TEXT = re.compile(r"[\w+.-]+://[^\s'\"<>]+")
 
 
@@ -665,7 +666,7 @@ def _precondition_failed(error: BaseException) -> bool:
 
 class RangedFetch(Protocol):
     """What the compiled Reader reads an object by (``Reader.open_ranges``, which
-    finds ``fetch_into`` and ``ranges_ignored`` by name) and ``fastst._source.Url``
+    finds ``fetch_into`` and ``ranges_ignored`` by name) and ``fastst._io.source.Url``
     opens it with: called with a list of ``(offset, length)``, the bytes of each,
     exactly as long (fewer where an answer was cut short: the Reader refuses them);
     ``fetch_into`` puts them into buffers given instead. `url` is the object's
@@ -812,3 +813,21 @@ class RangedObject(RangedFetch):
                 f"{most} read whole from such a server (fastst.remote.MAX_WHOLE_READ): "
                 f"download it first, or serve it from a server that supports range "
                 f"requests")
+
+
+def read_limits(url: str, storage_options: Mapping[str, Any]) -> Limits:
+    """The bounds a read of `url` works within: the constants of ``limits``, but for the
+    most requests in flight and the largest part where `storage_options` give them
+    (``max_concurrency``, ``part_size``)."""
+    bounds = []
+    for key, default in (("max_concurrency", knobs.MAX_REQUESTS), ("part_size", knobs.PART_SIZE)):
+        value = storage_options.get(key, default)
+        if type(value) is not int or value < 1:
+            raise SafetensorError(f"{shown_url(url)}: storage_options[{key!r}] must be an "
+                                  f"integer >= 1, "
+                                  f"got {value!r}")
+        bounds.append(value)
+    return Limits(knobs.CONNECT_TIMEOUT, knobs.READ_TIMEOUT, knobs.START_REQUESTS, bounds[0],
+                  bounds[1], knobs.MAX_WHOLE_READ)
+
+

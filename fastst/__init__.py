@@ -38,7 +38,7 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
     )
     from ._edit import update_metadata
     from ._handle import FrameworkHandle, NumpyHandle, TensorMeta
-    from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
+    from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
     from ._prefetch import PrefetchLoader
     from ._slicing import SafeSlice
     from ._switch import patch_safetensors
@@ -59,8 +59,8 @@ LAZY = {"DEFAULT_MAX_HEADER_SIZE": "_core", "DTYPE_CODES": "_core", "DTYPES": "_
         "NumpyHandle": "_handle", "FrameworkHandle": "_handle", "TensorMeta": "_handle",
         "PrefetchLoader": "_prefetch", "SafeSlice": "_slicing",
         "StreamWriter": "writer", "save_file_from": "writer", "update_metadata": "_edit",
-        "TensorSpec": "_lowlevel", "serialize": "_lowlevel", "serialize_file": "_lowlevel",
-        "deserialize": "_lowlevel", "save_state": "state", "load_state": "state",
+        "TensorSpec": "_format.lowlevel", "serialize": "_format.lowlevel", "serialize_file": "_format.lowlevel",
+        "deserialize": "_format.lowlevel", "save_state": "state", "load_state": "state",
         "patch_safetensors": "_switch", "__version__": "_version", "numpy": None,
         "writer": None}
 

@@ -13,7 +13,7 @@ from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan,
 from ._io.files import PathLike
 from ._handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
                       open_handle)
-from ._index import is_checkpoint
+from ._format.index import is_checkpoint
 from ._io.limits import DEFAULT_BACKEND
 from ._io.source import NOT_LOCAL, as_source
 
@@ -368,7 +368,7 @@ def _plan(tensors: Mapping[str, npt.NDArray[Any]], metadata: Optional[Mapping[st
     specs = [spec_of_array(name, array) for name, array in _as_dict(tensors).items()]
     if checksum is None:
         return plan_write(specs, metadata, header_padding=header_padding, align=align)
-    from ._checksums import plan_with_checksums   # imported when checksums are written
+    from ._format.checksums import plan_with_checksums   # imported when checksums are written
 
     return plan_with_checksums(specs, metadata, checksum, header_padding=header_padding,
                                align=align)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import List, Mapping, Optional
 
-from ._checksums import CHECKSUM_KEY
+from ._format.checksums import CHECKSUM_KEY
 from ._core import (ALIGNED_HEADER_SPACES, MAX_ALIGN, Reader, SafetensorError, WritePlan,
                     WriteSpec, plan_write)
 from ._io.files import AtomicFile, PathLike, copy_range

@@ -1076,7 +1076,7 @@ class VerifyingHandle(NumpyHandle):
         self._take_checksums()
 
     def _take_checksums(self) -> None:
-        from ._checksums import checksums_of, some_tensors, without_checksum   # on use
+        from ._format.checksums import checksums_of, some_tensors, without_checksum   # on use
 
         names = self.offset_keys()
         found = checksums_of(self.metadata(), names, self.source)
@@ -1121,7 +1121,7 @@ class VerifyingHandle(NumpyHandle):
         """
         if name in self.verified:
             return
-        from ._checksums import digest_of, mismatch   # imported with the handle's first check
+        from ._format.checksums import digest_of, mismatch   # imported with the handle's first check
 
         if array is None:
             array = NumpyHandle.get_tensor(self, name)

@@ -18,7 +18,7 @@ import numpy as np
 from ._adapters import NUMPY_FRAMEWORKS, converter
 from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
 from ._handle import Backend
-from ._index import INDEX_SUFFIX
+from ._format.index import INDEX_SUFFIX
 from ._io.limits import DEFAULT_BACKEND
 from ._order import EpochRows
 from ._pipeline import Blocks, Pipeline

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple,
 
 import numpy as np
 
-from ._blocks import Box, box_of_index, join_gap, runs_of, shape_of, widened, within
+from ._format.blocks import Box, box_of_index, join_gap, runs_of, shape_of, widened, within
 from ._core import (
     Reader,
     SafetensorError,

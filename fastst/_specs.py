@@ -12,7 +12,7 @@ import numpy as np
 
 from ._adapters import tensor_adapter
 from ._core import DTYPES, SafetensorTypeError, WriteSpec, spec_of_array
-from ._torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
+from ._format.torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
 
 __all__ = ["Declared", "declared_specs", "is_tensor", "piece_of", "spec_of", "specs_of"]
 

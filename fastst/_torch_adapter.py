@@ -17,7 +17,7 @@ import torch
 
 from ._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
                     TensorInfo, WriteSpec, numpy_dtype)
-from ._torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER,
+from ._format.torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER,
                             codes_of_torch, same_width_torch, torch_dtype)
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import

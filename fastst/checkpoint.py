@@ -32,13 +32,13 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Hashable, Itera
                     List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union)
 
 from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
-from ._checksums import plan_with_checksums
+from ._format.checksums import plan_with_checksums
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
 from ._io.files import PathLike
 from ._handle import (FrameworkHandle, NumpyHandle, T, TensorMeta, data_bytes, meta_of,
                       open_handle)
-from ._index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
+from ._format.index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
                      find_checkpoint, index_name, index_text, is_checkpoint, is_checkpoint_path,
                      is_index_name, read_index, remove_leftovers, save_place, shard_names,
                      write_files)
@@ -968,7 +968,7 @@ def save_checkpoint(entries: Sequence[ShardEntry], filename: PathLike, *,
 
     A save replaces the checkpoint in that place as one file is replaced: until
     the new index is in place the old checkpoint opens, after it the new one,
-    never a mix, even when the save is killed (see ``fastst._index.commit_files``; on a file
+    never a mix, even when the save is killed (see ``fastst._format.index.commit_files``; on a file
     system without hard links, a save killed while it sets old shards aside
     leaves a checkpoint that refuses to open, naming a missing shard). The files
     of the old save, and what a killed save left, are removed after. The files

@@ -47,7 +47,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping,
 
 import numpy as np
 
-from ._blocks import (Box, Split, check_split, device_boxes, grouped, join_gap,
+from ._format.blocks import (Box, Split, check_split, device_boxes, grouped, join_gap,
                       leading_index, packed_refusal, part_of, runs_of, whole, widened)
 from ._core import SafetensorError, TensorInfo
 from ._io.limits import DEFAULT_BACKEND

@@ -1,5 +1,5 @@
 """Checking per-tensor checksums (written by the savers' ``checksum=``, see
-``fastst._checksums`` for the format): ``verify_file`` and ``verify_path`` (what
+``fastst._format.checksums`` for the format): ``verify_file`` and ``verify_path`` (what
 ``fastst verify`` runs) check files, folders and sharded checkpoints and report
 what they find; ``safe_open(..., verify=True)`` checks each tensor on its first read
 (a ``VerifyingHandle``). The hashing library (``xxhash``, the ``checksum`` extra) is
@@ -21,12 +21,12 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._checksums import (ALGORITHMS, CHECKSUM_KEY, checksum_metadata, checksums_of, digest_of,
+from ._format.checksums import (ALGORITHMS, CHECKSUM_KEY, checksum_metadata, checksums_of, digest_of,
                          digests_in_file, digests_of, mismatch, plan_with_checksums,
                          reserved_checksums, with_checksums, without_checksum)
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
 from ._handle import NumpyHandle, VerifyingHandle, open_handle
-from ._index import is_index_name, read_index
+from ._format.index import is_index_name, read_index
 from ._io.progress import byte_bar, is_terminal
 from ._io.source import Source, as_source
 

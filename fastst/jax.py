@@ -61,7 +61,7 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("fastst.jax needs JAX: pip install jax") from error
 
-from ._blocks import device_boxes, grouped, leading_index, packed_refusal, whole, within
+from ._format.blocks import device_boxes, grouped, leading_index, packed_refusal, whole, within
 from ._core import SafetensorError, TensorInfo, numpy_dtype
 
 __all__ = ["converter", "from_torch"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from ._api import load as _load_viewing, load_file, safe_open, save, save_file
 from ._core import DEFAULT_MAX_HEADER_SIZE
-from ._lowlevel import TensorSpec, deserialize, serialize, serialize_file
+from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 
 if TYPE_CHECKING:
     import numpy.typing as npt

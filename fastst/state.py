@@ -40,7 +40,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal,
 import numpy as np
 
 from ._api import safe_open
-from ._checksums import plan_with_checksums
+from ._format.checksums import plan_with_checksums
 from ._core import SafetensorError, SafetensorTypeError, WriteSpec
 from ._io.files import PathLike, write_atomically
 from ._handle import Backend

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import fastst
 import fastst.distributed as fd
-from fastst._blocks import RUN_GAP, box_of_index, part_of, runs_of, widened, within
+from fastst._format.blocks import RUN_GAP, box_of_index, part_of, runs_of, widened, within
 from fastst.writer import WriteSpec, serialize
 from ranks import counted, run_ranks
 from servers import http_store  # noqa: F401

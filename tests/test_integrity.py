@@ -12,7 +12,7 @@ import pytest
 
 import fastst
 import fastst.integrity
-from fastst import _checksums
+from fastst._format import checksums as _checksums
 from conftest import modules_loaded_by
 from fastst import SafetensorError, safe_open
 from fastst.cli import main
@@ -162,7 +162,7 @@ def test_hashing_releases_the_gil(monkeypatch):
 
 def test_saving_imports_no_hashing_or_progress_library_nor_the_verifier():
     loaded = modules_loaded_by("import fastst, numpy as np; fastst.save({'a': np.zeros(1)})",
-                               ("xxhash", "tqdm", "fastst.integrity", "fastst._checksums"))
+                               ("xxhash", "tqdm", "fastst.integrity", "fastst._format.checksums"))
     assert loaded == []
 
 

@@ -20,10 +20,10 @@ LAYERS = [
     "_version",
     # where bytes are
     "_io",
-    # facts of the format
-    "_blocks", "_slicing", "_checksums", "_torch_dtypes", "_readahead",
-    # formats
-    "_lowlevel", "_index",
+    # formats and facts above the core
+    "_format",
+    # facts
+    "_slicing", "_readahead",
     # frameworks
     "_cuda", "_torch_adapter", "jax", "_adapters",
     # handles
@@ -43,6 +43,7 @@ LAYERS = [
 FOLDERS = {
     "_io": ["__init__", "limits", "progress", "files", "ranged", "http", "fileobj", "fsspec",
             "upload", "transports", "source"],
+    "_format": ["__init__", "blocks", "torch_dtypes", "checksums", "lowlevel", "index"],
 }
 
 
@@ -134,5 +135,5 @@ def test_one_identity_of_a_file_version():
 
 def test_one_parser_of_the_checkpoint_index():
     parsing = re.compile(r"weight_map[\"']\]|\.get\([\"']weight_map")
-    found = [path.name for path, text in code_outside("_index.py") if parsing.search(text)]
+    found = [path.name for path, text in code_outside("_format/index.py") if parsing.search(text)]
     assert found == []

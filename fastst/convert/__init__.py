@@ -31,7 +31,7 @@ import numpy as np
 
 from .._core import SafetensorError, WriteSpec
 from .._io.files import AtomicFile
-from .._index import (CheckpointIndex, commit_files, index_name, index_text, is_index_name,
+from .._format.index import (CheckpointIndex, commit_files, index_name, index_text, is_index_name,
                       read_index, remove_leftovers, save_place, shard_names, write_files)
 from .._io.source import LocalFile
 from ..checkpoint import ShardEntry, open_checkpoint, parse_size, split_into_shards
@@ -190,7 +190,7 @@ def _write_sharded(dst: str, parts: List[List[TensorToWrite]], metadata: Dict[st
 class _ShardedOutput:
     """The files of a sharded checkpoint being converted, saved as `pattern` in
     `directory`: each written under a temporary name and checked, then all put in
-    place together with their index (``fastst._index.commit_files``), so that a
+    place together with their index (``fastst._format.index.commit_files``), so that a
     checkpoint there before opens as itself until the new index is in place."""
 
     def __init__(self, directory: str, pattern: str) -> None:

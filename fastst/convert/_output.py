@@ -106,7 +106,7 @@ class Reporter:
 class StreamedFile:
     """A converted file to write: the plan of its header (`tensors` declared, with
     `metadata`), and the tensors' bytes, produced chunk by chunk as it is written
-    (what ``fastst._io.files.write_atomically`` and ``fastst._index.write_files`` take
+    (what ``fastst._io.files.write_atomically`` and ``fastst._format.index.write_files`` take
     of a plan: its ``total_size`` and ``write_to``)."""
 
     def __init__(self, tensors: Sequence[TensorToWrite], metadata: Optional[Mapping[str, str]],

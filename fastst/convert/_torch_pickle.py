@@ -41,7 +41,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .._core import DTYPES, SafetensorError, SafetensorTypeError
-from .._torch_dtypes import CODE_OF_TORCH_NAME
+from .._format.torch_dtypes import CODE_OF_TORCH_NAME
 
 __all__ = ["StorageRef", "TensorRef", "RestrictedUnpickler", "load_pickle", "UNTYPED",
            "MAX_DIMS", "WORK_PER_BYTE"]

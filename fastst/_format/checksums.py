@@ -16,7 +16,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping,
 
 import numpy as np
 
-from ._core import SafetensorError, WritePlan, WriteSpec, plan_write, usable_cpus
+from .._core import SafetensorError, WritePlan, WriteSpec, plan_write, usable_cpus
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, 
 
 import numpy as np
 
-from ._core import SafetensorError, TensorInfo, dtype_bits
+from .._core import SafetensorError, TensorInfo, dtype_bits
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, Optional
 
 import numpy as np
 
-from ._core import DTYPES, SafetensorError
+from .._core import DTYPES, SafetensorError
 
 if TYPE_CHECKING:
     import torch  # type: ignore[import-not-found, unused-ignore]

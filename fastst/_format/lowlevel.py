@@ -11,10 +11,10 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._checksums import plan_with_checksums
-from ._core import Reader, SafetensorError, WriteSpec
-from ._io.files import PathLike, write_atomically
-from ._torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
+from .checksums import plan_with_checksums
+from .._core import Reader, SafetensorError, WriteSpec
+from .._io.files import PathLike, write_atomically
+from .torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
 
 __all__ = ["TensorSpec", "deserialize", "serialize", "serialize_file"]
 

@@ -15,9 +15,9 @@ import re
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional,
                     Sequence, Set, Tuple)
 
-from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WritePlan
-from ._io.files import TEMP_SUFFIX, AtomicFile, PathLike, fsync_path, write_text_atomically
-from ._io.source import LocalFile, Source, as_source
+from .._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, WritePlan
+from .._io.files import TEMP_SUFFIX, AtomicFile, PathLike, fsync_path, write_text_atomically
+from .._io.source import LocalFile, Source, as_source
 
 __all__ = ["BACKUP_INFIX", "CheckpointIndex", "DEFAULT_PATTERN", "INDEX_SUFFIX",
            "SHARD_NAME_RULE", "commit_files", "find_checkpoint", "index_text", "is_checkpoint",
@@ -105,7 +105,7 @@ def is_checkpoint(source: Source) -> bool:
     --------
     >>> import tempfile
     >>> from fastst._io.source import as_source
-    >>> from fastst._index import is_checkpoint
+    >>> from fastst._format.index import is_checkpoint
     >>> is_checkpoint(as_source(tempfile.mkdtemp())), is_checkpoint(as_source("model.safetensors"))
     (True, False)
     """

@@ -25,7 +25,7 @@ def model_layouts() -> Dict[str, Layout]:
     import torch
     import transformers
 
-    from fastst._torch_dtypes import codes_of_torch
+    from fastst._format.torch_dtypes import codes_of_torch
 
     configs = {
         "GPT-2 small (F32)": (transformers.GPT2Config(), torch.float32),

@@ -157,7 +157,7 @@ def torch_rank(path: str, dims_file: str, repeats: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    import fastst._cuda  # noqa: F401
+    import fastst._frameworks.cuda  # noqa: F401
     import fastst.distributed as fd
     import fastst.torch
 

@@ -34,7 +34,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import fastst  # noqa: E402
 import fastst.torch as ft  # noqa: E402
-from fastst import _cuda  # noqa: E402
+from fastst._frameworks import cuda as _cuda  # noqa: E402
 from page_cache import drop_pages  # noqa: E402
 
 MiB = 1 << 20
@@ -210,8 +210,8 @@ def jax_gpu() -> Optional[object]:
 
 def jax_device_put(path: str) -> None:
     """What fastst.jax does without PyTorch: jax.device_put of each view of the map."""
-    import fastst.jax
-    put = fastst.jax.Converter(jax_gpu())
+    from fastst._frameworks.jax import Converter
+    put = Converter(jax_gpu())
     with fastst.safe_open(path) as f:
         arrays = [put(array, name, f.info(name)) for name, array in f.get_tensors().items()]
     for array in arrays:

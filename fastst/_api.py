@@ -7,7 +7,7 @@ import sys
 from typing import (TYPE_CHECKING, Any, Dict, Literal, Mapping, Optional, Protocol, Union,
                     overload)
 
-from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
+from ._frameworks.registry import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, plan_write,
                     spec_of_array)
 from ._io.files import PathLike

@@ -11,7 +11,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Itera
                     Literal, NamedTuple, Optional, Protocol, Set, Tuple, TypeVar, Union,
                     overload, runtime_checkable)
 
-from ._adapters import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
+from ._frameworks.registry import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
                     TensorInfo, read_runs)
 from ._io.files import PathLike
@@ -23,7 +23,8 @@ if TYPE_CHECKING:   # none of these is imported when fastst is; each on its firs
 
     from ._prefetch import Plan, PrefetchLoader
     from ._readahead import ReadAhead
-    from ._slicing import Converter, SafeSlice
+    from ._frameworks.registry import Converter
+    from ._slicing import SafeSlice
 
 __all__ = ["ArrayHandle", "Backend", "FrameworkHandle", "Handle", "NumpyHandle", "Openable",
            "ReadableFile", "TensorMeta", "VerifyingHandle", "data_bytes", "meta_of", "open_handle"]
@@ -1272,7 +1273,7 @@ def open_handle(source: Source, convert: Optional[Converter[Any]] = None, *,
                 opened_as: Optional[Tuple[str, Any]] = None, uses_ml_dtypes: bool = True
                 ) -> Union[NumpyHandle, FrameworkHandle[Any]]:
     """One safetensors file where `source` says, its tensors passed through
-    `convert` (a framework's converter, see ``fastst._adapters``) or NumPy arrays
+    `convert` (a framework's converter, see ``fastst._frameworks.registry``) or NumPy arrays
     when it is None; with `verify`, each tensor's checksum is checked on its first
     read. `opened_as`, the (framework, device) `convert` is for, lets a
     FrameworkHandle pickle. Without `uses_ml_dtypes` (for a caller that reads the

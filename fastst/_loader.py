@@ -15,7 +15,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Option
 
 import numpy as np
 
-from ._adapters import NUMPY_FRAMEWORKS, converter
+from ._frameworks.registry import NUMPY_FRAMEWORKS, converter
 from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
 from ._handle import Backend
 from ._format.index import INDEX_SUFFIX

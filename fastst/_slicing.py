@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Callable, Generic, List, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -21,7 +21,6 @@ from ._core import (
     Reader,
     SafetensorError,
     SafetensorIndexError,
-    TensorInfo,
     dtype_bits,
     numpy_dtype,
     read_runs,
@@ -30,11 +29,11 @@ from ._core import (
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
 
+    from ._frameworks.registry import Converter
+
 T = TypeVar("T")
 Index = Union[int, "np.integer[Any]", slice, EllipsisType, None, List[Any], "npt.NDArray[Any]",
               Tuple[Any, ...]]
-# A framework's converter: (NumPy array, tensor name, the tensor's TensorInfo) -> its tensor
-Converter = Callable[["npt.NDArray[Any]", str, TensorInfo], T]
 
 # Distinct rows a narrowed pread gather reads at once: bounds its memory whatever the row size.
 GATHER_BATCH_BYTES = 16 << 20

@@ -31,7 +31,7 @@ import threading
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Hashable, Iterable, Iterator,
                     List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union)
 
-from ._adapters import NUMPY_FRAMEWORKS, converter as framework_converter
+from ._frameworks.registry import NUMPY_FRAMEWORKS, converter as framework_converter
 from ._format.checksums import plan_with_checksums
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
@@ -49,7 +49,8 @@ from ._io.source import Identity, LocalFile, Source, as_source, identity_of
 if TYPE_CHECKING:   # each imported on its first use
     from ._prefetch import Plan, PrefetchLoader
     from ._readahead import ChainedReadAhead
-    from ._slicing import Converter, SafeSlice
+    from ._frameworks.registry import Converter
+    from ._slicing import SafeSlice
 
 __all__ = ["DEFAULT_PATTERN", "INDEX_SUFFIX", "ShardEntry", "ShardedHandle",
            "NumpyShardedHandle", "CheckpointIndex", "data_bytes", "is_checkpoint",

@@ -391,7 +391,7 @@ def plan_shardings(filename: Any, shardings: Any, *,
     """
     import jax
 
-    from .jax import sharding_for
+    from ._frameworks.jax import sharding_for
 
     files = _open(filename, "pread", storage_options)
     try:
@@ -781,7 +781,7 @@ def load_tensor_parallel(filename: Any, dims: Dims, *, group: Any = None,
             [4., 5., 6., 7.]])
     >>> dist.destroy_process_group()
     """
-    from ._torch_adapter import target_device, tensor_of
+    from ._frameworks.torch import target_device, tensor_of
 
     check_split(split)
     place = target_device(device)
@@ -874,7 +874,7 @@ def load_split(filename: Any, *, group: Any = None, device: Any = "cpu",
     """
     import torch
 
-    from ._torch_adapter import target_device
+    from ._frameworks.torch import target_device
 
     place = target_device(device)
     ranks = _group_of(group, timeout, filename)
@@ -898,7 +898,7 @@ def load_split(filename: Any, *, group: Any = None, device: Any = "cpu",
     _exchange(ranks, stream, part)
     if place is not None and ranks.device.type == "cpu":
         stream = stream.to(place)
-    from . import _cuda   # views of the stream, each with its torch dtype and shape
+    from ._frameworks import cuda as _cuda   # views of the stream, each with its torch dtype and shape
 
     tensors: Dict[str, torch.Tensor] = _cuda.tensor_views(stream, places)
     return tensors
@@ -913,7 +913,7 @@ def _read_part(files: _Files, reads: List[Read], first: int, dest: "torch.Tensor
         if total:
             read(memoryview(dest.numpy()), 0)  # type: ignore[arg-type]
         return
-    from . import _cuda   # an NCCL group: the part goes to the GPU through the ring
+    from ._frameworks import cuda as _cuda   # an NCCL group: the part goes to the GPU through the ring
 
     def cut_short(offset: int) -> Exception:
         return AssertionError(f"a read of the stream ended early, at byte {first + offset}")
@@ -969,7 +969,7 @@ def _exchange(ranks: _Group, stream: "torch.Tensor", part: int) -> None:
 
 def _places(files: _Files) -> List[Any]:
     """Each tensor's torch dtype and shape, and its bytes in the stream."""
-    from . import _cuda   # its TensorPlace: what a tensor of a file is to torch
+    from ._frameworks import cuda as _cuda   # its TensorPlace: what a tensor of a file is to torch
 
     places = []
     for handle, start in zip(files.handles, files.starts):

@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional, Union, cast
 
 import numpy as np
 
-from .jax import converter  # first: without JAX, its ImportError says how to install it
+from ._frameworks.jax import converter  # first: without JAX, its ImportError says how to install it
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

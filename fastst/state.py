@@ -45,7 +45,7 @@ from ._core import SafetensorError, SafetensorTypeError, WriteSpec
 from ._io.files import PathLike, write_atomically
 from ._handle import Backend
 from ._io.limits import DEFAULT_BACKEND
-from ._specs import is_tensor, spec_of
+from ._frameworks.specs import is_tensor, spec_of
 from .checkpoint import ShardEntry, save_checkpoint
 
 if TYPE_CHECKING:

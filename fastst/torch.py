@@ -37,7 +37,7 @@ from ._handle import Backend
 from ._io.limits import DEFAULT_BACKEND
 from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._io.source import as_source
-from ._torch_adapter import bytes_of, converter, spec_of_tensor, target_device
+from ._frameworks.torch import bytes_of, converter, spec_of_tensor, target_device
 from ._format.torch_dtypes import torch_dtypes
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu",
     """
     target = _streamed_cuda_device(device, filename)
     if target is not None:
-        from . import _cuda   # only when CUDA is asked for
+        from ._frameworks import cuda as _cuda   # only when CUDA is asked for
         with _opened_for_ring(filename, backend) as opened:
             return _cuda.load_all(opened, target)
     with safe_open(filename, framework="pt", device=device, backend=backend) as f:
@@ -615,7 +615,7 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     """
     target = _streamed_cuda_device(device, filename)
     if target is not None:
-        from . import _cuda   # only when CUDA is asked for
+        from ._frameworks import cuda as _cuda   # only when CUDA is asked for
         with _opened_for_ring(filename, backend) as opened:
             placed, state_dict = _cuda.load_into(model.state_dict(), opened, target)
     else:

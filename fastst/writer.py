@@ -44,7 +44,7 @@ from ._edit import update_metadata
 from ._io.files import AtomicFile, PathLike, write_atomically
 from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._io.source import as_source
-from ._specs import Declared, declared_specs, piece_of, specs_of
+from ._frameworks.specs import Declared, declared_specs, piece_of, specs_of
 
 __all__ = ["MAX_ALIGN", "PendingFile", "StreamWriter", "TensorRegion", "TensorSpec", "WritePlan", "WriteSpec",
            "declared_specs", "deserialize", "plan_write", "save_file_from", "serialize",

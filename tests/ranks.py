@@ -205,9 +205,9 @@ def main(job, arguments, out):
     import ml_dtypes  # noqa: F401
     import orjson  # noqa: F401
 
-    import fastst._cuda  # noqa: F401
+    import fastst._frameworks.cuda  # noqa: F401
     import fastst._json  # noqa: F401
-    import fastst._torch_adapter  # noqa: F401
+    import fastst._frameworks.torch  # noqa: F401
     import fastst.checkpoint  # noqa: F401
     import fastst.distributed  # noqa: F401
     import fastst.remote  # noqa: F401

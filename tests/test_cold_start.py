@@ -173,7 +173,7 @@ def test_loading_onto_cuda_opens_the_file_without_ml_dtypes(wide_file):
     only. The device and the ring are stood in for: what is counted is the opening."""
     out = run_python(f"""
         import sys, torch, fastst.torch
-        from fastst import _cuda
+        from fastst._frameworks import cuda as _cuda
         fastst.torch._streamed_cuda_device = lambda device, filename: torch.device("cuda", 0)
         opened = []
         def load_all(handle, device):

@@ -1,4 +1,4 @@
-"""Loading onto a CUDA device (fastst._cuda, behind fastst.torch.load_file).
+"""Loading onto a CUDA device (fastst._frameworks.cuda, behind fastst.torch.load_file).
 
 The plan (chunks, ring, tensor layout) and the threaded reading run here on the
 CPU, through a ring that copies into host memory; the tests marked `cuda` run the
@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 
 import fastst  # noqa: E402
 import fastst.torch as ft  # noqa: E402
-from fastst import _cuda  # noqa: E402
+from fastst._frameworks import cuda as _cuda  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 MiB = 1 << 20
@@ -303,7 +303,7 @@ def test_short_reads_are_resumed(tmp_path, monkeypatch):
 def test_cpu_loads_never_import_the_cuda_module(every_dtype):
     code = ("import sys, fastst.torch as ft; ft.load_file(sys.argv[1]); "
             "ft.load_file(sys.argv[1], device='meta'); "
-            "assert 'fastst._cuda' not in sys.modules, 'imported'")
+            "assert 'fastst._frameworks.cuda' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code, str(every_dtype)], check=True)
 
 
@@ -749,7 +749,7 @@ def test_a_jax_converter_for_cuda_takes_whole_files(every_dtype, backend):
     from fastst._handle import open_handle
     from fastst._io.source import LocalFile
 
-    fj = pytest.importorskip("fastst.jax")
+    fj = pytest.importorskip("fastst._frameworks.jax")    # the adapter itself
     make_dest, make_ring, rings = host_stand_ins(7, 2)
     convert = fj.JaxCudaConverter(None, make_dest, make_ring)
     with open_handle(LocalFile(every_dtype, backend), convert) as f:

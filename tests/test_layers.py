@@ -22,19 +22,17 @@ LAYERS = [
     "_io",
     # formats and facts above the core
     "_format",
-    # facts
-    "_slicing", "_readahead",
     # frameworks
-    "_cuda", "_torch_adapter", "jax", "_adapters",
+    "_frameworks",
     # handles
-    "_specs", "_prefetch", "_handle", "_edit",
+    "_readahead", "_slicing", "_prefetch", "_handle", "_edit",
     # capabilities
     "checkpoint", "integrity", "writer",
     # API
     "_api",
     # on top
     "numpy", "_rowblocks", "_order", "_pipeline", "_loader", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_inspect", "_demo", "cli", "_switch",
-    "remote", "__main__", "__init__",
+    "remote", "jax", "__main__", "__init__",
 ]
 
 # The modules of each layer's folder, bottom first: each may import only those before
@@ -44,6 +42,7 @@ FOLDERS = {
     "_io": ["__init__", "limits", "progress", "files", "ranged", "http", "fileobj", "fsspec",
             "upload", "transports", "source"],
     "_format": ["__init__", "blocks", "torch_dtypes", "checksums", "lowlevel", "index"],
+    "_frameworks": ["__init__", "cuda", "torch", "jax", "registry", "specs"],
 }
 
 

@@ -1,6 +1,6 @@
 """The torch adapter: fastst's NumPy arrays as torch tensors (reading), and torch
 tensors as what fastst's writers take (writing). ``safe_open(..., framework="pt")``
-and the writers reach it through ``fastst._adapters``; ``fastst.torch`` is the
+and the writers reach it through ``fastst._frameworks.registry``; ``fastst.torch`` is the
 public face built on it.
 
 A CPU tensor views the array's memory (``torch.from_numpy``, through a same-width
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Tupl
 import numpy as np
 import torch
 
-from ._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
+from .._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
                     TensorInfo, WriteSpec, numpy_dtype)
-from ._format.torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER,
+from .._format.torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER,
                             codes_of_torch, same_width_torch, torch_dtype)
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
@@ -131,12 +131,12 @@ class TorchDeviceConverter:
 class TorchCudaConverter:
     """The converter to torch tensors on a CUDA device: one tensor through the pinned ring
     (large ones; small ones with ``.to``), or, with ``convert_file``, every
-    tensor of an open file through one ring (see ``fastst._cuda``)."""
+    tensor of an open file through one ring (see ``fastst._frameworks.cuda``)."""
 
     uses_ml_dtypes = False
 
     def __init__(self, device: torch.device) -> None:
-        from . import _cuda   # only when CUDA is asked for
+        from . import cuda as _cuda   # only when CUDA is asked for
 
         self.device = device
         self.load_handle = _cuda.load_handle

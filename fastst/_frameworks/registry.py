@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from importlib import import_module
 from types import ModuleType, SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar
 
-from ._core import SafetensorError, TensorInfo
+from .._core import SafetensorError, TensorInfo
 
-if TYPE_CHECKING:   # imported with the handles that slice
-    from ._slicing import Converter
+if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
+    import numpy.typing as npt
+
+T = TypeVar("T")
+# A framework's converter: (NumPy array, tensor name, the tensor's TensorInfo) -> its tensor
+Converter = Callable[["npt.NDArray[Any]", str, TensorInfo], T]
 
 __all__ = ["FRAMEWORKS", "NUMPY_FRAMEWORKS", "converter", "check_numpy_device",
            "tensor_adapter"]
@@ -40,7 +44,7 @@ MLX_DTYPES = {"BOOL": "bool_", "U8": "uint8", "I8": "int8", "U16": "uint16", "I1
 
 
 def _torch() -> ModuleType:
-    from . import _torch_adapter   # imports torch
+    from . import torch as _torch_adapter   # imports torch
 
     return _torch_adapter
 

@@ -1,7 +1,7 @@
 """Any value a writer takes, as what the write plan needs: a ``WriteSpec`` (name,
 header dtype code, shape, and a NumPy array of the bytes) for a whole tensor, or a
 NumPy array for a piece of one. NumPy arrays, scalars and buffers are taken as they
-are; a framework's tensors through its adapter (``fastst._adapters``): the same
+are; a framework's tensors through its adapter (``fastst._frameworks.registry``): the same
 registry that reading uses, so nothing here asks which frameworks are imported.
 """
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Unio
 
 import numpy as np
 
-from ._adapters import tensor_adapter
-from ._core import DTYPES, SafetensorTypeError, WriteSpec, spec_of_array
-from ._format.torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
+from .registry import tensor_adapter
+from .._core import DTYPES, SafetensorTypeError, WriteSpec, spec_of_array
+from .._format.torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
 
 __all__ = ["Declared", "declared_specs", "is_tensor", "piece_of", "spec_of", "specs_of"]
 

@@ -36,11 +36,11 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
         TensorNotFoundError,
         read_options,
     )
-    from ._edit import update_metadata
-    from ._handle import FrameworkHandle, NumpyHandle, TensorMeta
+    from ._handles.edit import update_metadata
+    from ._handles.handle import FrameworkHandle, NumpyHandle, TensorMeta
     from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
-    from ._prefetch import PrefetchLoader
-    from ._slicing import SafeSlice
+    from ._handles.prefetch import PrefetchLoader
+    from ._handles.slicing import SafeSlice
     from ._switch import patch_safetensors
     from ._version import __version__
     from .state import load_state, save_state
@@ -56,13 +56,14 @@ LAZY = {"DEFAULT_MAX_HEADER_SIZE": "_core", "DTYPE_CODES": "_core", "DTYPES": "_
         "TensorInfo": "_core", "TensorNotFoundError": "_core", "read_options": "_core",
         "safe_open": "_api", "_safe_open_handle": "_api", "load": "_api",
         "load_file": "_api", "load_into": "_api", "save": "_api", "save_file": "_api",
-        "NumpyHandle": "_handle", "FrameworkHandle": "_handle", "TensorMeta": "_handle",
-        "PrefetchLoader": "_prefetch", "SafeSlice": "_slicing",
-        "StreamWriter": "writer", "save_file_from": "writer", "update_metadata": "_edit",
-        "TensorSpec": "_format.lowlevel", "serialize": "_format.lowlevel", "serialize_file": "_format.lowlevel",
-        "deserialize": "_format.lowlevel", "save_state": "state", "load_state": "state",
-        "patch_safetensors": "_switch", "__version__": "_version", "numpy": None,
-        "writer": None}
+        "NumpyHandle": "_handles.handle", "FrameworkHandle": "_handles.handle",
+        "TensorMeta": "_handles.handle", "PrefetchLoader": "_handles.prefetch",
+        "SafeSlice": "_handles.slicing", "update_metadata": "_handles.edit",
+        "StreamWriter": "writer", "save_file_from": "writer",
+        "TensorSpec": "_format.lowlevel", "serialize": "_format.lowlevel",
+        "serialize_file": "_format.lowlevel", "deserialize": "_format.lowlevel",
+        "save_state": "state", "load_state": "state", "patch_safetensors": "_switch",
+        "__version__": "_version", "numpy": None, "writer": None}
 
 
 def __getattr__(name: str) -> object:

@@ -11,7 +11,7 @@ from ._frameworks.registry import NUMPY_FRAMEWORKS, check_numpy_device, converte
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, plan_write,
                     spec_of_array)
 from ._io.files import PathLike
-from ._handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
+from ._handles.handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
                       open_handle)
 from ._format.index import is_checkpoint
 from ._io.limits import DEFAULT_BACKEND

@@ -17,7 +17,7 @@ import numpy as np
 
 from ._frameworks.registry import NUMPY_FRAMEWORKS, converter
 from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
-from ._handle import Backend
+from ._handles.handle import Backend
 from ._format.index import INDEX_SUFFIX
 from ._io.limits import DEFAULT_BACKEND
 from ._order import EpochRows

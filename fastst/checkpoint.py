@@ -36,7 +36,7 @@ from ._format.checksums import plan_with_checksums
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
 from ._io.files import PathLike
-from ._handle import (FrameworkHandle, NumpyHandle, T, TensorMeta, data_bytes, meta_of,
+from ._handles.handle import (FrameworkHandle, NumpyHandle, T, TensorMeta, data_bytes, meta_of,
                       open_handle)
 from ._format.index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
                      find_checkpoint, index_name, index_text, is_checkpoint, is_checkpoint_path,
@@ -47,10 +47,10 @@ from ._io.progress import byte_bar
 from ._io.source import Identity, LocalFile, Source, as_source, identity_of
 
 if TYPE_CHECKING:   # each imported on its first use
-    from ._prefetch import Plan, PrefetchLoader
-    from ._readahead import ChainedReadAhead
+    from ._handles.prefetch import Plan, PrefetchLoader
+    from ._handles.readahead import ChainedReadAhead
     from ._frameworks.registry import Converter
-    from ._slicing import SafeSlice
+    from ._handles.slicing import SafeSlice
 
 __all__ = ["DEFAULT_PATTERN", "INDEX_SUFFIX", "ShardEntry", "ShardedHandle",
            "NumpyShardedHandle", "CheckpointIndex", "data_bytes", "is_checkpoint",
@@ -341,7 +341,7 @@ class ShardedHandle(Generic[T]):
         def part(handle: Shard, run: Optional[List[str]]) -> Callable[[], Any]:
             return lambda: handle.iter_tensors(run, prefetch_bytes=prefetch_bytes)
 
-        from ._readahead import ChainedReadAhead
+        from ._handles.readahead import ChainedReadAhead
 
         return ChainedReadAhead([part(handle, run) for handle, run in runs], prefetch_bytes)
 
@@ -363,7 +363,7 @@ class ShardedHandle(Generic[T]):
         ...     loader.names(), float(loader.take("w2").sum())
         (['w0', 'w1', 'w2'], 200.0)
         """
-        from ._prefetch import PrefetchLoader, checked_plan   # imported on first use
+        from ._handles.prefetch import PrefetchLoader, checked_plan   # imported on first use
 
         checked = checked_plan(plan, self._index.path)
         for name in checked or ():

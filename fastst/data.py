@@ -36,7 +36,7 @@ import numpy as np
 from ._core import SafetensorError
 from ._io.files import PathLike
 from ._api import safe_open
-from ._handle import Backend
+from ._handles.handle import Backend
 from ._io.limits import DEFAULT_BACKEND
 from ._loader import Loader, Names, _common_length, _integer
 

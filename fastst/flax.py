@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 from ._api import save as save_numpy, save_file as save_numpy_file  # noqa: E402
 from ._core import Reader  # noqa: E402
 from ._api import safe_open  # noqa: E402
-from ._handle import Backend  # noqa: E402
+from ._handles.handle import Backend  # noqa: E402
 from ._io.limits import DEFAULT_BACKEND  # noqa: E402
 
 __all__ = ["save", "save_file", "load", "load_file"]

@@ -25,7 +25,7 @@ from ._format.checksums import (ALGORITHMS, CHECKSUM_KEY, checksum_metadata, che
                          digests_in_file, digests_of, mismatch, plan_with_checksums,
                          reserved_checksums, with_checksums, without_checksum)
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
-from ._handle import NumpyHandle, VerifyingHandle, open_handle
+from ._handles.handle import NumpyHandle, VerifyingHandle, open_handle
 from ._format.index import is_index_name, read_index
 from ._io.progress import byte_bar, is_terminal
 from ._io.source import Source, as_source

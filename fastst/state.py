@@ -43,7 +43,7 @@ from ._api import safe_open
 from ._format.checksums import plan_with_checksums
 from ._core import SafetensorError, SafetensorTypeError, WriteSpec
 from ._io.files import PathLike, write_atomically
-from ._handle import Backend
+from ._handles.handle import Backend
 from ._io.limits import DEFAULT_BACKEND
 from ._frameworks.specs import is_tensor, spec_of
 from .checkpoint import ShardEntry, save_checkpoint

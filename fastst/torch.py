@@ -33,7 +33,7 @@ from ._api import safe_open
 from ._format.checksums import plan_with_checksums
 from ._core import DTYPES, Reader, WritePlan
 from ._io.files import write_atomically
-from ._handle import Backend
+from ._handles.handle import Backend
 from ._io.limits import DEFAULT_BACKEND
 from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._io.source import as_source

@@ -40,7 +40,7 @@ from ._format.checksums import checksum_metadata, digests_in_file, reserved_chec
 from ._core import (DTYPES, MAX_ALIGN, SafetensorError, SafetensorNotImplementedError,
                     SafetensorTypeError, TensorInfo, WritePlan, WriteSpec, numpy_dtype,
                     plan_write, spec_of_array, write_array_at)
-from ._edit import update_metadata
+from ._handles.edit import update_metadata
 from ._io.files import AtomicFile, PathLike, write_atomically
 from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._io.source import as_source

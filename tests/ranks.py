@@ -90,7 +90,7 @@ def counted(load):
 def job_loads(args):
     """Each load the test names (a list of [mode, target, options]), its tensors and
     the bytes read."""
-    import fastst._slicing   # imported by a first get_slice: its bytes are not the file's
+    import fastst._handles.slicing   # imported by a first get_slice: its bytes are not the file's
     import fastst.distributed as fd
 
     results = []

@@ -288,7 +288,7 @@ def test_a_first_load_imports_what_slices_reads_ahead_or_opens_checkpoints_on_th
         f32_file):
     assert modules_loaded_by(
         f"import fastst; fastst.load_file({str(f32_file)!r})",
-        ["threading", "fastst._slicing", "fastst._format.blocks", "fastst._readahead",
+        ["threading", "fastst._handles.slicing", "fastst._format.blocks", "fastst._handles.readahead",
          "fastst.checkpoint"]) == []
 
 
@@ -316,7 +316,7 @@ def test_a_first_torch_load_imports_what_slices_reads_ahead_or_opens_checkpoints
         wide_file):
     assert modules_loaded_by(
         f"import fastst.torch; fastst.torch.load_file({str(wide_file)!r})",
-        ["fastst._slicing", "fastst._format.blocks", "fastst._readahead", "fastst.checkpoint",
+        ["fastst._handles.slicing", "fastst._format.blocks", "fastst._handles.readahead", "fastst.checkpoint",
          "fastst._io.progress"]) == []
 
 

@@ -228,12 +228,12 @@ def test_strict_build_fails_on(fault, tmp_path):
 # The modules that define the public names (or, for the compiled core, its stub that
 # documents them), and the public modules whose own docstrings show examples: every
 # example in them runs, those needing a package that is not installed left out.
-DOCSTRING_MODULES = ["fastst", "fastst._api", "fastst._core", "fastst._edit",
+DOCSTRING_MODULES = ["fastst", "fastst._api", "fastst._core", "fastst._handles.edit",
                      "fastst._format.checksums", "fastst._format.index", "fastst._format.lowlevel",
                      "fastst._frameworks.jax", "fastst._frameworks.specs",
-                     "fastst._frameworks.torch", "fastst._handle", "fastst._io.files",
+                     "fastst._frameworks.torch", "fastst._handles.handle", "fastst._io.files",
                      "fastst._io.fsspec", "fastst._io.ranged", "fastst._io.transports",
-                     "fastst._io.upload", "fastst._readahead", "fastst._switch",
+                     "fastst._io.upload", "fastst._handles.readahead", "fastst._switch",
                      "fastst.checkpoint", "fastst.dask", "fastst.data", "fastst.distributed",
                      "fastst.flax", "fastst.integrity", "fastst.jax", "fastst.numpy",
                      "fastst.remote", "fastst.state", "fastst.torch", "fastst.writer"]

@@ -563,7 +563,7 @@ class FileConverter:
 
 
 def test_get_tensors_hands_the_whole_file_to_a_converter_that_takes_one(tmp_path):
-    from fastst._handle import open_handle
+    from fastst._handles.handle import open_handle
     from fastst._io.source import FileObject, LocalFile
 
     path = tmp_path / "w.safetensors"
@@ -746,7 +746,7 @@ def check_jax_takes_the_packed_allocation(fj, path, backend):
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_jax_converter_for_cuda_takes_whole_files(every_dtype, backend):
-    from fastst._handle import open_handle
+    from fastst._handles.handle import open_handle
     from fastst._io.source import LocalFile
 
     fj = pytest.importorskip("fastst._frameworks.jax")    # the adapter itself

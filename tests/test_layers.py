@@ -25,7 +25,7 @@ LAYERS = [
     # frameworks
     "_frameworks",
     # handles
-    "_readahead", "_slicing", "_prefetch", "_handle", "_edit",
+    "_handles",
     # capabilities
     "checkpoint", "integrity", "writer",
     # API
@@ -43,6 +43,7 @@ FOLDERS = {
             "upload", "transports", "source"],
     "_format": ["__init__", "blocks", "torch_dtypes", "checksums", "lowlevel", "index"],
     "_frameworks": ["__init__", "cuda", "torch", "jax", "registry", "specs"],
+    "_handles": ["__init__", "readahead", "slicing", "prefetch", "handle", "edit"],
 }
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
-import fastst._handle
+import fastst._handles.handle
 import fastst._loader
 import fastst._order
 import fastst._pipeline
@@ -237,7 +237,7 @@ def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
         fastst.save_file({name: np.full_like(array, -1) for name, array in
                           table(500, 500 * k).items()}, path)
     cached, readers = [], set()
-    cache_rows = fastst._handle.NumpyHandle.cache_rows
+    cache_rows = fastst.NumpyHandle.cache_rows
 
     def noted_cache(handle, name, first, stop):
         k = [str(path) for path in files].index(handle.source)
@@ -249,7 +249,7 @@ def test_a_shuffle_reads_each_block_into_the_page_cache_before_its_batches(
             file.write(rows.tobytes())
         return cache_rows(handle, name, first, stop)
 
-    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", noted_cache)
     pieces = sorted((name, first, stop) for name in ("x", "y") for block in range(9)
                     for first, stop in ((unit * block, min(unit * block + unit, 500)),
                                         (max(unit * block, 500), min(unit * block + unit, 1000)))
@@ -283,7 +283,7 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
     is under way while the epoch's permutation is made, which waits here for the first
     read (and would wait out its 10 s if it came only after)."""
     first_read = threading.Event()
-    cache_rows = fastst._handle.NumpyHandle.cache_rows
+    cache_rows = fastst.NumpyHandle.cache_rows
     make_order = fastst._order.EpochRows.__init__
 
     def noted_cache(handle, name, first, stop):
@@ -294,7 +294,7 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
         assert first_read.wait(10)
         make_order(order, *args)
 
-    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", noted_cache)
     monkeypatch.setattr(fastst._order.EpochRows, "__init__", order_after_a_read)
     with Loader(one_file, ["x", "y"], 16, shuffle=True, seed=5) as loader:
         rows = rows_of(taken(loader))
@@ -340,7 +340,7 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
     from fastst._rowblocks import CachedBlocks
 
     events, whole = [], epoch_order(ROWS, "blocks", 5, 0, 2, 1)
-    cache_rows = fastst._handle.NumpyHandle.cache_rows
+    cache_rows = fastst.NumpyHandle.cache_rows
     next_piece = fastst._order.EpochRows._next_piece
 
     def noted_cache(handle, name, first, stop):
@@ -351,7 +351,7 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
         events.append("window")
         next_piece(order)
 
-    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", noted_cache)
     monkeypatch.setattr(fastst._order.EpochRows, "_next_piece", noted_window)
     with Loader(one_file, ["x", "y"], 4, shuffle="blocks", seed=5, block_rows=2,
                 window_blocks=1) as loader:
@@ -380,7 +380,7 @@ def test_a_blocks_reading_seldom_brings_a_piece_of_a_block_read_later(tmp_path, 
     offset = data_offset(path, "x")
     assert 0 < offset < 512
     reads = []
-    cache_rows = fastst._handle.NumpyHandle.cache_rows
+    cache_rows = fastst.NumpyHandle.cache_rows
 
     def noted_cache(handle, name, first, stop):
         reads.append((first, stop))
@@ -389,7 +389,7 @@ def test_a_blocks_reading_seldom_brings_a_piece_of_a_block_read_later(tmp_path, 
     def owner(piece):          # the block of the row in the middle of the piece (the
         return min(((piece << 21) + (1 << 20) - offset) // 512 // 4096, 15)  # last's tail)
 
-    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", noted_cache)
     # one reading thread: the reads are noted in the order the blocks are asked for
     monkeypatch.setattr(fastst._rowblocks.CachedBlocks, "readers", 1)
     early = 0
@@ -468,7 +468,7 @@ def test_the_gathers_of_a_block_shuffle_read_no_piece_before_it_is_asked(tmp_pat
     drop_or_skip(path)
     offset = data_offset(path, "x")
     _, blocks, _ = fastst._order.epoch_blocks(16384, 0, 0, 2048, 2)
-    cache_rows, asked, early = fastst._handle.NumpyHandle.cache_rows, set(), []
+    cache_rows, asked, early = fastst.NumpyHandle.cache_rows, set(), []
     first_taken, lock = threading.Event(), threading.Lock()
 
     def pieces(first, stop):
@@ -484,7 +484,7 @@ def test_the_gathers_of_a_block_shuffle_read_no_piece_before_it_is_asked(tmp_pat
             asked.update(pieces(first, stop))
         return cache_rows(handle, name, first, stop)
 
-    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", noted_cache)
+    monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", noted_cache)
     with Loader(path, "x", 256, shuffle="blocks", block_rows=2048, window_blocks=2,
                 seed=0) as loader:
         count = 0
@@ -657,7 +657,7 @@ def test_an_epoch_over_files_the_page_cache_holds_starts_no_reading(tmp_path, mo
     shuffle reads nothing: no thread passes over its blocks, one by one, to find
     each held."""
     read = []
-    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows",
+    monkeypatch.setattr(fastst.NumpyHandle, "cache_rows",
                         lambda handle, name, first, stop: read.append(first))
     path = tmp_path / "rows.safetensors"
     fastst.save_file(table(), path)
@@ -1192,14 +1192,14 @@ def test_an_error_in_a_thread_is_raised_where_its_batch_is_taken(one_file):
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_a_failed_read_ahead_is_raised_where_a_batch_waits_for_it(one_file, monkeypatch,
                                                                   shuffle, backend):
-    cache_rows = fastst._handle.NumpyHandle.cache_rows
+    cache_rows = fastst.NumpyHandle.cache_rows
 
     def failing(handle, name, first, stop):
         if first >= 60:
             raise OSError("the disk is gone")
         return cache_rows(handle, name, first, stop)
 
-    monkeypatch.setattr(fastst._handle.NumpyHandle, "cache_rows", failing)
+    monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", failing)
     with Loader(one_file, "y", 10, shuffle=shuffle, block_rows=20, window_blocks=1, seed=0,
                 backend=backend) as loader:
         with pytest.raises(OSError, match="the disk is gone"):

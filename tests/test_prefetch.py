@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import fastst
-from fastst import _prefetch
+from fastst._handles import prefetch as _prefetch
 from helpers import run_bounded, wait_until
 from servers import RangeServer, http_store, served  # noqa: F401  (fixtures)
 

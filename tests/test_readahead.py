@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
-from fastst import _readahead
+from fastst._handles import readahead as _readahead
 from helpers import wait_until
 
 KIB = 1 << 10

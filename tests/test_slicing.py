@@ -241,8 +241,8 @@ def test_pread_narrowed_gather_reads_each_distinct_row_once(tmp_path, monkeypatc
 @pytest.mark.parametrize("batch_bytes", [1, 64, 1 << 30])
 def test_narrowed_gathers_read_in_batches_give_numpys_answer(tmp_path, monkeypatch,
                                                              batch_bytes):
-    import fastst._slicing
-    monkeypatch.setattr(fastst._slicing, "GATHER_BATCH_BYTES", batch_bytes)
+    import fastst._handles.slicing
+    monkeypatch.setattr(fastst._handles.slicing, "GATHER_BATCH_BYTES", batch_bytes)
     full = np.arange(20 * 6, dtype=np.int16).reshape(20, 2, 3)
     path = tmp_path / "b.safetensors"
     fastst.save_file({"t": full}, path)
@@ -341,7 +341,7 @@ def test_ints_and_slices_of_a_map_skip_the_check_of_arrays(opened, index, monkey
     """An index of ints, slices, None and Ellipsis of a mapped tensor has no array to
     check against it: NumPy's own checks are all, and fastst's walk of the index is
     skipped (it cost some 60% of a row read); an index with an array is still walked."""
-    import fastst._slicing as slicing
+    import fastst._handles.slicing as slicing
 
     tensors, handles = opened
     walked = []

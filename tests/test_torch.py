@@ -191,7 +191,7 @@ def test_a_whole_files_tensors_ask_the_header_only_where_torch_needs_it(tmp_path
     """get_tensors (load_file) on the CPU makes each array torch takes as it is a tensor
     at once; a TensorInfo is asked for only for a uint8 array (a packed dtype's
     bytes?), an ml_dtypes one (bfloat16) and one NumPy gives unaligned (copied)."""
-    from fastst._handle import NumpyHandle
+    from fastst._handles.handle import NumpyHandle
 
     layout = [("a", "F32", [4], 16), ("e", "I64", [2], 16), ("b", "U8", [3], 3),
               ("c", "F32", [2], 8), ("d", "BF16", [2], 4)]

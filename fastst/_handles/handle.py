@@ -11,20 +11,20 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Itera
                     Literal, NamedTuple, Optional, Protocol, Set, Tuple, TypeVar, Union,
                     overload, runtime_checkable)
 
-from ._frameworks.registry import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
-from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
+from .._frameworks.registry import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
+from .._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
                     TensorInfo, read_runs)
-from ._io.files import PathLike
-from ._io.limits import DEFAULT_PREFETCH_BYTES
-from ._io.source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
+from .._io.files import PathLike
+from .._io.limits import DEFAULT_PREFETCH_BYTES
+from .._io.source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
 
 if TYPE_CHECKING:   # none of these is imported when fastst is; each on its first use
     import numpy.typing as npt
 
-    from ._prefetch import Plan, PrefetchLoader
-    from ._readahead import ReadAhead
-    from ._frameworks.registry import Converter
-    from ._slicing import SafeSlice
+    from .prefetch import Plan, PrefetchLoader
+    from .readahead import ReadAhead
+    from .._frameworks.registry import Converter
+    from .slicing import SafeSlice
 
 __all__ = ["ArrayHandle", "Backend", "FrameworkHandle", "Handle", "NumpyHandle", "Openable",
            "ReadableFile", "TensorMeta", "VerifyingHandle", "data_bytes", "meta_of", "open_handle"]
@@ -216,7 +216,7 @@ class NumpyHandle(Reader):
         ...     part.get_shape(), part[1:3, -1].tolist()
         ([4, 3], [5, 8])
         """
-        from ._slicing import SafeSlice
+        from .slicing import SafeSlice
 
         return SafeSlice(self, name)
 
@@ -338,7 +338,7 @@ class NumpyHandle(Reader):
         w2 2000.0
         w3 3000.0
         """
-        from ._readahead import ReadAhead
+        from .readahead import ReadAhead
 
         return ReadAhead([(self, name, None) for name in _names_to_read(self, names)],
                          prefetch_bytes)
@@ -412,7 +412,7 @@ class NumpyHandle(Reader):
         >>> rows.tolist(), sorted(rest)
         ([[4.0, 5.0], [6.0, 7.0]], ['bias'])
         """
-        from ._prefetch import PrefetchLoader, checked_plan   # imported on first use
+        from .prefetch import PrefetchLoader, checked_plan   # imported on first use
 
         return PrefetchLoader(self._prefetched(checked_plan(plan, self.source), device),
                               self.source, threads=threads,
@@ -423,7 +423,7 @@ class NumpyHandle(Reader):
         """The tensors a checked `plan` selects, for a PrefetchLoader."""
         if device is not None:
             check_numpy_device(device)
-        from ._prefetch import planned_tensors
+        from .prefetch import planned_tensors
 
         return planned_tensors(self, plan, None)
 
@@ -659,7 +659,7 @@ class FrameworkHandle(Generic[T]):
         tensor([[1, 2],
                 [4, 5]])
         """
-        from ._slicing import SafeSlice
+        from .slicing import SafeSlice
 
         return SafeSlice(self._reader, name, self._convert, handle=self)
 
@@ -697,7 +697,7 @@ class FrameworkHandle(Generic[T]):
         def converted(array: Any, name: str) -> T:
             return convert(array, name, info(name))
 
-        from ._readahead import ReadAhead
+        from .readahead import ReadAhead
 
         return ReadAhead([(self._reader, name, converted)
                           for name in _names_to_read(self._reader, names)], prefetch_bytes)
@@ -721,7 +721,7 @@ class FrameworkHandle(Generic[T]):
         ...         loader.take("w")
         tensor([[4., 5.]])
         """
-        from ._prefetch import PrefetchLoader, checked_plan   # imported on first use
+        from .prefetch import PrefetchLoader, checked_plan   # imported on first use
 
         return PrefetchLoader(self._prefetched(checked_plan(plan, self.source), device),
                               self.source, threads=threads,
@@ -731,7 +731,7 @@ class FrameworkHandle(Generic[T]):
                     ) -> List[Any]:
         """The tensors a checked `plan` selects, for a PrefetchLoader, each converted
         for `device` (None: the handle's)."""
-        from ._prefetch import planned_tensors
+        from .prefetch import planned_tensors
 
         convert = self._convert
         if device is not None:
@@ -1077,7 +1077,7 @@ class VerifyingHandle(NumpyHandle):
         self._take_checksums()
 
     def _take_checksums(self) -> None:
-        from ._format.checksums import checksums_of, some_tensors, without_checksum   # on use
+        from .._format.checksums import checksums_of, some_tensors, without_checksum   # on use
 
         names = self.offset_keys()
         found = checksums_of(self.metadata(), names, self.source)
@@ -1122,7 +1122,7 @@ class VerifyingHandle(NumpyHandle):
         """
         if name in self.verified:
             return
-        from ._format.checksums import digest_of, mismatch   # imported with the handle's first check
+        from .._format.checksums import digest_of, mismatch   # imported with the handle's first check
 
         if array is None:
             array = NumpyHandle.get_tensor(self, name)

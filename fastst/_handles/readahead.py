@@ -18,8 +18,8 @@ from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Sequ
 
 import numpy as np
 
-from ._core import SafetensorError
-from ._io.limits import DEFAULT_PREFETCH_BYTES
+from .._core import SafetensorError
+from .._io.limits import DEFAULT_PREFETCH_BYTES
 
 T = TypeVar("T")
 

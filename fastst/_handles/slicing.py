@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Generic, List, Optional, Tuple, TypeVar, 
 
 import numpy as np
 
-from ._format.blocks import Box, box_of_index, join_gap, runs_of, shape_of, widened, within
-from ._core import (
+from .._format.blocks import Box, box_of_index, join_gap, runs_of, shape_of, widened, within
+from .._core import (
     Reader,
     SafetensorError,
     SafetensorIndexError,
@@ -29,7 +29,7 @@ from ._core import (
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
 
-    from ._frameworks.registry import Converter
+    from .._frameworks.registry import Converter
 
 T = TypeVar("T")
 Index = Union[int, "np.integer[Any]", slice, EllipsisType, None, List[Any], "npt.NDArray[Any]",

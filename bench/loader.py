@@ -761,8 +761,8 @@ def read_blocks_of_an_epoch(path: str) -> None:
     cache as its reading threads do (`CachedBlocks`, over a reader of the file): in its
     reading order, with no gather beside them."""
     from fastst._core import Reader
-    from fastst._order import epoch_blocks
-    from fastst._rowblocks import CachedBlocks
+    from fastst._data.order import epoch_blocks
+    from fastst._data.rowblocks import CachedBlocks
     reader = Reader()
     reader.open_file(path)
     _, blocks, edges = epoch_blocks(reader.info(NAME).shape[0], 0, 0, 4096, 16)
@@ -808,7 +808,7 @@ def epoch_starts(args: argparse.Namespace) -> int:
     and by fastst, then the Loader's first batch and whole epoch (page cache hot, the
     maps filled by an epoch before), with the process's CPU time and context switches
     in the epoch, medians of `--epoch-starts` rounds."""
-    from fastst._order import permutation
+    from fastst._data.order import permutation
     batch = int(args.batch_sizes.split(",")[0])
     print(f"Produced by `python bench/loader.py --epoch-starts {args.epoch_starts} --columns "
           f"{args.columns}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "

@@ -38,7 +38,7 @@ from ._io.files import PathLike
 from ._api import safe_open
 from ._handles.handle import Backend
 from ._io.limits import DEFAULT_BACKEND
-from ._loader import Loader, Names, _common_length, _integer
+from ._data.loader import Loader, Names, _common_length, _integer
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -213,7 +213,7 @@ def test_a_loader_of_torch_batches_reads_bfloat16_without_ml_dtypes(wide_file):
     """Nor does its copy pickled for a worker."""
     out = run_python(f"""
         import pickle, sys
-        from fastst._loader import Loader
+        from fastst._data.loader import Loader
         with Loader({str(wide_file)!r}, "b", 2, framework="pt", threads=1) as loader:
             batches = [batch["b"].float().tolist() for batch in loader]
             copy = pickle.loads(pickle.dumps(loader))

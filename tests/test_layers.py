@@ -31,7 +31,7 @@ LAYERS = [
     # API
     "_api",
     # on top
-    "numpy", "_rowblocks", "_order", "_pipeline", "_loader", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_inspect", "_demo", "cli", "_switch",
+    "numpy", "_data", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_inspect", "_demo", "cli", "_switch",
     "remote", "jax", "__main__", "__init__",
 ]
 
@@ -44,6 +44,7 @@ FOLDERS = {
     "_format": ["__init__", "blocks", "torch_dtypes", "checksums", "lowlevel", "index"],
     "_frameworks": ["__init__", "cuda", "torch", "jax", "registry", "specs"],
     "_handles": ["__init__", "readahead", "slicing", "prefetch", "handle", "edit"],
+    "_data": ["__init__", "rowblocks", "order", "pipeline", "loader"],
 }
 
 

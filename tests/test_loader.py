@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
 import fastst._handles.handle
-import fastst._loader
-import fastst._order
-import fastst._pipeline
-import fastst._rowblocks
+import fastst._data.loader
+import fastst._data.order
+import fastst._data.pipeline
+import fastst._data.rowblocks
 from fastst import SafetensorError, TensorNotFoundError
 from fastst._core import SHUFFLE_BUCKET_ROWS
-from fastst._order import EpochRows, epoch_order, permutation
-from fastst._rowblocks import BlockEdges
+from fastst._data.order import EpochRows, epoch_order, permutation
+from fastst._data.rowblocks import BlockEdges
 from fastst.data import Loader
 
 from conftest import modules_loaded_by
@@ -67,7 +67,7 @@ def three_files(tmp_path):
 def every_block_read(monkeypatch):
     """A shuffle's reading threads read every block, as over files not in the page
     cache, though it holds the tests' files whole (an iteration then starts none)."""
-    monkeypatch.setattr(fastst._loader._Dataset, "rows_cached", lambda self, first, stop: False)
+    monkeypatch.setattr(fastst._data.loader._Dataset, "rows_cached", lambda self, first, stop: False)
 
 
 def taken(loader):
@@ -179,7 +179,7 @@ def test_a_block_shuffle_over_more_than_the_memory_asks_the_kernel_for_each_bloc
     requests: the threads that gather ask the kernel (posix_fadvise WILLNEED) for the
     blocks the batches fall in, each block of each tensor once an epoch, and the
     consumer's thread asks for none; a full shuffle asks for nothing."""
-    monkeypatch.setattr(fastst._loader._Dataset, "fits_page_cache", lambda dataset: False)
+    monkeypatch.setattr(fastst._data.loader._Dataset, "fits_page_cache", lambda dataset: False)
     path = str(tmp_path / "rows.safetensors")
     fastst.save_file({"x": np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16),
                       "y": np.arange(1000)}, path)
@@ -284,7 +284,7 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
     read (and would wait out its 10 s if it came only after)."""
     first_read = threading.Event()
     cache_rows = fastst.NumpyHandle.cache_rows
-    make_order = fastst._order.EpochRows.__init__
+    make_order = fastst._data.order.EpochRows.__init__
 
     def noted_cache(handle, name, first, stop):
         first_read.set()
@@ -295,7 +295,7 @@ def test_a_full_shuffle_reads_its_files_while_its_order_is_made(one_file, monkey
         make_order(order, *args)
 
     monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", noted_cache)
-    monkeypatch.setattr(fastst._order.EpochRows, "__init__", order_after_a_read)
+    monkeypatch.setattr(fastst._data.order.EpochRows, "__init__", order_after_a_read)
     with Loader(one_file, ["x", "y"], 16, shuffle=True, seed=5) as loader:
         rows = rows_of(taken(loader))
     assert np.array_equal(rows, permutation(ROWS, 5, 0))
@@ -311,7 +311,7 @@ def test_a_full_shuffles_first_batch_waits_for_the_first_bucket_only(tmp_path, m
     path = tmp_path / "rows.safetensors"
     fastst.save_file({"y": np.arange(total)}, path)
     first_taken, laid_out = threading.Event(), []
-    next_piece = fastst._order.EpochRows._next_piece
+    next_piece = fastst._data.order.EpochRows._next_piece
 
     def piece_after_the_first_batch(order):
         if laid_out:
@@ -319,7 +319,7 @@ def test_a_full_shuffles_first_batch_waits_for_the_first_bucket_only(tmp_path, m
         laid_out.append(order.laid_out)
         next_piece(order)
 
-    monkeypatch.setattr(fastst._order.EpochRows, "_next_piece", piece_after_the_first_batch)
+    monkeypatch.setattr(fastst._data.order.EpochRows, "_next_piece", piece_after_the_first_batch)
     with Loader(path, "y", 16, shuffle=True, seed=3, backend=backend) as loader:
         batches = iter(loader)
         got = [next(batches)["y"].copy()]
@@ -337,11 +337,11 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
     block of two rows, those of the blocks asked ahead of the reading (`queued`) and of
     a few claims at most are drawn before the first read. The rows are those of the
     whole order drawn at once."""
-    from fastst._rowblocks import CachedBlocks
+    from fastst._data.rowblocks import CachedBlocks
 
     events, whole = [], epoch_order(ROWS, "blocks", 5, 0, 2, 1)
     cache_rows = fastst.NumpyHandle.cache_rows
-    next_piece = fastst._order.EpochRows._next_piece
+    next_piece = fastst._data.order.EpochRows._next_piece
 
     def noted_cache(handle, name, first, stop):
         events.append("read")
@@ -352,7 +352,7 @@ def test_a_block_shuffle_draws_its_windows_as_its_blocks_are_read(one_file, monk
         next_piece(order)
 
     monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", noted_cache)
-    monkeypatch.setattr(fastst._order.EpochRows, "_next_piece", noted_window)
+    monkeypatch.setattr(fastst._data.order.EpochRows, "_next_piece", noted_window)
     with Loader(one_file, ["x", "y"], 4, shuffle="blocks", seed=5, block_rows=2,
                 window_blocks=1) as loader:
         rows = rows_of(taken(loader))
@@ -391,7 +391,7 @@ def test_a_blocks_reading_seldom_brings_a_piece_of_a_block_read_later(tmp_path, 
 
     monkeypatch.setattr(fastst.NumpyHandle, "cache_rows", noted_cache)
     # one reading thread: the reads are noted in the order the blocks are asked for
-    monkeypatch.setattr(fastst._rowblocks.CachedBlocks, "readers", 1)
+    monkeypatch.setattr(fastst._data.rowblocks.CachedBlocks, "readers", 1)
     early = 0
     for seed in range(10):
         reads.clear()
@@ -467,7 +467,7 @@ def test_the_gathers_of_a_block_shuffle_read_no_piece_before_it_is_asked(tmp_pat
                      path)                                    # 16 MiB of 1 KiB rows
     drop_or_skip(path)
     offset = data_offset(path, "x")
-    _, blocks, _ = fastst._order.epoch_blocks(16384, 0, 0, 2048, 2)
+    _, blocks, _ = fastst._data.order.epoch_blocks(16384, 0, 0, 2048, 2)
     cache_rows, asked, early = fastst.NumpyHandle.cache_rows, set(), []
     first_taken, lock = threading.Event(), threading.Lock()
 
@@ -562,7 +562,7 @@ def test_a_block_shuffle_asks_for_the_blocks_a_window_of_batches_at_a_time():
     blocks of the windows before (the first batch waits for its window's blocks, not
     for the next window's). Each batch waits for the blocks asked for up to its last
     one."""
-    from fastst._pipeline import BlocksAhead
+    from fastst._data.pipeline import BlocksAhead
 
     class Reader:
         asked, waits = [], []
@@ -585,8 +585,8 @@ def test_the_reader_of_blocks_asks_for_the_next_windows_itself():
     """As it reads the blocks asked for, the page cache's reader claims the next
     windows itself: a dataset the page cache holds whole is read at the disk's pace,
     whatever the pace of the batches."""
-    from fastst._pipeline import BlocksAhead
-    from fastst._rowblocks import CachedBlocks
+    from fastst._data.pipeline import BlocksAhead
+    from fastst._data.rowblocks import CachedBlocks
 
     read = []
     reader = CachedBlocks(lambda first, stop: read.append(first), BlockEdges(2, 12))
@@ -610,7 +610,7 @@ def test_the_reader_of_blocks_keeps_reads_in_flight_only_where_they_wait(held):
     """Blocks the page cache does not hold are read several at once (each thread
     wakes another before its read waits for the disk); blocks it holds, which a read
     finds so at once, are passed over by one thread, not by each thread in turn."""
-    from fastst._rowblocks import CachedBlocks
+    from fastst._data.rowblocks import CachedBlocks
 
     lock, reading, most, readers = threading.Lock(), [0], [0], set()
 
@@ -637,7 +637,7 @@ def test_the_reader_of_blocks_keeps_reads_in_flight_only_where_they_wait(held):
 def test_a_reader_of_blocks_with_no_thread_counts_them_read_as_asked():
     """With no reading thread (the page cache holds the dataset whole), the blocks
     asked for count as read at once, and a waiter is told so."""
-    from fastst._rowblocks import CachedBlocks
+    from fastst._data.rowblocks import CachedBlocks
 
     read, told = [], []
     reader = CachedBlocks(lambda first, stop: read.append(first), BlockEdges(2, 12),
@@ -680,15 +680,15 @@ def test_a_block_shuffle_asks_for_its_claims_last_only_where_nothing_is_read(
     ring's ``follow`` waited for the claims' lock (the first batch tens of
     milliseconds late over millions of rows). Where blocks are read, it starts at
     once, so that the first reads begin while the ring is made."""
-    monkeypatch.setattr(fastst._loader._Dataset, "rows_cached", lambda self, first, stop: held)
+    monkeypatch.setattr(fastst._data.loader._Dataset, "rows_cached", lambda self, first, stop: held)
     followed_when_asked = []
-    ask_more = fastst._rowblocks.CachedBlocks.ask_more
+    ask_more = fastst._data.rowblocks.CachedBlocks.ask_more
 
     def noted_ask_more(reader, more):
         followed_when_asked.append(more.__self__.on_claim is not None)
         ask_more(reader, more)
 
-    monkeypatch.setattr(fastst._rowblocks.CachedBlocks, "ask_more", noted_ask_more)
+    monkeypatch.setattr(fastst._data.rowblocks.CachedBlocks, "ask_more", noted_ask_more)
     with Loader(one_file, "y", 8, shuffle="blocks", seed=0, block_rows=10,
                 window_blocks=2) as loader:
         assert sorted(rows_of(taken(loader))) == list(range(ROWS))
@@ -700,7 +700,7 @@ def test_the_reader_of_blocks_asks_for_more_before_it_runs_out():
     blocks are left to read, not once none is: the reading does not
     wait for the asking (a claim of a window, its shuffle included, takes
     milliseconds)."""
-    from fastst._rowblocks import CachedBlocks
+    from fastst._data.rowblocks import CachedBlocks
 
     def slow_read(first, stop):
         time.sleep(0.02)
@@ -1360,7 +1360,7 @@ def test_a_url_that_changes_under_the_loader_is_an_error(big_file):
         assert not loader_threads()
 
 
-class CountedRowBlocks(fastst._rowblocks.RowBlocks):
+class CountedRowBlocks(fastst._data.rowblocks.RowBlocks):
     """RowBlocks that keep a list of themselves, for tests to read their counts."""
     made: list = []
 
@@ -1372,7 +1372,7 @@ class CountedRowBlocks(fastst._rowblocks.RowBlocks):
 @pytest.fixture
 def counted_row_blocks(monkeypatch):
     CountedRowBlocks.made = []
-    monkeypatch.setattr(fastst._pipeline, "RowBlocks", CountedRowBlocks)
+    monkeypatch.setattr(fastst._data.pipeline, "RowBlocks", CountedRowBlocks)
     return CountedRowBlocks.made
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastst._core import SHUFFLE_BUCKET_ROWS, deal_rows, shuffle_rows
-from fastst._order import permutation
+from fastst._data.order import permutation
 
 
 def shuffled_rows(total: int, generator: np.random.BitGenerator, bucket_rows: int

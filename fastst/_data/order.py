@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._core import deal_rows, shuffle_rows
-from ._rowblocks import BlockEdges
+from .._core import deal_rows, shuffle_rows
+from .rowblocks import BlockEdges
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -2,7 +2,7 @@
 many, gathered by a few threads (the gathers release the GIL) into a ring of reused
 buffers, shuffled, split between ranks, resumable, with no worker processes: the
 order of each epoch, the dataset's files and the position are here, the threads of
-an iteration in ``fastst._pipeline``. ``fastst.data`` is its public face."""
+an iteration in ``fastst._data.pipeline``. ``fastst.data`` is its public face."""
 from __future__ import annotations
 
 import glob
@@ -15,16 +15,16 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Option
 
 import numpy as np
 
-from ._frameworks.registry import NUMPY_FRAMEWORKS, converter
-from ._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
-from ._handles.handle import Backend
-from ._format.index import INDEX_SUFFIX
-from ._io.limits import DEFAULT_BACKEND
-from ._order import EpochRows
-from ._pipeline import Blocks, Pipeline
-from ._rowblocks import BlockEdges
-from ._io.source import Identity, LocalFile, as_source, identity_of
-from .checkpoint import open_checkpoint
+from .._frameworks.registry import NUMPY_FRAMEWORKS, converter
+from .._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
+from .._handles.handle import Backend
+from .._format.index import INDEX_SUFFIX
+from .._io.limits import DEFAULT_BACKEND
+from .order import EpochRows
+from .pipeline import Blocks, Pipeline
+from .rowblocks import BlockEdges
+from .._io.source import Identity, LocalFile, as_source, identity_of
+from ..checkpoint import open_checkpoint
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -1,4 +1,4 @@
-"""The threads of one iteration of the thread Loader (``fastst._loader``): the blocks
+"""The threads of one iteration of the thread Loader (``fastst._data.loader``): the blocks
 a shuffle reads ahead, a window of batches at a time (`BlocksAhead`), and the
 gathering of the batches into the Loader's ring of buffers (`Pipeline`), by a
 `BatchRing` without the GIL over mapped files, by Python threads over the others."""
@@ -15,9 +15,9 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Option
 
 import numpy as np
 
-from ._core import READER_FAILED, BatchRing, Reader
-from ._order import EpochRows
-from ._rowblocks import BlockEdges, CachedBlocks, RowBlocks
+from .._core import READER_FAILED, BatchRing, Reader
+from .order import EpochRows
+from .rowblocks import BlockEdges, CachedBlocks, RowBlocks
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 class Rows(Protocol):
     """The rows of a dataset that an iteration gathers, numbered across its files
-    (``fastst._loader._Dataset``)."""
+    (``fastst._data.loader._Dataset``)."""
     names: Tuple[str, ...]
     rows: int
     starts: npt.NDArray[np.int64]    # each file's first row

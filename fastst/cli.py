@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, TextIO
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
-from ._inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
+from ._tools.inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
                        render_checkpoint, render_inspect)
 from ._io.limits import DEFAULT_MAX_EXPANSION
 from ._version import __version__
@@ -138,7 +138,7 @@ def _add_demo_arguments(demo: argparse.ArgumentParser) -> None:
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     if args.dir is not None and not os.path.isdir(args.dir):
         return _print_error(f"--dir {args.dir}: not a directory")
-    from ._demo import run_demo     # imported on use: it imports what inspect does not need
+    from ._tools.demo import run_demo     # imported on use: it imports what inspect does not need
 
     return run_demo(args.size_mb, args.dir, out)
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import fastst
-from fastst import _demo, _inspect, cli
+from fastst import cli
+from fastst._tools import demo as _demo
+from fastst._tools import inspect as _inspect
 from helpers import raw_file
 
 

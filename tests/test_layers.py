@@ -31,7 +31,7 @@ LAYERS = [
     # API
     "_api",
     # on top
-    "numpy", "_data", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_inspect", "_demo", "cli", "_switch",
+    "numpy", "_data", "data", "state", "dask", "distributed", "torch", "flax", "convert", "_tools", "cli", "_switch",
     "remote", "jax", "__main__", "__init__",
 ]
 
@@ -45,6 +45,7 @@ FOLDERS = {
     "_frameworks": ["__init__", "cuda", "torch", "jax", "registry", "specs"],
     "_handles": ["__init__", "readahead", "slicing", "prefetch", "handle", "edit"],
     "_data": ["__init__", "rowblocks", "order", "pipeline", "loader"],
+    "_tools": ["__init__", "inspect", "demo"],
 }
 
 

@@ -13,9 +13,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Te
 
 import numpy as np
 
-from ._version import __version__
-from ._api import safe_open, save_file
-from ._inspect import describe, format_table, human_size
+from .._version import __version__
+from .._api import safe_open, save_file
+from .inspect import describe, format_table, human_size
 
 DEMO_LAYERS = 4
 DEMO_FILE = "demo.safetensors"
@@ -215,7 +215,7 @@ class _Interrupted(Exception):
 def _interrupted_save(tour: Tour) -> Step:
     """A save of new tensors over the checkpoint, stopped after a few: the old
     file must stay as it was, and no temporary file may be left."""
-    from .writer import save_file_from
+    from ..writer import save_file_from
 
     folder = os.path.dirname(tour.path)
     before, listing = _identity(tour.path), sorted(os.listdir(folder))
@@ -247,7 +247,7 @@ def _identity(path: str) -> Tuple[int, int, int]:
 
 
 def _code(array: np.ndarray) -> str:
-    from .writer import spec_of_array
+    from ..writer import spec_of_array
     return spec_of_array("a", array).dtype
 
 
@@ -276,7 +276,7 @@ def _sharded(tour: Tour) -> Step:
 def _checksums(tour: Tour) -> Step:
     if not _installed("xxhash"):
         return Step("checksums", "skipped: xxhash is not installed (the checksum extra)")
-    from .integrity import verify_file
+    from ..integrity import verify_file
 
     path = os.path.join(tour.scratch, "checked.safetensors")
     save_file(tour.tensors, path, checksum="xxh3_64")
@@ -306,7 +306,7 @@ def _flip_a_byte(path: str, name: str) -> None:
 
 
 def _convert_npz(tour: Tour) -> Step:
-    from .convert import numpy_to_safetensors
+    from ..convert import numpy_to_safetensors
 
     arrays = {name: a for name, a in tour.tensors.items() if a.dtype == np.float32}
     npz = os.path.join(tour.scratch, "arrays.npz")
@@ -383,7 +383,7 @@ STREAM_WIDTH = 1024        # float32 columns: rows of 4 KiB
 def _streaming_writer(tour: Tour) -> Step:
     """A file four times the checkpoint's size (at most 1 GiB), written a piece at
     a time: the memory held is a piece's, whatever the file's size."""
-    from .writer import StreamWriter
+    from ..writer import StreamWriter
 
     nbytes = sum(a.nbytes for a in tour.tensors.values())
     rows = min(4 * nbytes, STREAM_MAX_BYTES) / (4 * STREAM_WIDTH * STREAM_PIECES)
@@ -431,7 +431,7 @@ GATHER_ROWS = 4096
 
 
 def _row_gather(tour: Tour) -> Step:
-    from .data import Rows
+    from ..data import Rows
 
     name = "embed_tokens.weight"
     table = tour.tensors[name]

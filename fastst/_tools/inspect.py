@@ -11,10 +11,10 @@ import stat
 import struct
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
-from ._handles.handle import data_bytes, open_handle
-from ._format.index import is_checkpoint_path
-from ._io.source import as_source
+from .._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
+from .._handles.handle import data_bytes, open_handle
+from .._format.index import is_checkpoint_path
+from .._io.source import as_source
 
 __all__ = ["describe", "describe_checkpoint", "diagnose", "explain", "format_table",
            "human_size", "inspect_file", "json_lines", "printable", "render_checkpoint",
@@ -115,7 +115,7 @@ def describe_checkpoint(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZ
     """What `fastst inspect` reports about the sharded checkpoint at `path`: every
     tensor with its shard, each shard, the totals and the index's metadata. A
     directory holding one unsharded file gets that file's `describe()`."""
-    from .checkpoint import ShardedHandle, open_checkpoint   # for checkpoints only
+    from ..checkpoint import ShardedHandle, open_checkpoint   # for checkpoints only
 
     with open_checkpoint(path, max_header_size=max_header_size, uses_ml_dtypes=False) as handle:
         if not isinstance(handle, ShardedHandle):
@@ -195,7 +195,7 @@ def diagnose(path: str, max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Optio
     # imported for a file that cannot be read: the converter's modules are many
     import shlex
 
-    from .convert import CONVERTIBLE_HEAD_BYTES, convertible_kind
+    from ..convert import CONVERTIBLE_HEAD_BYTES, convertible_kind
 
     # O_NONBLOCK: a FIFO must not wait for a writer; only regular files are looked at.
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:

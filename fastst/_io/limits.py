@@ -20,7 +20,7 @@ class ChosenBackend(str):
     """``"mmap"``, the reference's default backend, as the default of fastst's
     ``backend=`` arguments: equal to ``"mmap"`` (signatures read as the reference's),
     and told apart from a caller's own ``"mmap"`` by identity, so that fastst may
-    read a file on a network file system by a plan instead (_source.planned_reading)
+    read a file on a network file system by a plan instead (source.planned_reading)
     while an explicit ``backend="mmap"`` maps it."""
 
     __slots__ = ()

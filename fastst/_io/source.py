@@ -54,7 +54,7 @@ NETWORK_READ_THREADS = 16
 
 
 # The functional form, subclassed: the class form compiles its string annotations
-# when the module is imported (see _handle.TensorMeta).
+# when the module is imported (see _handles.handle.TensorMeta).
 class Identity(NamedTuple("Identity", [("location", str), ("version", Tuple[Any, ...])])):
     """One version of a file or object: where it is, and what tells its versions
     apart (a local file's st_dev, st_ino, st_size and st_mtime_ns; an object's

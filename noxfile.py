@@ -266,17 +266,18 @@ def check_contents(session, sdist, wheel):
         in_sdist = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     with zipfile.ZipFile(wheel) as archive:
         in_wheel = set(archive.namelist())
-    needed = {"LICENSE", "README.md", "setup.py", "pyproject.toml", "fastst/_core.pyx",
-              "fastst/_fastst.h", "fastst-safetensors.pth"} | {
-                  f"fastst/{path.name}" for path in (ROOT / "fastst").glob("*.pxi")}
+    needed = {"LICENSE", "README.md", "setup.py", "pyproject.toml", "fastst-safetensors.pth"} | {
+        f"fastst/_core/{path.name}" for path in (ROOT / "fastst" / "_core").iterdir()
+        if path.suffix in (".pyx", ".pxd", ".pxi", ".h")}
     problems = [f"sdist lacks {name}" for name in sorted(needed - in_sdist)]
     problems += [f"sdist has {name}" for name in sorted(in_sdist)
                  if name.endswith(".c") or name.startswith("tests/")]
     problems += [f"wheel has {name}" for name in sorted(in_wheel)
-                 if name.endswith((".pyx", ".pxi", ".c", ".h"))]
+                 if name.endswith((".pyx", ".pxd", ".pxi", ".c", ".h"))]
     if "fastst-safetensors.pth" not in in_wheel:     # at the root: pip installs it beside fastst
         problems.append("wheel lacks fastst-safetensors.pth")
-    for wanted in ("fastst/py.typed", "fastst/_core.pyi", "fastst/_core.cpython-", "/licenses/LICENSE"):
+    for wanted in ("fastst/py.typed", "fastst/_core/__init__.pyi", "fastst/_core/reader.pyi",
+                   "fastst/_core.cpython-", "fastst/_core/_ring.cpython-", "/licenses/LICENSE"):
         if not any(wanted in name for name in in_wheel):
             problems.append(f"wheel lacks {wanted}")
     if problems:

@@ -32,24 +32,34 @@ directives = {
     "freethreading_compatible": True,
 }
 
-extension = Extension(
-    "fastst._core",
-    ["fastst/_core.pyx"],
-    # Everything the build reads; listed here, it also goes into the sdist.
-    depends=[os.path.join("fastst", name) for name in sorted(os.listdir("fastst"))
-             if name.endswith((".pyx", ".pxi", ".h"))],
-    include_dirs=[numpy.get_include()],
-    # NumPy 2.0's C API, which the runtime requires: the allocation handler functions
-    # (PyDataMem_SetHandler) are not declared for a target older than NumPy 1.22, which
-    # the headers of some NumPy 2 releases take by default.
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
-                   ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
-    # No debug information in a release build: a quarter of the compiler's time, and
-    # three quarters of the module's size, for symbols a user never reads.
-    extra_compile_args=["-O0", "-g"] if DEBUG else ["-O3", "-g0"],
-)
+CORE = os.path.join("fastst", "_core")
+# Everything a build of the core reads; listed here, it also goes into the sdist.
+SOURCES = [os.path.join(CORE, name) for name in sorted(os.listdir(CORE))
+           if name.endswith((".pyx", ".pxd", ".pxi", ".h"))]
+# NumPy 2.0's C API, which the runtime requires: the allocation handler functions
+# (PyDataMem_SetHandler) are not declared for a target older than NumPy 1.22, which
+# the headers of some NumPy 2 releases take by default.
+NUMPY_API = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
+             ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")]
+# No debug information in a release build: a quarter of the compiler's time, and
+# three quarters of the module's size, for symbols a user never reads.
+COMPILE_ARGS = ["-O0", "-g"] if DEBUG else ["-O3", "-g0"]
 
-extensions = cythonize([extension], compiler_directives=directives)
+
+def core_extension(name: str, source: str, *flags: str) -> Extension:
+    return Extension(name, [os.path.join(CORE, source)], depends=SOURCES,
+                     include_dirs=[numpy.get_include()], define_macros=NUMPY_API,
+                     extra_compile_args=COMPILE_ARGS + list(flags))
+
+
+# Two extensions: the format core (fastst._core: headers, reads, writes), which a read
+# loads alone, and the thread Loader's ring (fastst._core._ring), which takes what it
+# needs of the first through _core/__init__.pxd.
+extensions = cythonize([core_extension("fastst._core", "__init__.pyx"),
+                        # the ring uses a few of the core's kernels, not all
+                        core_extension("fastst._core._ring", "_ring.pyx",
+                                       "-Wno-unused-function")],
+                       compiler_directives=directives)
 # cythonize adds NumPy's headers to what the core depends on, by absolute paths: not
 # files of the sdist (setuptools warns about each), and the build finds them anyway.
 for built in extensions:

@@ -138,7 +138,7 @@ def cpu_beside(work) -> tuple:
 def docstring_examples(tmp_path, monkeypatch):
     """A runner of a module's docstring examples, (failures, tried), whose temporary
     folders (``tempfile.mkdtemp()``) go under this test's `tmp_path`. A compiled
-    module's examples are those of the stub beside it (``_core.pyi``), which the API
+    module's examples are those of its stubs (``_core/*.pyi``), which the API
     reference documents it from. A class is searched in the module its ``__module__``
     names (the public one that offers it). A docstring whose examples need an optional
     package that is not installed (torch, JAX, dask, fsspec, xxhash) is left out.
@@ -150,8 +150,8 @@ def docstring_examples(tmp_path, monkeypatch):
     def run(module):
         for name in getattr(module, "__all__", ()):
             getattr(module, name)    # a lazy name, made an attribute for the finder to see
-        stub = stub_of(module)
-        tests = (stub_doctests(stub) if stub is not None
+        stubs = stubs_of(module)
+        tests = ([test for stub in stubs for test in stub_doctests(stub)] if stubs is not None
                  else PublicClassFinder().find(module, module.__name__))
         runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
         for test in tests:
@@ -175,12 +175,17 @@ class PublicClassFinder(doctest.DocTestFinder):
         return super()._from_module(module, object)
 
 
-def stub_of(module):
-    """The ``.pyi`` stub beside a compiled module; None for a Python module."""
+def stubs_of(module):
+    """The ``.pyi`` stubs of a compiled module: those of the folder beside it that is its
+    path (``_core/__init__.pyi`` and the stubs it re-exports, by concern), or the one
+    stub beside it; None for a Python module."""
     path = module.__file__
     if path.endswith(".py"):
         return None
-    return os.path.join(os.path.dirname(path), module.__name__.rsplit(".", 1)[-1] + ".pyi")
+    folder = getattr(module, "__path__", None)
+    if folder:
+        return sorted(str(stub) for stub in pathlib.Path(folder[0]).glob("*.pyi"))
+    return [os.path.join(os.path.dirname(path), module.__name__.rsplit(".", 1)[-1] + ".pyi")]
 
 
 def stub_doctests(stub):

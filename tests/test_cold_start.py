@@ -288,8 +288,20 @@ def test_a_first_load_imports_what_slices_reads_ahead_or_opens_checkpoints_on_th
         f32_file):
     assert modules_loaded_by(
         f"import fastst; fastst.load_file({str(f32_file)!r})",
-        ["threading", "fastst._handles.slicing", "fastst._format.blocks", "fastst._handles.readahead",
-         "fastst.checkpoint"]) == []
+        ["threading", "fastst._handles.slicing", "fastst._format.blocks",
+         "fastst._handles.readahead", "fastst.checkpoint"]) == []
+
+
+def test_reads_and_writes_load_the_format_core_alone(f32_file, tmp_path):
+    """The loader's ring is the core's second extension: loaded by a Loader (or the
+    first of its names used), never by opening, reading, slicing or writing a file."""
+    copy = str(tmp_path / "copy.safetensors")
+    assert modules_loaded_by(
+        f"import fastst; t = fastst.load_file({str(f32_file)!r}); "
+        f"fastst.save_file(t, {copy!r}); f = fastst.safe_open({copy!r}); f.get_slice('x')[1:]",
+        ["fastst._core._ring"]) == []
+    assert modules_loaded_by("from fastst._core import BatchRing",
+                             ["fastst._core._ring"]) == ["fastst._core._ring"]
 
 
 def test_a_first_load_compiles_no_regular_expression(f32_file):

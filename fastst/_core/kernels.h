@@ -1,4 +1,4 @@
-/* Small C kernels of fastst's compiled core (included by _core.pyx). */
+/* Small C kernels of fastst's compiled core (included by __init__.pyx). */
 #ifndef FASTST_H
 #define FASTST_H
 

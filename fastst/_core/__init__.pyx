@@ -56,7 +56,7 @@ cdef extern from "numpy/arrayobject.h":
                                 int flags, PyObject* obj)
     object PyDataMem_SetHandler(object handler)   # returns the handler it replaced
 
-cdef extern from "_fastst.h":
+cdef extern from "kernels.h":
     int fastst_load_int(const int* p) noexcept nogil
     void fastst_store_int(int* p, int value) noexcept nogil
     uint64_t fastst_load_u64(const uint64_t* p) noexcept nogil
@@ -93,7 +93,7 @@ cdef extern from "_fastst.h":
     size_t FASTST_HUGE_PAGE
     size_t FASTST_PAGE
 
-cdef extern from "_faults.h":
+cdef extern from "faults.h":
     int fastst_faults_catch() noexcept nogil
     int fastst_fault_guarded(void (*copy)(void*) noexcept nogil, void* argument,
                              const char** address) noexcept nogil
@@ -103,13 +103,26 @@ cdef int MAX_DIMS = 64   # NumPy's NPY_MAXDIMS
 cdef uint64_t INTP_MAX = <uint64_t>0x7FFFFFFFFFFFFFFF
 
 # The core, in the order data flows through it.
-include "_errors.pxi"     # the SafetensorError family; _fail; values shown in messages
-include "_dtypes.pxi"     # THE dtype table and the lists derived from it
-include "_header.pxi"     # prefix, fast scanner, strict parser, coverage rules
-include "_sources.pxi"    # mmap and buffer owners; read plans (pread, threads, no GIL)
-include "_reader.pxi"     # Reader: views, copies, rows, gathers
-include "_batches.pxi"    # BatchRing: the thread Loader's gathers, without the GIL
-include "_shuffle.pxi"    # the thread Loader's shuffles, without the GIL
-include "_align.pxi"      # aligned files: the header's padding, the tensors' order
-include "_runs.pxi"       # runs of bytes inside a tensor: the part a shard owns
-include "_writer.pxi"     # WriteSpec, WritePlan, the one output loop
+include "errors.pxi"     # the SafetensorError family; _fail; values shown in messages
+include "dtypes.pxi"     # THE dtype table and the lists derived from it
+include "header.pxi"     # prefix, fast scanner, strict parser, coverage rules
+include "sources.pxi"    # mmap and buffer owners; read plans (pread, threads, no GIL)
+include "reader.pxi"     # Reader: views, copies, rows, gathers
+include "align.pxi"      # aligned files: the header's padding, the tensors' order
+include "runs.pxi"       # runs of bytes inside a tensor: the part a shard owns
+include "writer.pxi"     # WriteSpec, WritePlan, the one output loop
+
+# The thread Loader's ring and shuffles are a second extension, fastst._core._ring
+# (_ring.pyx): loaded with the first of their names used, never by a read or a write.
+# This module's folder, where that extension sits, is its path, as a package's is.
+__path__ = [os.path.join(os.path.dirname(__file__), "_core")]
+RING_NAMES = frozenset({"BatchRing", "READER_FAILED", "STOPPED", "TAKER_FILLS_BATCH_BYTES",
+                        "WATCH_FROM_FILES", "last_level_cache", "SHUFFLE_BUCKET_ROWS",
+                        "deal_rows", "shuffle_rows"})
+
+
+def __getattr__(name):
+    if name not in RING_NAMES:
+        raise AttributeError(f"module 'fastst._core' has no attribute {name!r}")
+    from fastst._core import _ring
+    return getattr(_ring, name)

@@ -1,5 +1,5 @@
 # Writing: every writer hands over explicit specs; one plan, one output loop
-# (included by _core.pyx).
+# (included by __init__.pyx).
 
 WriteSpec = namedtuple("WriteSpec", ["name", "dtype", "shape", "data"], module="fastst.writer")
 WriteSpec.__doc__ = """One tensor to write: its name, header dtype code, header shape, and

@@ -1,6 +1,6 @@
-# The thread Loader's gathers over mapped files, without the GIL (included by _core.pyx).
+# The thread Loader's gathers over mapped files, without the GIL (included by _ring.pyx).
 
-cdef extern from "_batches.h":
+cdef extern from "batches.h":
     ctypedef struct fastst_batches:
         int tensors, parts, slots
         const int64_t* starts
@@ -35,6 +35,7 @@ cdef extern from "_batches.h":
     void fastst_batches_index_parts(fastst_batches* ring, int* chunk_parts) noexcept nogil
     int FASTST_BATCH_CHUNKS
     int fastst_batches_can_stream() noexcept nogil
+    void fastst_batches_use_guard(void* guard) noexcept nogil
     int fastst_batches_watcher() noexcept nogil
     int fastst_batches_watch(fastst_batches* ring, int watch_fd, int* watches) noexcept nogil
 
@@ -114,7 +115,7 @@ cdef class BatchRing:
     held open until ``close``, which lets go of the maps and the buffers too. A batch
     takes rows from a file only while it is no shorter than mapped, and one cut short
     while they are copied ends the batch as well (the copy's fault is caught: see
-    _faults.h). Over many files
+    faults.h). Over many files
     (`watch` None: WATCH_FROM_FILES or more; True: any number), a file on a local file
     system is watched (inotify) and checked again (fstat) only when the kernel says it
     changed, where fstat of every file a batch takes rows from would cost more than
@@ -234,31 +235,26 @@ cdef class BatchRing:
 
     cdef _map_part(self, int p, handle, tuple names, int64_t rows):
         """Part p's file: its map's rows of each tensor, and a descriptor on it."""
-        if not isinstance(handle, Reader) or (<Reader>handle).kind != BACKEND_MMAP:
+        if not isinstance(handle, Reader):
             raise ValueError("a ring gathers from mapped files only")
-        cdef Reader reader = <Reader>handle
-        cdef Py_ssize_t i
-        cdef Entry* entry
-        cdef cnp.npy_intp count
-        cdef uint64_t row_bytes
-        for t, name in enumerate(names):
-            i = reader._position(name)
-            entry = &reader.header.entries[i]
-            if entry.np_ndim < 1:
-                raise ValueError(f"tensor {_shown(name)} has no rows")
-            count = reader.header.numpy_dims(entry)[0]
-            row_bytes = _row_bytes(entry, count)
-            if count != rows or (count and self.seen_rows[t] and row_bytes != self.row_bytes[t]):
-                raise ValueError(f"{reader.source}: tensor {_shown(name)} does not have the "
-                                 f"rows of the part")
-            if count:            # a part of no rows (an empty shard) says nothing of a row
-                self.row_bytes[t], self.seen_rows[t] = row_bytes, True
-            self.bases[p * len(names) + t] = reader.data + entry.begin
-        self.fds[p] = reader._reopen()   # the mapped file, no shorter: checked here
+        tensors, fd, size, owner = handle._ring_part(names)
+        try:
+            for t, (address, count, row_bytes) in enumerate(tensors):
+                if count != rows or (count and self.seen_rows[t]
+                                     and row_bytes != self.row_bytes[t]):
+                    raise ValueError(f"{handle.source}: tensor {_shown(names[t])} does not "
+                                     f"have the rows of the part")
+                if count:   # a part of no rows (an empty shard) says nothing of a row
+                    self.row_bytes[t], self.seen_rows[t] = row_bytes, True
+                self.bases[p * len(names) + t] = <char*><uintptr_t>address
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fds[p] = fd    # the mapped file, no shorter: checked by _ring_part
         self.open_fds = p + 1
-        self.sizes[p] = reader.file_size
-        self.handles.append(reader)
-        self.owners.append(reader.owner)     # the map, kept whatever the handle does
+        self.sizes[p] = size
+        self.handles.append(handle)
+        self.owners.append(owner)     # the map, kept whatever the handle does
 
     cdef _watch_files(self, watch):
         """Watch the files that can be (see the class)."""
@@ -332,10 +328,10 @@ cdef class BatchRing:
             raise SafetensorError("a file of the dataset was truncated under the reader "
                                   "(reading its map faulted)")
         if error == FASTST_BATCH_SHORT_FILE:
-            reader = <Reader>self.handles[part]
-            os.close(reader._reopen())      # raises what changed, where it can tell
-            _fail(reader.source, f"file was truncated under the reader (it had "
-                                 f"{reader.file_size} bytes when opened)")
+            reader = self.handles[part]
+            os.close(reader._reopened())      # raises what changed, where it can tell
+            raise SafetensorError(f"{reader.source}: file was truncated under the reader "
+                                  f"(it had {self.sizes[part]} bytes when opened)")
         raise AssertionError(f"batch {place} holds a row outside the dataset")
 
     def advance(self, int64_t ready, int64_t claimed=0):

@@ -1,6 +1,6 @@
 /* The thread Loader's gathers: threads that copy the rows of each batch from the
    files' maps into a ring of batch buffers, and the consumer that takes the batches in
-   order, with no Python between them (see BatchRing in _batches.pxi).
+   order, with no Python between them (see BatchRing in batches.pxi).
 
    Batch k (its place in the iteration) goes into slot k % slots once batch
    k - ahead is taken; a thread takes the next batch that may start, waits until the
@@ -16,8 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include "_fastst.h"           /* fastst_prefetch */
-#include "_faults.h"           /* fastst_fault_guarded */
+#include "kernels.h"           /* fastst_prefetch */
 #ifdef __linux__
 #include <stdio.h>
 #include <sys/inotify.h>
@@ -25,6 +24,15 @@
 #include <unistd.h>
 #define FASTST_CAN_WATCH 1
 #endif
+
+/* The format core's guarded copy (faults.h: compiled there, once, with the one SIGBUS
+   handler): the ring's module sets it as it starts (fastst_batches_use_guard). */
+typedef int (*fastst_guard)(void (*copy)(void *), void *argument, const char **address);
+static fastst_guard fastst_batches_guarded;
+
+static void fastst_batches_use_guard(void *guard) {
+    fastst_batches_guarded = (fastst_guard)guard;
+}
 
 #define FASTST_BATCH_PREFETCH 8   /* rows whose sources are asked for ahead of their copy */
 #define FASTST_BATCH_CHUNKS 16384 /* the most chunks of rows whose first row's part is kept */
@@ -377,7 +385,7 @@ static int fastst_batches_part_at(const fastst_batches *ring, const char *addres
    is first checked to be no shorter than it was mapped (its watch, or else an fstat),
    so that a file cut short is found before its rows are copied where it can be; one
    cut short while they are is found by the fault (SIGBUS) of the guarded copy (see
-   _faults.h). Either way the batch ends FASTST_BATCH_SHORT_FILE, `error_part` the
+   faults.h). Either way the batch ends FASTST_BATCH_SHORT_FILE, `error_part` the
    file's part. `checked` (one a part) and `row_parts` (one a row of a batch) are the
    thread's own: the place each file was last checked for, and each row's part, looked
    up once. */
@@ -409,7 +417,7 @@ static int fastst_batches_fill(fastst_batches *ring, int64_t place, int64_t *che
     copy.row_parts = row_parts;
     copy.outs = outs;
     copy.size = size;
-    if (fastst_fault_guarded(fastst_batches_copy_rows, &copy, &faulted)) {
+    if (fastst_batches_guarded(fastst_batches_copy_rows, &copy, &faulted)) {
         *error_part = fastst_batches_part_at(ring, faulted);
         return FASTST_BATCH_SHORT_FILE;
     }

@@ -1,5 +1,5 @@
 # Runs of bytes inside one tensor, read one after another into one array: the part
-# of a tensor that a shard or a rank owns, and nothing else (included by _core.pyx).
+# of a tensor that a shard or a rank owns, and nothing else (included by __init__.pyx).
 
 
 def read_runs(Reader reader, name, offsets, length, out):

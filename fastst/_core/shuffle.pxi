@@ -1,10 +1,10 @@
 # The thread Loader's shuffles, drawn from a NumPy bit generator without the GIL
-# (included by _core.pyx; the kernels are _shuffle.h's).
+# (included by _ring.pyx; the kernels are shuffle.h's).
 
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.stdint cimport uint16_t
 
-cdef extern from "_shuffle.h":
+cdef extern from "shuffle.h":
     ctypedef struct bitgen_t:
         pass
     void fastst_shuffle_rows(bitgen_t* bits, int64_t* rows, uint64_t count) noexcept nogil
@@ -25,7 +25,7 @@ def deal_rows(Py_ssize_t total, bit_generator, Py_ssize_t bucket_rows=SHUFFLE_BU
     the GIL: the rows, bucket after bucket (int64), and where each bucket ends among
     them (int64). Each bucket then shuffled in turn by ``shuffle_rows`` from the same
     generator makes a uniformly drawn permutation (see fastst_deal_rows in
-    _shuffle.h)."""
+    shuffle.h)."""
     if total < 0 or bucket_rows < 1:
         raise ValueError(f"no permutation of {total} rows in buckets of {bucket_rows}")
     # (C division here: rounded up by hand)

@@ -1,5 +1,5 @@
 # Owners of the memory that arrays view, and read plans: byte ranges copied with pread or
-# memcpy, the GIL released, shared by threads (included by _core.pyx).
+# memcpy, the GIL released, shared by threads (included by __init__.pyx).
 
 cdef class _Mapping:
     """A private (copy-on-write) memory map of a whole file; unmapped when the last
@@ -17,7 +17,7 @@ cdef class _Mapping:
 
     cdef bint read_ahead(self, char* begin, char* end):
         """Start a thread mapping the pages of [begin, end) that the page cache does
-        not hold, in order, reading them (see fastst_map_reader in _fastst.h), once a
+        not hold, in order, reading them (see fastst_map_reader in kernels.h), once a
         map, and while the map readers running hold no more than half the machine's
         memory: True when it started."""
         if fastst_map_reader_start(&self.ahead, begin, end, read_ahead_limit()) != 0:
@@ -218,7 +218,7 @@ def hint_sequential(int fd, uint64_t offset, uint64_t length):
 
 
 cdef Py_ssize_t PREFETCH_JOBS = 8         # copies whose source is asked for ahead of its copy
-cdef bint HUGE_PAGES = True                # big fresh arrays in huge pages (see _fastst.h)
+cdef bint HUGE_PAGES = True                # big fresh arrays in huge pages (see kernels.h)
 
 # read_options() writes the options (under _SETTING_OPTIONS) while reads in other
 # threads read them: through these, atomically (see fastst_load_int)
@@ -398,7 +398,7 @@ cdef class _ReadPlan:
 
     cdef copy_from(self, const char* base, str source, object what):
         """Copy the jobs from memory, their offsets counted from `base`, without the
-        GIL. The copy is guarded (see _faults.h): memory that faults (a file mapped
+        GIL. The copy is guarded (see faults.h): memory that faults (a file mapped
         there, cut short) ends it with the SafetensorError that says so, for `what`
         of `source` (as raise_if_failed)."""
         cdef _Copies copies
@@ -537,7 +537,7 @@ cdef class _ReadPlan:
     cdef prime(self, uint64_t begin, uint64_t end):
         """Before the plan is made: when it will read bytes [begin, end) of self.fd,
         all of them, in order, and that span is two requests or more, hint it and
-        start a primer on it (see _fastst.h), so that the disk is busy while the
+        start a primer on it (see kernels.h), so that the disk is busy while the
         caller makes the arrays the plan reads into (for 10,000 small tensors,
         milliseconds of allocation during which nothing was read). The plan's
         readers stop it as they start, find what it read in the page cache and
@@ -585,9 +585,15 @@ cdef void _copy_jobs(void* argument) noexcept nogil:
 
 cdef _catch_faults():
     """Put the SIGBUS handler of guarded copies in place, where it is not (see
-    fastst_faults_catch in _faults.h)."""
+    fastst_faults_catch in faults.h)."""
     if fastst_faults_catch() != 0:
         raise OSError(errno, f"{os.strerror(errno)}: setting SIGBUS's handler")
+
+
+cdef void* _fault_guard() noexcept:
+    """fastst_fault_guarded, for the ring's copies: one handler, one guard, whichever
+    extension copies."""
+    return <void*>fastst_fault_guarded
 
 
 cdef struct _ReadTally:

@@ -1,4 +1,4 @@
-# Aligned files (included by _core.pyx): with ``align=N`` a writer pads the header so
+# Aligned files (included by __init__.pyx): with ``align=N`` a writer pads the header so
 # that the data starts at a multiple of N, and orders the tensors so that as many as
 # it can find start at a multiple of N too. The format allows no gap between tensors,
 # so alignment comes from the order alone: a tensor whose size is a multiple of N

@@ -1,4 +1,4 @@
-# THE dtype table, and every list derived from it (included by _core.pyx).
+# THE dtype table, and every list derived from it (included by __init__.pyx).
 
 DtypeInfo = namedtuple("DtypeInfo", ["code", "bits", "numpy", "torch"], module="fastst")
 DtypeInfo.__doc__ = """One safetensors dtype: header code, bits per element, the name of

@@ -91,6 +91,20 @@ def sources():
     return sorted(PACKAGE.rglob("*.py"))
 
 
+def test_the_tree_shows_the_layers():
+    """A few modules at the top (faces, capabilities, the API), the rest in the folders
+    of the layers, and the compiled core's sources in its own: two extensions, the
+    format core and the loader's ring."""
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= 20, top
+    assert set(FOLDERS) <= {path.name for path in PACKAGE.iterdir() if path.is_dir()}
+    assert len(FOLDERS) >= 5
+    assert [path.name for path in PACKAGE.iterdir()
+            if path.suffix in (".pyx", ".pxd", ".pxi", ".h", ".pyi")] == []
+    assert sorted(path.name for path in (PACKAGE / "_core").glob("*.pyx")) == [
+        "__init__.pyx", "_ring.pyx"]
+
+
 def test_every_module_has_a_layer():
     assert sorted({place_of(path)[0] for path in sources()}) == sorted(set(LAYERS) - {"_core"})
     for folder, modules in FOLDERS.items():

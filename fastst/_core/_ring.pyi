@@ -30,13 +30,14 @@ class BatchRing:
     batch_rows:]`` (at most `batch_rows` of them) and goes into slot k % len(slots)
     once batch k - ahead is taken. With `needs` (one per place), place k waits until
     ``advance`` has said that ``needs[k]`` reads are done and that k's need is set;
-    without, none waits. The maps stay while the ring does; each file is held open
-    until ``close``. A batch takes rows from a file only while it is no shorter than
-    mapped: over WATCH_FROM_FILES files or more (`watch` None; True: any number), a
-    file on a local file system is watched (inotify) and checked again only when the
-    kernel says it changed; any other file is checked before each batch that takes rows
-    from it. A file cut short while a batch's rows are copied ends the batch too (the
-    copy's fault is caught).
+    without, none waits. The maps stay while the ring does, whatever becomes of the
+    handles; each file is held open until ``close``. A batch takes rows from a file
+    only while it is no shorter than mapped: over WATCH_FROM_FILES files or more
+    (`watch` None; True: any number), a file on a local file system is watched
+    (inotify) and checked again (``fstat``) only when the kernel says it changed;
+    any other file (all of them with `watch` False, or where there is no inotify) is
+    checked before each batch that takes rows from it. A file cut short while a
+    batch's rows are copied ends the batch too (the copy's fault is caught).
     """
     def __init__(self, handles: list[Reader], starts: list[int], names: tuple[str, ...],
                  order: npt.NDArray[np.int64], batch_rows: int, first: int, step: int,
@@ -66,14 +67,15 @@ class BatchRing:
         short raises the SafetensorError that says so; a signal's handler
         (Ctrl-C's) runs while it waits, and what it raises comes out of the wait."""
     def advance(self, ready: int, claimed: int = 0) -> None:
-        """`ready` reads are done, and the needs of the first `claimed` places are set."""
+        """`ready` reads are done, and the needs of the first `claimed` places are set
+        (after ``close``: nothing to do)."""
     def reading_failed(self) -> None:
         """The reading the batches wait for failed: each waiting batch ends READER_FAILED."""
     def stop(self) -> None:
         """End the threads' loops (after the batches they are copying) and every wait."""
     def close(self) -> None:
         """Once the threads have returned from ``work``: close the files and let go of
-        the maps and the buffers."""
+        the maps and the buffers (a map goes once nothing else holds it)."""
 
 SHUFFLE_BUCKET_ROWS: Final[int]
 

@@ -66,5 +66,22 @@ Examples
 ['F4', 'F6_E2M3', 'F6_E3M2']
 """
 
-def numpy_dtype(code: str, /) -> np.dtype[Any]: ...
-def dtype_bits(code: str, /) -> int: ...
+def numpy_dtype(code: str, /) -> np.dtype[Any]:
+    """The NumPy dtype that tensors of header dtype `code` load as.
+
+    ml_dtypes' dtypes for bfloat16 and float8 (ml_dtypes imported by the first call
+    that needs it), ``uint8`` for the packed sub-byte codes.
+
+    Raises
+    ------
+    SafetensorError
+        When `code` is not a dtype of the format.
+    """
+def dtype_bits(code: str, /) -> int:
+    """Bits per element of header dtype `code`.
+
+    Raises
+    ------
+    SafetensorError
+        When `code` is not a dtype of the format.
+    """

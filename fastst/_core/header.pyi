@@ -63,8 +63,9 @@ class TensorInfo(NamedTuple):
 
 def foreign_format(head: Buffer, /) -> str | None:
     """What the first bytes of a file say it is, when its length prefix is no
-    length: the rest of the message "not a safetensors file: ...", which every
-    way of opening a file gives for one whose prefix is wrong.
+    length (``"it is a NumPy .npy file"``, ``"it is text"``...): the rest of the
+    message "not a safetensors file: ...", which every way of opening a file gives
+    for one whose prefix is wrong; None when they do not tell.
 
     Looks at the first 64 bytes at most: a NumPy ``.npy`` file, a zip archive
     (``.npz``, ``.pt``), HDF5, GGUF, a pickle, gzip or zstd data, an HTML page,

@@ -70,6 +70,11 @@ class Reader:
         a list of ``(offset, length)`` and returns one bytes-like object per range,
         exactly that long (what ``safe_open`` does for URLs and file objects).
 
+        The first request asks for the file's first 64 KiB: the prefix and, most
+        often, the whole header (a longer header takes a second request).
+        Tensors are then read into fresh memory, each read in as few requests
+        as its byte ranges allow. `identity` is what `file_identity` returns.
+
         A `fetch` may also have a ``fetch_into(ranges, buffers)`` method, which
         puts each range's bytes into its buffer (a writable memoryview exactly
         as long, valid only during the call) and returns a list of the bytes
@@ -186,7 +191,10 @@ class Reader:
         """Every tensor, in buffer order, each read into fresh memory of its own.
 
         Unlike `get_tensors`, no array depends on the file: large files are
-        read by several threads at once, the GIL released.
+        read by several threads at once, the GIL released. From a local file
+        (8 MiB of tensors or more), the disk starts reading their bytes while
+        their arrays are made, where `read_options` leaves hints on and direct
+        reads off.
 
         Returns
         -------
@@ -356,7 +364,11 @@ class Reader:
         """Every tensor, in buffer order, as `get_tensor` gives each.
 
         Views of the map with the ``"mmap"`` backend; fresh memory otherwise
-        (a file read by ranges is read in one plan of requests).
+        (a file read by ranges is read in one plan of requests). With the
+        ``"mmap"`` backend (8 MiB of tensors or more), unless `read_options`
+        turned hints off, a thread reads the tensors' pages into the page cache
+        in the background, in file order, while the caller works on the first
+        ones.
 
         Returns
         -------
@@ -509,8 +521,9 @@ class Reader:
         [[2, 3], [4, 5]]
         """
     def gather_rows(self, name: str, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
-        """Rows `rows` of tensor `name`'s first axis, in a fresh array: the rows
-        must be an ``intp`` array, each in range (`gather` takes any integers).
+        """Rows `rows` of tensor `name`'s first axis, each read into its place in
+        a fresh array, and no other: the rows must be an ``intp`` array, each in
+        range, in any order, repeats allowed (`gather` takes any integers).
 
         Raises
         ------
@@ -590,7 +603,8 @@ class Reader:
         file objects) or ``"buffer"``."""
     @property
     def data_start(self) -> int:
-        """Where the tensor data starts in the file: 8 + the header's length."""
+        """Where the tensor data starts in the file (or buffer): 8 + the header's
+        length."""
     @property
     def uses_ml_dtypes(self) -> bool:
         """Whether tensors of the dtypes NumPy lacks (bfloat16, float8) come as
@@ -602,7 +616,7 @@ class Reader:
     def uses_ml_dtypes(self, value: bool) -> None: ...
     def array_dtype(self, code: str) -> np.dtype[Any]:
         """The NumPy dtype of this reader's arrays of header dtype `code`:
-        ``fastst.numpy_dtype(code)``, or its bits where `uses_ml_dtypes` is False.
+        ``numpy_dtype(code)``, or its bits where `uses_ml_dtypes` is False.
 
         Raises
         ------

@@ -21,7 +21,7 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
                  direct: bool | None = None, hints: bool | None = None,
                  huge_pages: bool | None = None) -> ReadOptions:
     """Set how local files are read into fresh memory, and return the options
-    that were in force.
+    that were in force before the call (with no argument, only return them).
 
     They apply to every read plan on a local file: ``load_file(copy=True)``,
     the ``"pread"`` backend, ``load_into``, ``copy_tensors``, ``read_into``,
@@ -53,7 +53,11 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
     hints : bool, optional
         Tell the kernel (``posix_fadvise(POSIX_FADV_SEQUENTIAL)``) that a plan
         of 8 MiB or more reads its bytes in file order, so that it reads
-        further ahead.
+        further ahead; start the disk reading a whole file's tensors
+        (``copy_tensors``) while their fresh arrays are made (a thread reads
+        ahead until the copy starts); and read a mapped file whose every
+        tensor is asked for (``get_tensors``) into the page cache in the
+        background, in file order. True by default.
     huge_pages : bool, optional
         Give fresh arrays of 4 MiB or more (from files, buffers, file objects
         and URLs alike) memory mapped for transparent huge pages, through a
@@ -86,18 +90,61 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
     """
 
 
-def read_counters() -> dict[str, int]: ...
+def read_counters() -> dict[str, int]:
+    """What read plans on local files have done since the process started, a count
+    by name: for tests and benchmarks, which compare two snapshots.
+
+    ``requests`` and ``bytes``: all the requests and bytes read; ``direct_requests``
+    and ``direct_bytes``: those read with ``O_DIRECT``; ``bounced_bytes``: the bytes
+    of those read through an aligned buffer; ``direct_refused``: the files that
+    refused ``O_DIRECT``; ``hinted_plans``: the plans given ``posix_fadvise`` hints;
+    ``threads_started``: the threads started; ``primed_plans`` and
+    ``primed_bytes``: the plans read ahead while their memory was made, and the
+    bytes read so (not counted in ``bytes``: the plan reads them again, from the
+    page cache); ``maps_read_ahead``: the maps read ahead in the background;
+    ``rows_cached``: the calls of ``Reader.cache_rows`` that read rows into the
+    page cache; ``files_checked``: the checks of a file's length (``fstat``) by
+    the thread Loader's gathers, of the rings closed.
+    """
 def use_huge_page_settings(folder: str = "/sys/kernel/mm/transparent_hugepage",
-                           buddyinfo: str = "/proc/buddyinfo") -> str: ...
-def free_huge_page_bytes(path: str = "/proc/buddyinfo") -> int: ...
+                           buddyinfo: str = "/proc/buddyinfo") -> str:
+    """Decide when fresh arrays are advised ``MADV_HUGEPAGE`` from the kernel's
+    transparent huge page settings in `folder` (``enabled``, ``defrag``), and
+    where free memory is counted (`buddyinfo`): return the decision, ``"never"``,
+    ``"always"`` or ``"while free"``. Made before the first big array; with other
+    arguments, for tests.
+
+    ``"never"`` where advice gains nothing: the kernel gives no huge pages, or
+    gives them to every mapping (advice would only make a fault that finds no
+    free 2 MiB compact memory first). ``"always"`` where an advised fault never
+    waits for compaction (``defrag`` is ``defer`` or ``never``). ``"while free"``
+    where it does: an array is advised only while free 2 MiB blocks hold twice
+    its size (a reading of `buddyinfo` serves a tenth of a second, less what was
+    advised since), as a fault that compacts takes longer than the small pages'
+    faults it saves.
+    """
+def free_huge_page_bytes(path: str = "/proc/buddyinfo") -> int:
+    """Bytes of free memory in blocks of 2 MiB or more, in the zones that serve a
+    process's memory (all but DMA), from the kernel's free lists in `path`; 0 where
+    it cannot be read."""
 def read_ahead_limit() -> int:
     """Half the machine's memory: the most read into the page cache ahead of use
-    and counted on to stay there (1 where the memory is not known)."""
-def hint_sequential(fd: int, offset: int, length: int, /) -> bool: ...
+    and counted on to stay there (the map readers' bytes at once, and a data set
+    whose shuffle reads whole 2 MiB pieces: the thread Loader's); 1 where the
+    memory is not known, so that nothing is read ahead."""
+def hint_sequential(fd: int, offset: int, length: int, /) -> bool:
+    """Tell the kernel that bytes ``[offset, offset + length)`` of the file open as
+    `fd` will be read once, in order (``posix_fadvise(POSIX_FADV_SEQUENTIAL)``),
+    unless `read_options` turned hints off: True when it was told.
+
+    For readers of their own (the CUDA ring): what read plans do themselves.
+    """
 def read_threads() -> int:
     """The threads a read plan of two requests or more is shared by now: the
     ``threads`` of `read_options`, or by default one per usable CPU, at most 4."""
-def usable_cpus() -> int: ...
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform tells it),
+    which thread pools size themselves by."""
 def file_system_type(path: str | bytes | os.PathLike[str] | os.PathLike[bytes], /) -> int:
     """The magic number of the file system that holds `path` (statfs's f_type, as
     linux/magic.h names them: 0x6969 for NFS...); 0 where the platform tells none.

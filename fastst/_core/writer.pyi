@@ -92,7 +92,8 @@ class WritePlan:
     def total_size(self) -> int:
         """The file's size in bytes."""
     def to_bytes(self) -> bytes:
-        """The whole file as one bytes object.
+        """The whole file as one bytes object, filled with the GIL released per
+        tensor.
 
         Raises
         ------
@@ -112,7 +113,8 @@ class WritePlan:
         """
     def write_stream(self, stream: SupportsWrite, target: str = "<stream>") -> None:
         """Write the whole file to a binary file object, in order, through
-        ``stream.write`` in pieces of at most 16 MiB.
+        ``stream.write`` in pieces of at most 16 MiB: the bytes `write_to` writes,
+        for uploads (fsspec files) and other file objects.
 
         Raises
         ------
@@ -140,7 +142,8 @@ class WritePlan:
         target: str = "<file>", bits_of: str | None = None
     ) -> tuple[int, int]:
         """Write `array` as rows ``[first_row, first_row + len(array))`` of tensor
-        `name`, at their place in the file open as `fd` (a ``pwrite``).
+        `name`, at their place in the file open as `fd` (a ``pwrite``: the file
+        position does not move).
 
         The array's dtype must be the tensor's NumPy dtype (either byte order),
         or, with `bits_of` (the header code of a dtype NumPy lacks, whose bits
@@ -220,7 +223,18 @@ def spec_of_array(name: str, array: npt.ArrayLike) -> WriteSpec:
     """
 def write_array_at(
     fd: int, array: npt.NDArray[Any], offset: int, target: str = ..., /
-) -> None: ...
+) -> None:
+    """Write `array`'s bytes, in C order and little-endian, to `fd` at byte `offset`
+    (a ``pwrite``, the GIL released): the writers' output loop, for a piece whose
+    place the caller knows (a region of a file that other processes fill).
+
+    Raises
+    ------
+    SafetensorError
+        When `offset` is negative.
+    OSError
+        When the write fails.
+    """
 def plan_write(
     specs: Iterable[WriteSpec | tuple[str, str, Sequence[int], npt.NDArray[Any] | None]],
     metadata: Mapping[str, str] | None,
@@ -252,7 +266,8 @@ def plan_write(
     Parameters
     ----------
     specs : iterable of WriteSpec or (name, dtype, shape, data) tuples
-        The tensors; a `data` of None declares one whose bytes come later.
+        The tensors; a `data` left out or None declares one whose bytes come
+        later.
     metadata : mapping of str to str or None
         The header's ``__metadata__``.
     header_padding : int, default 0

@@ -1,6 +1,7 @@
 """The compiled core of fastst (the format core, fastst._core), its stub split by concern
 beside the code each part describes. The API reference is generated from these stubs'
-docstrings (the compiled module keeps shorter ones of its own); their examples run in
+docstrings, whose first paragraphs are the compiled module's own docstrings
+(tests/test_core_docstrings.py holds them equal); their examples run in
 tests/test_docs.py."""
 from .dtypes import (
     DTYPES as DTYPES,

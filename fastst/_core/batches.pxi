@@ -100,27 +100,11 @@ cpdef uint64_t last_level_cache():
 
 
 cdef class BatchRing:
-    """Threads that gather batches of rows of several tensors, from the maps of one or
-    more files (numbered across them), into a ring of batch buffers, and the consumer's
-    side: the loop of each thread (``work``) and each batch's wait (``take``) run
-    without the GIL, so that no batch costs Python anything but its ``take``.
-
-    Batch k of an iteration (its place) holds rows ``order[(first + k * step) *
-    batch_rows:]`` (at most `batch_rows` of them) and goes into slot k % len(slots)
-    once batch k - ahead is taken. With `needs` (one per place), place k waits until
-    ``advance`` has said that ``needs[k]`` reads are done and that k's need is set;
-    without, none waits.
-
-    The maps stay while the ring does, whatever becomes of the handles; each file is
-    held open until ``close``, which lets go of the maps and the buffers too. A batch
-    takes rows from a file only while it is no shorter than mapped, and one cut short
-    while they are copied ends the batch as well (the copy's fault is caught: see
-    faults.h). Over many files
-    (`watch` None: WATCH_FROM_FILES or more; True: any number), a file on a local file
-    system is watched (inotify) and checked again (fstat) only when the kernel says it
-    changed, where fstat of every file a batch takes rows from would cost more than
-    the copies; any other file (all of them with `watch` False, or fewer files, or
-    where there is no inotify) is checked before each batch that takes rows from it."""
+    """Threads that gather batches of rows of several tensors, from the maps of one
+    or more files (numbered across them), into a ring of batch buffers, and the
+    consumer's side: each thread's loop (``work``) and each batch's wait (``take``)
+    run without the GIL, so that no batch costs Python anything but its ``take``
+    (the thread Loader's gathers over mapped files)."""
     cdef fastst_batches ring
     cdef bint ready_to_run         # set up, and not closed
     cdef bint initialised          # its lock and conditions made
@@ -257,7 +241,10 @@ cdef class BatchRing:
         self.owners.append(owner)     # the map, kept whatever the handle does
 
     cdef _watch_files(self, watch):
-        """Watch the files that can be (see the class)."""
+        """Watch the files that can be (see BatchRing in _ring.pyi)."""
+        # Over many files, an fstat of every file a batch takes rows from would cost
+        # more than the copies: a watched file is checked only when the kernel says
+        # it changed.
         if watch or (watch is None and self.ring.parts >= WATCH_FROM_FILES):
             self.watch_fd = fastst_batches_watcher()
         self.watched = fastst_batches_watch(&self.ring, self.watch_fd, self.watches)
@@ -283,7 +270,7 @@ cdef class BatchRing:
 
     @property
     def files_watched(self):
-        """The files whose changes the kernel reports (see the class)."""
+        """The files whose changes the kernel reports."""
         return self.watched
 
     @property
@@ -308,9 +295,9 @@ cdef class BatchRing:
     def take(self, int64_t place):
         """Wait for batch `place` (taken in order) and return its slot, filling the
         batches no thread has started meanwhile where they are small
-        (TAKER_FILLS_BATCH_BYTES) and their reads are done; READER_FAILED
-        where the reading it waited for failed, STOPPED where the ring stopped first. A
-        file cut short raises the SafetensorError that says so; a signal's handler
+        (TAKER_FILLS_BATCH_BYTES) and their reads are done; READER_FAILED where the
+        reading it waited for failed, STOPPED where the ring stopped first. A file cut
+        short raises the SafetensorError that says so; a signal's handler
         (Ctrl-C's) runs while it waits, and what it raises comes out of the wait."""
         cdef int error = FASTST_BATCH_NOT_YET, part = -1
         self._check_ready()

@@ -1,9 +1,7 @@
 # THE dtype table, and every list derived from it (included by __init__.pyx).
 
 DtypeInfo = namedtuple("DtypeInfo", ["code", "bits", "numpy", "torch"], module="fastst")
-DtypeInfo.__doc__ = """One safetensors dtype: header code, bits per element, the name of
-the NumPy dtype its tensors surface as (packed uint8 for sub-byte codes), and the
-name of the torch dtype (None where torch has none)."""
+DtypeInfo.__doc__ = """One dtype of the format: a row of `DTYPES`."""
 
 # Rows are in the order of the reference's Dtype enum, which is also the order its
 # writer sorts by (descending), so a row's index is its rank, and the code number
@@ -136,7 +134,7 @@ cdef int _code_of_name(str code) except -1:
 
 
 def numpy_dtype(str code):
-    """The NumPy dtype that tensors of header dtype `code` surface as."""
+    """The NumPy dtype that tensors of header dtype `code` load as."""
     return _numpy_dtype_of(_code_of_name(code))
 
 

@@ -2,33 +2,30 @@
 # value from a file is shown in a message (included by __init__.pyx).
 
 class SafetensorError(ValueError):
-    """A safetensors file or buffer breaks a rule of the format."""
+    """A file, a buffer, a tensor or an argument breaks a rule of the format."""
 
 
 class TensorNotFoundError(SafetensorError, KeyError):
-    """The file holds no tensor of that name (also a KeyError, as for a mapping)."""
+    """The file holds no tensor of that name."""
 
     def __str__(self):
         return str(self.args[0]) if self.args else ""
 
 
 class SafetensorIndexError(SafetensorError, IndexError):
-    """An index reaches outside a tensor (also the IndexError NumPy raises)."""
+    """An index or a row reaches outside a tensor."""
 
 
 class SafetensorTypeError(SafetensorError, TypeError):
-    """A value of a type or dtype safetensors cannot store (also a TypeError)."""
+    """A value of a type, or a dtype, that safetensors cannot store."""
 
 
 class SafetensorNotImplementedError(SafetensorError, NotImplementedError):
-    """Something the format cannot do, such as saving a tensor that has no data
-    (also the NotImplementedError, a RuntimeError, the reference raises)."""
+    """Something the format, or fastst, cannot do."""
 
 
 class NoSuchFileError(FileNotFoundError):
-    """A file to open that does not exist: the FileNotFoundError the system
-    gives (errno, strerror, filename), worded as the reference words it:
-    ``No such file or directory: PATH``."""
+    """A file to open that does not exist."""
 
     def __str__(self):
         if self.filename is None or self.strerror is None:

@@ -726,10 +726,10 @@ _GIT_LFS = "version https://git-lfs.github.com/spec/"
 
 
 def foreign_format(head):
-    """What the first bytes of a file whose length prefix is wrong say it is
-    instead ("it is a zip archive...", "it is text"...), or None when they do
-    not tell, or when a JSON header begins after the prefix (a safetensors file
-    cut short, whatever its prefix looks like)."""
+    """What the first bytes of a file say it is, when its length prefix is no
+    length (``"it is a NumPy .npy file"``, ``"it is text"``...): the rest of the
+    message "not a safetensors file: ...", which every way of opening a file gives
+    for one whose prefix is wrong; None when they do not tell."""
     head = bytes(head[:SNIFF_BYTES])
     text = _text_of(head)
     if text is not None:

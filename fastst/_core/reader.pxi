@@ -3,9 +3,8 @@
 
 TensorInfo = namedtuple("TensorInfo", ["dtype", "shape", "data_offsets", "array_shape"],
                         module="fastst")
-TensorInfo.__doc__ = """One tensor's header entry: dtype code, shape (list), data_offsets
-(begin, end) relative to the tensor buffer, and array_shape, the shape of its NumPy
-array (packed bytes for sub-byte dtypes; None when NumPy cannot hold the shape)."""
+TensorInfo.__doc__ = """What a file's header says of one tensor, as ``info(name)`` gives
+it."""
 
 
 cdef int BACKEND_MMAP = 0
@@ -20,7 +19,8 @@ cdef unsigned char ADVISED_READ_AROUND = 2
 
 
 cdef class Reader:
-    """An open safetensors file or buffer whose header has been validated."""
+    """The compiled reader of one safetensors file or buffer, whose header it has
+    validated in full: the reading methods of `fastst.NumpyHandle`."""
     cdef _Header header
     cdef object owner            # _Mapping/_BufferOwner the arrays view; None for pread
     cdef char* data              # start of the tensor buffer in `owner`
@@ -48,6 +48,7 @@ cdef class Reader:
     cdef bint advice_fixed       # read_ahead_on_faults() advised the whole map: kept
     cdef uint64_t read_around    # mmap: the most that a fault reads (see _advise_part)
     cdef readonly str source
+    """What error messages call the file: its path, URL, or ``"<buffer>"``."""
 
     def __cinit__(self):
         self.fd = -1
@@ -56,8 +57,11 @@ cdef class Reader:
 
     @property
     def uses_ml_dtypes(self):
-        """Whether bfloat16 and float8 tensors come as ml_dtypes arrays (else as
-        their bits, unsigned integers of their width)."""
+        """Whether tensors of the dtypes NumPy lacks (bfloat16, float8) come as
+        arrays of ml_dtypes' dtypes (True, the default: ml_dtypes is imported when
+        a file holding one opens, so that reads never import) or as their bits,
+        unsigned integers of their width (False: what a framework with dtypes of
+        its own views, with no ml_dtypes loaded)."""
         return not self.leaves_ml_dtypes
 
     @uses_ml_dtypes.setter
@@ -88,11 +92,16 @@ cdef class Reader:
         return dtype if dtype is not None else _numpy_dtype_of(code)
 
     def array_dtype(self, str code):
-        """The NumPy dtype of this reader's arrays of header dtype `code`."""
+        """The NumPy dtype of this reader's arrays of header dtype `code`:
+        ``numpy_dtype(code)``, or its bits where `uses_ml_dtypes` is False."""
         return self._dtype_of(_code_of_name(code))
 
     def open_file(self, filename, backend="mmap", *,
                   max_header_size=DEFAULT_MAX_HEADER_SIZE, threads=0):
+        """Open the local file `filename`: read and validate its header, and map it
+        (`backend` ``"mmap"``) or keep it open for reads (``"pread"``). Its read
+        plans are shared by `threads` threads (0 to 64) where ``read_options`` sets
+        none; 0: ``read_threads()``."""
         cdef uint64_t limit = _checked_limit(max_header_size)
         if not (type(backend) is str and backend in ("mmap", "pread")):
             raise SafetensorError(f"backend must be 'mmap' or 'pread', got {_shown(backend)}")
@@ -159,6 +168,8 @@ cdef class Reader:
 
     def open_buffer(self, data, *, max_header_size=DEFAULT_MAX_HEADER_SIZE,
                     str source="<buffer>"):
+        """Open a buffer (bytes, bytearray, memoryview, mmap) holding a whole file,
+        without copying it; `source` is what messages call it."""
         cdef uint64_t max_header = _checked_limit(max_header_size)
         cdef _BufferOwner owner = _hold_buffer(data)
         self.source = source
@@ -178,18 +189,9 @@ cdef class Reader:
 
     def open_ranges(self, str source, size, fetch, *,
                     max_header_size=DEFAULT_MAX_HEADER_SIZE, identity=None):
-        """Open a file of `size` bytes read by byte ranges: ``fetch(ranges)`` takes a
-        list of (offset, length) and returns one bytes-like per range, exactly that
-        long. The first request brings the prefix and, most often, the whole header
-        (its first HEAD_BYTES); a longer header takes a second. Tensors are then read
-        into fresh memory, each plan in as few requests as its byte ranges allow.
-        `identity` is what ``file_identity`` returns. A `fetch` with a
-        ``fetch_into(ranges, buffers)`` method gets tensors of DIRECT_BYTES or more
-        straight into their arrays (see _run_ranges_into). A `fetch` whose store ignores
-        range requests says so by a true ``ranges_ignored`` attribute: it is then
-        asked only for ranges from byte 0 (the rest of a long header with the
-        start again, and, for a read of at least as many bytes as the tensors
-        hold, the whole file as one range)."""
+        """Open a file of `size` bytes read by byte ranges: ``fetch(ranges)`` takes
+        a list of ``(offset, length)`` and returns one bytes-like object per range,
+        exactly that long (what ``safe_open`` does for URLs and file objects)."""
         cdef uint64_t limit = _checked_limit(max_header_size)
         if not callable(fetch):
             raise SafetensorTypeError(f"fetch must be callable, got {type(fetch).__name__}")
@@ -469,9 +471,7 @@ cdef class Reader:
         return array
 
     def read_rows(self, name, Py_ssize_t first, Py_ssize_t last):
-        """Rows [first, last) of tensor `name`'s first axis, read into fresh memory
-        (pread backend), or a view of them (mmap, its range advised for them as
-        get_part advises, and buffers)."""
+        """Rows ``[first, last)`` of tensor `name`'s first axis."""
         cdef Py_ssize_t i = self._position(name)
         cdef Entry* entry = &self.header.entries[i]
         if entry.np_ndim < 1 or not 0 <= first <= last <= self.header.numpy_dims(entry)[0]:
@@ -484,7 +484,8 @@ cdef class Reader:
 
     @property
     def backend(self):
-        """How tensors are served: "mmap", "pread", or "buffer" (from load())."""
+        """How tensors are served: ``"mmap"``, ``"pread"``, ``"ranges"`` (URLs and
+        file objects) or ``"buffer"``."""
         return ("mmap", "pread", "buffer", "ranges")[self.kind]
 
     cdef _release_fd_if_closed(self):
@@ -493,8 +494,7 @@ cdef class Reader:
             self.fd = -1
 
     def get_tensor(self, name, *, out=None):
-        """The tensor `name`: a zero-copy view of the file's memory map, or, with
-        `out`, its bytes read into that C-contiguous array of its dtype and shape."""
+        """Tensor `name` as a NumPy array."""
         cdef Py_ssize_t i = self._position(name)
         if out is None:
             self._read_around(i)
@@ -503,13 +503,8 @@ cdef class Reader:
         return out
 
     def get_part(self, name, index, rows=None):
-        """``get_tensor(name)[index]``, for the part of a tensor that a caller selects:
-        where NumPy makes a view of a file's map (ints, slices, None, Ellipsis), the
-        tensor's range of the map is advised for what the view touches (see
-        _advise_part), so that a fault on a few rows reads those pages alone where the
-        kernel would read up to its read-ahead around each; for an index led by an
-        integer array, `rows` (in range, intp) are its rows, the map advised for them
-        before NumPy copies them."""
+        """``get_tensor(name)[index]``, for a part of a tensor: what a slice's
+        indexing gives with the ``"mmap"`` backend (see ``SafeSlice``)."""
         cdef Py_ssize_t i = self._position(name)
         cdef uint64_t runs, run
         cdef Entry* entry = &self.header.entries[i]
@@ -579,9 +574,7 @@ cdef class Reader:
                 self.advice[i] = wanted
 
     def copy_tensors(self):
-        """Every tensor, in buffer order, read into fresh memory of its own. From a
-        local file, the disk starts reading the tensors' bytes before their arrays
-        are made (see _ReadPlan.prime)."""
+        """Every tensor, in buffer order, each read into fresh memory of its own."""
         self._check_open()
         cdef _Header h = self.header
         cdef Py_ssize_t n = len(h.names)
@@ -619,11 +612,7 @@ cdef class Reader:
         return arrays
 
     def will_need(self, names):
-        """Ask the kernel to start reading the tensors `names` of a local file into
-        the page cache (posix_fadvise WILLNEED over their bytes, adjacent ones as one
-        range, in pieces that it reads whole), and return at once: the number of
-        bytes asked for. A buffer holds its bytes already, and a file read by ranges
-        has no page cache: 0."""
+        """Ask the kernel to start reading tensors into the page cache, and return."""
         positions = sorted(self._position(name) for name in names)
         cdef Entry* entry
         spans = []
@@ -638,23 +627,18 @@ cdef class Reader:
         return self._will_need(spans)
 
     def prefetch_rows(self, name, Py_ssize_t first, Py_ssize_t stop):
-        """Ask the kernel to start reading rows [first, stop) of tensor `name`'s first
-        axis (clipped to it) into the page cache, as will_need does whole tensors: the
-        number of bytes asked for."""
+        """Ask the kernel to start reading rows ``[first, stop)`` of tensor
+        `name`'s first axis (clipped to it) into the page cache, as `will_need`
+        does whole tensors (the thread ``Loader`` asks it of the blocks of a
+        block shuffle over more than half the memory; see `cache_rows`). The
+        number of bytes asked for: 0 for a buffer or a file read by ranges."""
         span = self._rows_span(name, first, stop)
         return 0 if span is None else self._will_need([span])
 
     def cache_rows(self, name, Py_ssize_t first, Py_ssize_t stop):
-        """Read rows [first, stop) of tensor `name`'s first axis (clipped to it) into
-        the page cache now, without the GIL, and return once they are there: the
-        number of bytes of those rows. The file is read in the whole 2 MiB-aligned
-        pieces that hold the rows (up to 2 MiB more on each side), each in one request,
-        and kept as 2 MiB folios where the file system allows: a map of the file maps
-        them by 2 MiB, which a later gather of scattered rows needs (see
-        fastst_cache_span in kernels.h). Pieces the page cache holds already are not
-        read again; the file's first piece is prepared before its first read
-        (_prepare_first_piece). Where the kernel cannot (before Linux 5.14), asks as
-        prefetch_rows does and returns at once. A buffer, or a file read by ranges: 0."""
+        """Read rows ``[first, stop)`` of tensor `name`'s first axis (clipped to
+        it) into the page cache now, without the GIL, and return once they are
+        there (the thread ``Loader`` reads a shuffle's blocks so)."""
         span = self._rows_span(name, first, stop)
         if span is None or self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES:
             return 0
@@ -682,11 +666,11 @@ cdef class Reader:
         return end - begin
 
     def rows_cached(self, name, Py_ssize_t first, Py_ssize_t stop):
-        """Whether cache_rows would find rows [first, stop) of tensor `name` held
-        already, and read nothing: the page cache holds the first and the last page
-        of every 2 MiB piece that holds them (asked of the file's map, without the GIL).
-        Rows that are no file's (a buffer's, a file read by ranges), or none: True; a
-        file read without a map (pread): False, as it cannot be asked so."""
+        """Whether `cache_rows` would find rows ``[first, stop)`` of tensor
+        `name` held already and read nothing: the page cache holds the first
+        and the last page of every 2 MiB piece that holds them (asked of the
+        file's map, without the GIL). A tensor it cannot read rows of raises
+        as in `cache_rows`."""
         span = self._rows_span(name, first, stop)
         if span is None or self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES:
             return True
@@ -725,12 +709,12 @@ cdef class Reader:
             self.first_piece_ready = True
 
     def read_ahead_on_faults(self, bint on):
-        """Whether a fault on the file's map that reads from the file reads ahead of
-        the page it touches, as the kernel does by default (on), or reads that page
-        alone (off): for a reader whose rows are read into the page cache by
-        cache_rows, in the order they are needed, the read ahead that a gather's first
-        touch of a piece starts would read pieces needed later before those needed
-        next. True where it is so; a file read otherwise than by its map: False."""
+        """Whether a fault on the file's map that reads from the file reads
+        ahead of the page it touches, as the kernel does by default (`on`), or
+        reads that page alone (``MADV_RANDOM``). A reader whose rows are read
+        into the page cache by `cache_rows`, in the order they are needed,
+        turns it off: the read ahead that a gather's first touch of a piece
+        starts would read the pieces after it before those needed next."""
         self._check_open()
         if self.kind != BACKEND_MMAP:
             return False
@@ -775,7 +759,7 @@ cdef class Reader:
         return sum(end - begin for begin, end in spans)
 
     def read_into(self, dict arrays):
-        """Read each named tensor into the array given for it."""
+        """Read the named tensors into caller-supplied arrays, allocating nothing."""
         self._fill([(self._position(name), out) for name, out in arrays.items()])
 
     cdef object _empty(self, Py_ssize_t i):
@@ -813,9 +797,9 @@ cdef class Reader:
         self._run(plan, h.names[targets[0][0]] if len(targets) == 1 else len(targets))
 
     def gather_rows(self, name, cnp.ndarray[cnp.npy_intp, ndim=1] rows not None):
-        """Rows `rows` (in range, any order, repeats allowed) of tensor `name`'s first
-        axis, each read into its place in a fresh array: a gather that reads only
-        the rows it returns."""
+        """Rows `rows` of tensor `name`'s first axis, each read into its place in
+        a fresh array, and no other: the rows must be an ``intp`` array, each in
+        range, in any order, repeats allowed (`gather` takes any integers)."""
         cdef Py_ssize_t i = self._position(name), k
         cdef _Header h = self.header
         cdef Entry* entry = &h.entries[i]
@@ -839,12 +823,8 @@ cdef class Reader:
         return out
 
     def gather(self, name, rows, out=None):
-        """Rows `rows` of tensor `name`'s first axis, in their order (repeats allowed,
-        any integer dtype, negatives counted from the end, as NumPy does), copied with
-        the GIL released into `out` (a C-contiguous array of the result's shape and
-        dtype) or a fresh array. Only those rows are read: the pread backend reads
-        each run of adjacent rows once, in one call; mapped files and buffers copy
-        from memory."""
+        """Rows `rows` of tensor `name`'s first axis, copied in their order: a batch
+        of a data set in one call."""
         cdef Py_ssize_t i = self._position(name)
         cdef _Header h = self.header
         cdef Entry* entry = &h.entries[i]
@@ -901,9 +881,10 @@ cdef class Reader:
 
     @property
     def file_identity(self):
-        """The opened file as (absolute path, st_dev, st_ino, st_size, st_mtime_ns)
-        when it was opened; None for a buffer. Another Reader on the same file,
-        unchanged, has the same identity."""
+        """The version of the file opened: for a local file ``(absolute path,
+        st_dev, st_ino, st_size, st_mtime_ns)`` as it was when opened, for a URL
+        the object's URL, size, ETag and modification time; None for a buffer.
+        Another handle on the same, unchanged file has the same identity."""
         if self.kind == BACKEND_BUFFER:
             return None
         if self.kind == BACKEND_RANGES:
@@ -1053,8 +1034,7 @@ cdef class Reader:
         return self._array(i)
 
     def get_tensors(self):
-        """Every tensor, in buffer order, as a dict of views (of fresh memory for a
-        file read by ranges or with pread: all of them in one read plan)."""
+        """Every tensor, in buffer order, as `get_tensor` gives each."""
         self._check_open()
         if self.kind == BACKEND_RANGES or self.kind == BACKEND_PREAD:
             return self.copy_tensors()
@@ -1083,25 +1063,23 @@ cdef class Reader:
             (<_Mapping>self._held_owner()).read_ahead(begin, end)
 
     def keys(self):
-        """Tensor names, sorted."""
+        """The names of the file's tensors, sorted."""
         self._check_open()
         return list(self.header.sorted_names())
 
     def offset_keys(self):
-        """Tensor names in buffer order."""
+        """The names of the file's tensors, in the order of their bytes in the file."""
         self._check_open()
         return list(self.header.names)
 
     def metadata(self):
-        """The `__metadata__` str->str map, or None when the file has none."""
+        """The file's ``__metadata__``: a dict of str to str, or None when it has none."""
         self._check_open()
         metadata = self.header.metadata
         return None if metadata is None else dict(metadata)
 
     def info(self, name):
-        """What the header says of tensor `name`, as a TensorInfo: dtype code, shape,
-        data_offsets (relative to the tensor buffer) and array_shape (the NumPy
-        shape, packed for sub-byte dtypes; None when NumPy cannot hold the shape)."""
+        """What the header says of tensor `name`, read without touching its bytes."""
         cdef Py_ssize_t i = self._position(name)
         cdef Entry* entry = &self.header.entries[i]
         return TensorInfo(DTYPE_CODES[entry.code], self.header.shape(i),
@@ -1109,7 +1087,8 @@ cdef class Reader:
 
     @property
     def data_start(self):
-        """File (or buffer) offset of the tensor buffer: 8 + the header's length."""
+        """Where the tensor data starts in the file (or buffer): 8 + the header's
+        length."""
         return self.data_offset
 
     def __len__(self):
@@ -1125,10 +1104,12 @@ cdef class Reader:
 
     @property
     def closed(self):
+        """Whether ``close()`` was called; a closed handle reads nothing more."""
         return bool(fastst_load_int(<int*>&self.is_closed))
 
     def close(self):
-        """Drop the handle's reference to the data. Arrays already returned stay valid."""
+        """Let go of the file: the handle reads nothing more, and arrays it gave
+        stay valid (a view keeps the map alive). Closing again does nothing."""
         with cython.critical_section(self):     # see _held_owner and _begin_file_plan
             fastst_store_int(<int*>&self.is_closed, True)
             self.owner = None   # `data` stays set: in-flight reads hold the owner themselves

@@ -3,12 +3,7 @@
 
 
 def read_runs(Reader reader, name, offsets, length, out):
-    """Bytes ``[offset, offset + length)`` of tensor `name`, for each offset of
-    `offsets` (counted from the tensor's first byte, each run inside the tensor),
-    copied one after another into `out`, a C-contiguous writable array of exactly
-    ``len(offsets) * length`` bytes; returns `out`. Only those bytes are read: the
-    pread backend reads each run (runs adjacent in the file, in one call), a file
-    read by ranges asks for them, a mapped file or a buffer copies them."""
+    """Read runs of bytes of one tensor, and nothing else, one after another into `out`."""
     cdef Py_ssize_t i = reader._position(name)
     cdef Entry* entry = &reader.header.entries[i]
     cdef uint64_t size = entry.end - entry.begin

@@ -20,12 +20,15 @@ cdef bitgen_t* _bits(bit_generator) except NULL:
 
 
 def deal_rows(Py_ssize_t total, bit_generator, Py_ssize_t bucket_rows=SHUFFLE_BUCKET_ROWS):
-    """Rows 0..total-1 dealt at random to ceil(total / bucket_rows) buckets (65,536 at
-    most), from `bit_generator` (a NumPy BitGenerator, left past the draws), without
-    the GIL: the rows, bucket after bucket (int64), and where each bucket ends among
-    them (int64). Each bucket then shuffled in turn by ``shuffle_rows`` from the same
-    generator makes a uniformly drawn permutation (see fastst_deal_rows in
-    shuffle.h)."""
+    """Rows ``0..total-1`` dealt at random to ``ceil(total / bucket_rows)`` buckets (at
+    most 65,536), from `bit_generator` (left past its draws), without the GIL: the rows
+    bucket after bucket (each bucket's in order), and where each bucket ends among
+    them. Each bucket then shuffled in turn by ``shuffle_rows`` from the same generator
+    makes a uniformly drawn permutation, each bucket shuffled in the CPU's cache, where
+    one shuffle of millions of rows waits on a cache miss a row (the thread Loader's
+    full shuffles: a bucket is shuffled as its batches come up)."""
+    # Why the deal and the buckets' shuffles draw a uniform permutation: see
+    # fastst_deal_rows in shuffle.h.
     if total < 0 or bucket_rows < 1:
         raise ValueError(f"no permutation of {total} rows in buckets of {bucket_rows}")
     # (C division here: rounded up by hand)
@@ -44,8 +47,9 @@ def deal_rows(Py_ssize_t total, bit_generator, Py_ssize_t bucket_rows=SHUFFLE_BU
 
 
 def shuffle_rows(rows, bit_generator):
-    """Shuffle `rows` (a writable, contiguous int64 array of one axis) in place, drawn
-    from `bit_generator` (a NumPy BitGenerator), without the GIL (Fisher-Yates)."""
+    """Shuffle `rows` (a writable, contiguous int64 array of one axis) in place,
+    drawn from `bit_generator`, without the GIL (Fisher-Yates; the thread Loader's
+    windows of a block shuffle)."""
     cdef cnp.ndarray array = rows
     if (cnp.PyArray_NDIM(array) != 1 or cnp.PyArray_TYPE(array) != cnp.NPY_INT64
             or not cnp.PyArray_IS_C_CONTIGUOUS(array) or not cnp.PyArray_ISWRITEABLE(array)):

@@ -74,10 +74,10 @@ fastst_map_readers_init()
 
 
 cpdef uint64_t read_ahead_limit():
-    """Half the machine's memory: the most read into the page cache ahead of use and
-    counted on to stay there: the map readers' bytes at once, and a dataset whose
-    shuffle reads whole 2 MiB pieces (the thread Loader). 1 where the memory
-    is not known: nothing is read ahead so."""
+    """Half the machine's memory: the most read into the page cache ahead of use
+    and counted on to stay there (the map readers' bytes at once, and a data set
+    whose shuffle reads whole 2 MiB pieces: the thread Loader's); 1 where the
+    memory is not known, so that nothing is read ahead."""
     cdef uint64_t limit = fastst_load_u64(&_READ_AHEAD_LIMIT)   # threads ask at once
     if limit != 0:
         return limit
@@ -131,7 +131,7 @@ cdef uint64_t MAX_READ_THREADS = 64
 ReadOptions = namedtuple("ReadOptions", ["threads", "request_bytes", "direct", "hints",
                                          "huge_pages"],
                          module="fastst")
-ReadOptions.__doc__ = """How local files are read into fresh memory (see read_options)."""
+ReadOptions.__doc__ = """How local files are read into fresh memory (see `read_options`)."""
 
 # what plans have read, for read_counters(): requests and bytes by path
 cdef dict _COUNTERS = dict.fromkeys(
@@ -151,19 +151,8 @@ cdef _count(str key, object amount):
 
 def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
                  huge_pages=None):
-    """Set how local files are read into fresh memory (copies, the pread backend,
-    load_into, checkpoints) and return the options in force before the call, as a
-    ReadOptions; with no argument, only return them. `threads`: threads one read
-    plan is shared by (1 to 64; 0, the default: the usable CPUs, at most 4);
-    `request_bytes`: the largest request (a multiple of 4096, 64 KiB to 1 GiB);
-    `direct`: read with O_DIRECT (bypassing the page cache) where the file system
-    takes it, buffered where it refuses; `hints`: tell the kernel (posix_fadvise)
-    that a plan reads its bytes in order, set the disk reading a whole file's
-    tensors while their fresh arrays are made (a thread reads ahead of the plan
-    until it starts), and read a mapped file whose every tensor is asked for
-    (get_tensors, load_file) into the page cache in the background;
-    `huge_pages`: fresh arrays of 4 MiB or more (from any source, URLs too) in
-    memory mapped for huge pages."""
+    """Set how local files are read into fresh memory, and return the options
+    that were in force before the call (with no argument, only return them)."""
     global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES
     with _SETTING_OPTIONS:     # a call's options all at once, and `before` whole
         before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES)
@@ -193,24 +182,16 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
 
 
 def read_counters():
-    """What read plans on local files have done since the process started: requests
-    and bytes read (all of them), those read with O_DIRECT, the bytes of those read
-    through an aligned buffer, files that refused O_DIRECT, plans given posix_fadvise
-    hints, threads started, plans read ahead while their memory was made and the
-    bytes read so (not counted in `bytes`: the plan reads them again, from the page
-    cache), maps read ahead in the background, calls of cache_rows that read
-    rows into the page cache, and the checks of a file's length (fstat) by the thread
-    Loader's gathers of rings closed. For tests and benchmarks:
-    compare two snapshots."""
+    """What read plans on local files have done since the process started, a count
+    by name: for tests and benchmarks, which compare two snapshots."""
     with _COUNTING:
         return dict(_COUNTERS)
 
 
 def hint_sequential(int fd, uint64_t offset, uint64_t length):
-    """Tell the kernel that bytes [offset, offset + length) of the file open as `fd`
-    will be read once, in order (posix_fadvise SEQUENTIAL), unless read_options()
-    turned hints off: True when it was told. For readers of their own (the CUDA
-    ring) what read plans do themselves."""
+    """Tell the kernel that bytes ``[offset, offset + length)`` of the file open as
+    `fd` will be read once, in order (``posix_fadvise(POSIX_FADV_SEQUENTIAL)``),
+    unless `read_options` turned hints off: True when it was told."""
     if not _hints_option() or posix_fadvise(fd, offset, length, POSIX_FADV_SEQUENTIAL) != 0:
         return False
     _count("hinted_plans", 1)
@@ -243,19 +224,11 @@ cdef uint64_t _free_huge = 0               # bytes of free 2 MiB blocks, less th
 
 def use_huge_page_settings(folder="/sys/kernel/mm/transparent_hugepage",
                            buddyinfo="/proc/buddyinfo"):
-    """Decide when fresh arrays are advised MADV_HUGEPAGE from the kernel's
-    transparent huge page settings in `folder` (`enabled`, `defrag`), and where
-    free memory is counted (`buddyinfo`): return the decision, "never", "always"
-    or "while free". Made before the first big array; with other arguments, for
-    tests.
-
-    "never" where advice gains nothing: the kernel gives no huge pages, or gives
-    them to every mapping (advice would only make a fault that finds no free
-    2 MiB compact memory first). "always" where an advised fault never waits for
-    compaction (defrag "defer" or "never"). "while free" where it does: an array
-    is advised only while free 2 MiB blocks hold twice its size (a reading of
-    `buddyinfo` serves FREE_READ_EVERY seconds, less what was advised since), as
-    a fault that compacts takes longer than the small pages' faults it saves."""
+    """Decide when fresh arrays are advised ``MADV_HUGEPAGE`` from the kernel's
+    transparent huge page settings in `folder` (``enabled``, ``defrag``), and
+    where free memory is counted (`buddyinfo`): return the decision, ``"never"``,
+    ``"always"`` or ``"while free"``. Made before the first big array; with other
+    arguments, for tests."""
     global HUGE_ADVICE, BUDDYINFO, _free_read_at
     HUGE_ADVICE, BUDDYINFO, _free_read_at = huge_page_advice(folder), buddyinfo, -1.0
     return HUGE_ADVICE
@@ -712,8 +685,8 @@ cdef Py_ssize_t _read_direct(int direct_fd, int fd, ReadJob* job, char* bounce,
 
 
 def read_threads():
-    """The threads a read plan of two requests or more is shared by now: read_options'
-    `threads`, or by default the usable CPUs, at most AUTO_THREADS."""
+    """The threads a read plan of two requests or more is shared by now: the
+    ``threads`` of `read_options`, or by default one per usable CPU, at most 4."""
     return _read_threads_option() or min(usable_cpus(), AUTO_THREADS)
 
 

@@ -2,10 +2,8 @@
 # (included by __init__.pyx).
 
 WriteSpec = namedtuple("WriteSpec", ["name", "dtype", "shape", "data"], module="fastst.writer")
-WriteSpec.__doc__ = """One tensor to write: its name, header dtype code, header shape, and
-`data`, a NumPy array whose bytes (in C order, little-endian) are the tensor's data,
-or None for a tensor declared now and written later, in pieces (a streaming writer).
-The data's dtype need not be the code's: torch float4 comes as packed uint8."""
+WriteSpec.__doc__ = """One tensor to write: its name, header dtype code, header shape,
+and the array of its bytes."""
 
 
 cdef dict _CODE_OF_DTYPE = {}     # dtypes seen, by themselves: dtype.name is slow to make
@@ -28,7 +26,7 @@ cdef int _code_for_array(str name, object array) except -1:
 
 
 def spec_of_array(name, array):
-    """The WriteSpec that writes NumPy `array` as tensor `name`."""
+    """The `WriteSpec` that writes the NumPy array `array` as tensor `name`."""
     if type(name) is not str:
         raise TypeError(f"tensor names must be str, got {type(name).__name__} {_shown(name)}")
     if isinstance(array, np.generic):
@@ -40,34 +38,35 @@ def spec_of_array(name, array):
 
 
 cdef class WritePlan:
-    """A file to write: the 8-byte prefix and padded header, then the tensors' data in
-    the order the format's writers use (dtype rank descending, then name), or in
-    the aligned order (see _aligned_order).
-
-    A plan of declared specs (data None) has a layout but no data: a streaming
-    writer fills it with `write_rows` and `write_bytes`, which check each piece
-    against the layout before any byte is written."""
+    """A file to write, as ``plan_write`` builds it: the 8-byte prefix and the
+    padded header, then each tensor's place in the data, in the order the
+    format's writers use (or, with ``align=``, the aligned order)."""
     cdef readonly bytes prefix
+    """The 8-byte header length and the header, padded with spaces."""
     cdef readonly list data
+    """Each tensor's array, in file order (None for a declared tensor)."""
     cdef readonly uint64_t total_size
+    """The file's size in bytes."""
     cdef _Header layout       # the plan's own header parsed back, on first use
 
     def to_bytes(self):
-        """The whole file as one bytes object, filled with the GIL released per tensor."""
+        """The whole file as one bytes object, filled with the GIL released per
+        tensor."""
         self._check_data()
         cdef bytes out = PyBytes_FromStringAndSize(NULL, self.total_size)
         self._output(PyBytes_AS_STRING(out), -1, "<bytes>")
         return out
 
     def write_to(self, int fd, str target="<file>"):
-        """Write the whole file to `fd`, the GIL released per write."""
+        """Write the whole file to the open file descriptor `fd` (`target` names
+        it in messages), the GIL released per write."""
         self._check_data()
         self._output(NULL, fd, target)
 
     def write_stream(self, stream, str target="<stream>"):
         """Write the whole file to a binary file object, in order, through
-        ``stream.write`` in pieces of at most STREAM_PIECE bytes: the bytes of
-        `write_to`, for uploads (fsspec files) and other file objects."""
+        ``stream.write`` in pieces of at most 16 MiB: the bytes `write_to` writes,
+        for uploads (fsspec files) and other file objects."""
         self._check_data()
         _write_pieces(stream, np.frombuffer(self.prefix, np.uint8), target)
         for item in self.data:
@@ -103,19 +102,20 @@ cdef class WritePlan:
 
     @property
     def data_start(self):
-        """File offset of the tensor buffer: 8 + the header's length."""
+        """Where the tensor data starts in the file: 8 + the header's length."""
         return len(self.prefix)
 
     def write_prefix(self, int fd, str target="<file>"):
-        """Write the prefix and header at the start of `fd` (a pwrite)."""
+        """Write the prefix and header at the start of the file open as `fd`
+        (a ``pwrite``: the file position does not move)."""
         _emit(NULL, fd, 0, PyBytes_AS_STRING(self.prefix), len(self.prefix), target)
 
     def names(self):
-        """Tensor names in buffer (file) order."""
+        """The tensor names, in file order."""
         return list(self._layout().names)
 
     def info(self, name, str target="<plan>"):
-        """Tensor `name`'s header entry, a TensorInfo as ``Reader.info`` gives it."""
+        """Tensor `name`'s header entry, as a reader's ``info`` gives it."""
         cdef _Header h = self._layout()
         cdef Py_ssize_t i = self._position(name, target)
         cdef Entry* entry = &h.entries[i]
@@ -124,14 +124,9 @@ cdef class WritePlan:
 
     def write_rows(self, int fd, name, first_row, array, str target="<file>",
                    str bits_of=None):
-        """Write NumPy `array` as rows [first_row, first_row + len(array)) of tensor
-        `name`, at their place in the file open as `fd` (a pwrite: the file position
-        does not move). Its dtype must be the tensor's NumPy dtype (either byte order),
-        or, with `bits_of` (the header code of a dtype NumPy lacks, whose bits
-        `array` holds: a framework's bfloat16 tensor), that code must be the
-        tensor's; its rows of the tensor's row shape, and every row inside the
-        tensor: all checked before any byte is written. Returns the byte range
-        written, relative to the tensor."""
+        """Write `array` as rows ``[first_row, first_row + len(array))`` of tensor
+        `name`, at their place in the file open as `fd` (a ``pwrite``: the file
+        position does not move)."""
         cdef _Header h = self._layout()
         cdef Py_ssize_t i = self._position(name, target)
         cdef Entry* entry = &h.entries[i]
@@ -156,8 +151,7 @@ cdef class WritePlan:
 
     def write_bytes(self, int fd, name, object start, data, str target="<file>"):
         """Write the bytes of `data` (any C-contiguous buffer) at byte `start` of
-        tensor `name`: for dtypes the caller has no array type for. Returns the
-        byte range written, relative to the tensor."""
+        tensor `name`: for dtypes the caller has no array type for."""
         cdef _Header h = self._layout()
         cdef Entry* entry = &h.entries[self._position(name, target)]
         try:
@@ -252,8 +246,8 @@ cdef object _checked_position(str target, object name, str what, object value):
 
 def write_array_at(int fd, cnp.ndarray array not None, int64_t offset, str target="<file>"):
     """Write `array`'s bytes, in C order and little-endian, to `fd` at byte `offset`
-    (a pwrite, the GIL released): the writers' output loop, for a piece whose place
-    the caller knows (a region of a file that other processes fill)."""
+    (a ``pwrite``, the GIL released): the writers' output loop, for a piece whose
+    place the caller knows (a region of a file that other processes fill)."""
     if offset < 0:
         raise SafetensorError(f"{target}: offset must be >= 0, got {offset}")
     _emit_array(array, NULL, fd, offset, target)
@@ -379,16 +373,7 @@ cdef _write_pieces(object stream, cnp.ndarray array, str target):
 
 def plan_write(specs, object metadata, *, header_padding=0, header_size=None,
                bint keep_order=False, align=None):
-    """Validate WriteSpecs (or tuples of the same fields; data left out or None
-    declares a tensor to be written later), order them as the format's writers do (or keep
-    their order with `keep_order`), and build the header: a WritePlan.
-
-    `header_padding` reserves that many more bytes of spaces after the header
-    (rounded so the data stays 8-byte aligned), room for later metadata edits;
-    `header_size` asks for a header of exactly that size, padded with spaces
-    (an in-place edit of an existing file's header). `align` (a power of two)
-    pads the header so that the data starts at a multiple of it, and orders the
-    tensors so that the most start at one (see _aligned_order)."""
+    """Check tensors to write, place them, and build the header: a `WritePlan`."""
     cdef Py_ssize_t alignment = _checked_align(align)
     entries = []
     seen = set()

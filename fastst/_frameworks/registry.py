@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar
 
 from .._core import SafetensorError, TensorInfo
 
-if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
+if TYPE_CHECKING:   # types only: a first read pays for none of them
     import numpy.typing as npt
 
-T = TypeVar("T")
-# A framework's converter: (NumPy array, tensor name, the tensor's TensorInfo) -> its tensor
-Converter = Callable[["npt.NDArray[Any]", str, TensorInfo], T]
+    T = TypeVar("T")
+    # A framework's converter: (NumPy array, tensor name, the tensor's TensorInfo) -> its
+    # tensor
+    Converter = Callable[["npt.NDArray[Any]", str, TensorInfo], T]
 
 __all__ = ["FRAMEWORKS", "NUMPY_FRAMEWORKS", "converter", "check_numpy_device",
            "tensor_adapter"]

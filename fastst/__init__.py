@@ -23,22 +23,12 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
     from . import numpy, writer
     from ._api import _safe_open_handle as _safe_open_handle
     from ._api import load, load_file, load_into, safe_open, save, save_file
-    from ._core import (
-        DEFAULT_MAX_HEADER_SIZE,
-        DTYPE_CODES,
-        DTYPES,
-        DtypeInfo,
-        SafetensorError,
-        SafetensorIndexError,
-        SafetensorNotImplementedError,
-        SafetensorTypeError,
-        TensorInfo,
-        TensorNotFoundError,
-        read_options,
-    )
+    from ._core import (DEFAULT_MAX_HEADER_SIZE, DTYPE_CODES, DTYPES, DtypeInfo, SafetensorError,
+                        SafetensorIndexError, SafetensorNotImplementedError, SafetensorTypeError,
+                        TensorInfo, TensorNotFoundError, read_options)
+    from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
     from ._handles.edit import update_metadata
     from ._handles.handle import FrameworkHandle, NumpyHandle, TensorMeta
-    from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
     from ._handles.prefetch import PrefetchLoader
     from ._handles.slicing import SafeSlice
     from ._switch import patch_safetensors

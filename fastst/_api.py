@@ -7,13 +7,14 @@ import sys
 from typing import (TYPE_CHECKING, Any, Dict, Literal, Mapping, Optional, Protocol, Union,
                     overload)
 
-from ._frameworks.registry import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, plan_write,
                     spec_of_array)
-from ._io.files import PathLike
-from ._handles.handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
-                      open_handle)
 from ._format.index import is_checkpoint
+from ._frameworks.registry import (NUMPY_FRAMEWORKS, check_numpy_device,
+                                   converter as framework_converter)
+from ._handles.handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
+                              open_handle)
+from ._io.files import PathLike
 from ._io.limits import DEFAULT_BACKEND
 from ._io.source import NOT_LOCAL, as_source
 

@@ -31,25 +31,25 @@ import threading
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Hashable, Iterable, Iterator,
                     List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union)
 
-from ._frameworks.registry import NUMPY_FRAMEWORKS, converter as framework_converter
-from ._format.checksums import plan_with_checksums
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
-from ._io.files import PathLike
-from ._handles.handle import (FrameworkHandle, NumpyHandle, T, TensorMeta, data_bytes, meta_of,
-                      open_handle)
+from ._format.checksums import plan_with_checksums
 from ._format.index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
-                     find_checkpoint, index_name, index_text, is_checkpoint, is_checkpoint_path,
-                     is_index_name, read_index, remove_leftovers, save_place, shard_names,
-                     write_files)
+                            find_checkpoint, index_name, index_text, is_checkpoint,
+                            is_checkpoint_path, is_index_name, read_index, remove_leftovers,
+                            save_place, shard_names, write_files)
+from ._frameworks.registry import NUMPY_FRAMEWORKS, converter as framework_converter
+from ._handles.handle import (FrameworkHandle, NumpyHandle, T, TensorMeta, data_bytes, meta_of,
+                              open_handle)
+from ._io.files import PathLike
 from ._io.limits import DEFAULT_BACKEND, DEFAULT_PREFETCH_BYTES
 from ._io.progress import byte_bar
 from ._io.source import Identity, LocalFile, Source, as_source, identity_of
 
 if TYPE_CHECKING:   # each imported on its first use
+    from ._frameworks.registry import Converter
     from ._handles.prefetch import Plan, PrefetchLoader
     from ._handles.readahead import ChainedReadAhead
-    from ._frameworks.registry import Converter
     from ._handles.slicing import SafeSlice
 
 __all__ = ["DEFAULT_PATTERN", "INDEX_SUFFIX", "ShardEntry", "ShardedHandle",

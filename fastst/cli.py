@@ -8,9 +8,9 @@ import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, TextIO
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
-from ._tools.inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
-                       render_checkpoint, render_inspect)
 from ._io.limits import DEFAULT_MAX_EXPANSION
+from ._tools.inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
+                             render_checkpoint, render_inspect)
 from ._version import __version__
 
 PROG = "fastst"

@@ -44,10 +44,10 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import parse_bytes
 
+from ._api import safe_open
 from ._core import DTYPES, SafetensorError, SafetensorNotImplementedError, SafetensorTypeError
 from ._core import numpy_dtype
 from ._io.files import PathLike
-from ._api import safe_open
 from ._io.source import Source, as_source, identity_of
 from .writer import PendingFile, StreamWriter
 

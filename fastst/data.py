@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Sized, Tupl
 
 import numpy as np
 
-from ._core import SafetensorError
-from ._io.files import PathLike
 from ._api import safe_open
-from ._handles.handle import Backend
-from ._io.limits import DEFAULT_BACKEND
+from ._core import SafetensorError
 from ._data.loader import Loader, Names, _common_length, _integer
+from ._handles.handle import Backend
+from ._io.files import PathLike
+from ._io.limits import DEFAULT_BACKEND
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -47,9 +47,9 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping,
 
 import numpy as np
 
-from ._format.blocks import (Box, Split, check_split, device_boxes, grouped, join_gap,
-                      leading_index, packed_refusal, part_of, runs_of, whole, widened)
 from ._core import SafetensorError, TensorInfo
+from ._format.blocks import (Box, Split, check_split, device_boxes, grouped, join_gap,
+                             leading_index, packed_refusal, part_of, runs_of, whole, widened)
 from ._io.limits import DEFAULT_BACKEND
 from ._io.source import as_source
 from .checkpoint import ShardedHandle, data_bytes, open_checkpoint
@@ -898,7 +898,8 @@ def load_split(filename: Any, *, group: Any = None, device: Any = "cpu",
     _exchange(ranks, stream, part)
     if place is not None and ranks.device.type == "cpu":
         stream = stream.to(place)
-    from ._frameworks import cuda as _cuda   # views of the stream, each with its torch dtype and shape
+    # views of the stream, each with its torch dtype and shape
+    from ._frameworks import cuda as _cuda
 
     tensors: Dict[str, torch.Tensor] = _cuda.tensor_views(stream, places)
     return tensors
@@ -913,7 +914,8 @@ def _read_part(files: _Files, reads: List[Read], first: int, dest: "torch.Tensor
         if total:
             read(memoryview(dest.numpy()), 0)  # type: ignore[arg-type]
         return
-    from ._frameworks import cuda as _cuda   # an NCCL group: the part goes to the GPU through the ring
+    # an NCCL group: the part goes to the GPU through the ring
+    from ._frameworks import cuda as _cuda
 
     def cut_short(offset: int) -> Exception:
         return AssertionError(f"a read of the stream ended early, at byte {first + offset}")

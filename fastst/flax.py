@@ -21,14 +21,15 @@ from typing import Any, Dict, Mapping, Optional, Union, cast
 
 import numpy as np
 
-from ._frameworks.jax import converter  # first: without JAX, its ImportError says how to install it
+# first: without JAX, its ImportError says how to install it
+from ._frameworks.jax import converter
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from ._api import safe_open  # noqa: E402
 from ._api import save as save_numpy, save_file as save_numpy_file  # noqa: E402
 from ._core import Reader  # noqa: E402
-from ._api import safe_open  # noqa: E402
 from ._handles.handle import Backend  # noqa: E402
 from ._io.limits import DEFAULT_BACKEND  # noqa: E402
 

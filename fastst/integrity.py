@@ -21,12 +21,13 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._format.checksums import (ALGORITHMS, CHECKSUM_KEY, checksum_metadata, checksums_of, digest_of,
-                         digests_in_file, digests_of, mismatch, plan_with_checksums,
-                         reserved_checksums, with_checksums, without_checksum)
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError
-from ._handles.handle import NumpyHandle, VerifyingHandle, open_handle
+from ._format.checksums import (ALGORITHMS, CHECKSUM_KEY, checksum_metadata, checksums_of,
+                                digest_of, digests_in_file, digests_of, mismatch,
+                                plan_with_checksums, reserved_checksums, with_checksums,
+                                without_checksum)
 from ._format.index import is_index_name, read_index
+from ._handles.handle import NumpyHandle, VerifyingHandle, open_handle
 from ._io.progress import byte_bar, is_terminal
 from ._io.source import Source, as_source
 

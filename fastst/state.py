@@ -40,12 +40,12 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal,
 import numpy as np
 
 from ._api import safe_open
-from ._format.checksums import plan_with_checksums
 from ._core import SafetensorError, SafetensorTypeError, WriteSpec
-from ._io.files import PathLike, write_atomically
-from ._handles.handle import Backend
-from ._io.limits import DEFAULT_BACKEND
+from ._format.checksums import plan_with_checksums
 from ._frameworks.specs import is_tensor, spec_of
+from ._handles.handle import Backend
+from ._io.files import PathLike, write_atomically
+from ._io.limits import DEFAULT_BACKEND
 from .checkpoint import ShardEntry, save_checkpoint
 
 if TYPE_CHECKING:

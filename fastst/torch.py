@@ -30,15 +30,15 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 import numpy as np
 
 from ._api import safe_open
-from ._format.checksums import plan_with_checksums
 from ._core import DTYPES, Reader, WritePlan
-from ._io.files import write_atomically
-from ._handles.handle import Backend
-from ._io.limits import DEFAULT_BACKEND
+from ._format.checksums import plan_with_checksums
 from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
-from ._io.source import as_source
-from ._frameworks.torch import bytes_of, converter, spec_of_tensor, target_device
 from ._format.torch_dtypes import torch_dtypes
+from ._frameworks.torch import bytes_of, converter, spec_of_tensor, target_device
+from ._handles.handle import Backend
+from ._io.files import write_atomically
+from ._io.limits import DEFAULT_BACKEND
+from ._io.source import as_source
 
 if TYPE_CHECKING:
     import numpy.typing as npt

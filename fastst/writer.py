@@ -36,15 +36,15 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ._format.checksums import checksum_metadata, digests_in_file, reserved_checksums
 from ._core import (DTYPES, MAX_ALIGN, SafetensorError, SafetensorNotImplementedError,
                     SafetensorTypeError, TensorInfo, WritePlan, WriteSpec, numpy_dtype,
                     plan_write, spec_of_array, write_array_at)
+from ._format.checksums import checksum_metadata, digests_in_file, reserved_checksums
+from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
+from ._frameworks.specs import Declared, declared_specs, piece_of, specs_of
 from ._handles.edit import update_metadata
 from ._io.files import AtomicFile, PathLike, write_atomically
-from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._io.source import as_source
-from ._frameworks.specs import Declared, declared_specs, piece_of, specs_of
 
 __all__ = ["MAX_ALIGN", "PendingFile", "StreamWriter", "TensorRegion", "TensorSpec", "WritePlan", "WriteSpec",
            "declared_specs", "deserialize", "plan_write", "save_file_from", "serialize",

@@ -15,16 +15,16 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Option
 
 import numpy as np
 
-from .._frameworks.registry import NUMPY_FRAMEWORKS, converter
 from .._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
-from .._handles.handle import Backend
 from .._format.index import INDEX_SUFFIX
+from .._frameworks.registry import NUMPY_FRAMEWORKS, converter
+from .._handles.handle import Backend
 from .._io.limits import DEFAULT_BACKEND
+from .._io.source import Identity, LocalFile, as_source, identity_of
+from ..checkpoint import open_checkpoint
 from .order import EpochRows
 from .pipeline import Blocks, Pipeline
 from .rowblocks import BlockEdges
-from .._io.source import Identity, LocalFile, as_source, identity_of
-from ..checkpoint import open_checkpoint
 
 if TYPE_CHECKING:
     import numpy.typing as npt

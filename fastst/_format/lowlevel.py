@@ -11,9 +11,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .checksums import plan_with_checksums
 from .._core import Reader, SafetensorError, WriteSpec
 from .._io.files import PathLike, write_atomically
+from .checksums import plan_with_checksums
 from .torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
 
 __all__ = ["TensorSpec", "deserialize", "serialize", "serialize_file"]

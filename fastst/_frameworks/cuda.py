@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from .._core import SafetensorError, TensorInfo, hint_sequential
-from .._io.source import Identity, identity_of, local_version
 from .._format.torch_dtypes import numpy_array_torch_dtypes, torch_dtype_of_bytes
+from .._io.source import Identity, identity_of, local_version
 
 # Measured on H100 machines (bench/gpu.py, bench/RESULTS.md): of the ring shapes
 # tried, 16 threads reading 16 MiB each were the fastest, or within noise of it, with

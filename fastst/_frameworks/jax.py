@@ -15,8 +15,8 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("fastst.jax needs JAX: pip install jax") from error
 
-from .._format.blocks import device_boxes, grouped, leading_index, packed_refusal, whole, within
 from .._core import SafetensorError, TensorInfo, numpy_dtype
+from .._format.blocks import device_boxes, grouped, leading_index, packed_refusal, whole, within
 
 __all__ = ["converter", "from_torch"]
 

@@ -10,9 +10,9 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Unio
 
 import numpy as np
 
-from .registry import tensor_adapter
 from .._core import DTYPES, SafetensorTypeError, WriteSpec, spec_of_array
 from .._format.torch_dtypes import CODE_OF_TORCH_NAME, PACKED_PAIRS
+from .registry import tensor_adapter
 
 __all__ = ["Declared", "declared_specs", "is_tensor", "piece_of", "spec_of", "specs_of"]
 

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from .._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
-                    TensorInfo, WriteSpec, numpy_dtype)
-from .._format.torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS, SAME_WIDTH_INTEGER,
-                            codes_of_torch, same_width_torch, torch_dtype)
+                     TensorInfo, WriteSpec, numpy_dtype)
+from .._format.torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS,
+                                    SAME_WIDTH_INTEGER, codes_of_torch, same_width_torch,
+                                    torch_dtype)
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt

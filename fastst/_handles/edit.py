@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 from typing import List, Mapping, Optional
 
-from .._format.checksums import CHECKSUM_KEY
 from .._core import (ALIGNED_HEADER_SPACES, MAX_ALIGN, Reader, SafetensorError, WritePlan,
-                    WriteSpec, plan_write)
-from .._io.files import AtomicFile, PathLike, copy_range
+                     WriteSpec, plan_write)
+from .._format.checksums import CHECKSUM_KEY
 from .._frameworks.specs import specs_of
+from .._io.files import AtomicFile, PathLike, copy_range
 
 __all__ = ["update_metadata"]
 

@@ -11,9 +11,10 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Itera
                     Literal, NamedTuple, Optional, Protocol, Set, Tuple, TypeVar, Union,
                     overload, runtime_checkable)
 
-from .._frameworks.registry import NUMPY_FRAMEWORKS, check_numpy_device, converter as framework_converter
 from .._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
-                    TensorInfo, read_runs)
+                     TensorInfo, read_runs)
+from .._frameworks.registry import (NUMPY_FRAMEWORKS, check_numpy_device,
+                                    converter as framework_converter)
 from .._io.files import PathLike
 from .._io.limits import DEFAULT_PREFETCH_BYTES
 from .._io.source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
@@ -21,9 +22,9 @@ from .._io.source import Buffer, FileObject, Identity, LocalFile, Source, identi
 if TYPE_CHECKING:   # none of these is imported when fastst is; each on its first use
     import numpy.typing as npt
 
+    from .._frameworks.registry import Converter
     from .prefetch import Plan, PrefetchLoader
     from .readahead import ReadAhead
-    from .._frameworks.registry import Converter
     from .slicing import SafeSlice
 
 __all__ = ["ArrayHandle", "Backend", "FrameworkHandle", "Handle", "NumpyHandle", "Openable",
@@ -1122,7 +1123,8 @@ class VerifyingHandle(NumpyHandle):
         """
         if name in self.verified:
             return
-        from .._format.checksums import digest_of, mismatch   # imported with the handle's first check
+        # imported with the handle's first check
+        from .._format.checksums import digest_of, mismatch
 
         if array is None:
             array = NumpyHandle.get_tensor(self, name)

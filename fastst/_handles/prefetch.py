@@ -22,8 +22,8 @@ from typing import (Any, Callable, Deque, Dict, Generic, Iterable, List, Mapping
 
 import numpy as np
 
-from .._core import (Reader, SafetensorError, SafetensorIndexError, SafetensorTypeError,
-                    TensorInfo, dtype_bits, read_options, read_runs, read_threads)
+from .._core import (Reader, SafetensorError, SafetensorIndexError, SafetensorTypeError, TensorInfo,
+                     dtype_bits, read_options, read_runs, read_threads)
 from .slicing import T
 
 __all__ = ["MAX_THREADS", "Plan", "PrefetchLoader", "checked_plan", "planned_tensors"]

@@ -16,15 +16,9 @@ from typing import TYPE_CHECKING, Any, Generic, List, Optional, Tuple, TypeVar, 
 
 import numpy as np
 
+from .._core import (Reader, SafetensorError, SafetensorIndexError, dtype_bits, numpy_dtype,
+                     read_runs)
 from .._format.blocks import Box, box_of_index, join_gap, runs_of, shape_of, widened, within
-from .._core import (
-    Reader,
-    SafetensorError,
-    SafetensorIndexError,
-    dtype_bits,
-    numpy_dtype,
-    read_runs,
-)
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt

@@ -37,9 +37,9 @@ import weakref
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .._core import SafetensorError
-from .ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range,
-                      RangedObject, Scatter, Span, Tally, changed, check_version, checked_answer,
-                      precondition, precondition_failed, shown_url, too_long, translated)
+from .ranged import (READ_PIECE, Limits, ObjectVersion, PartQueue, Range, RangedObject, Scatter,
+                     Span, Tally, changed, check_version, checked_answer, precondition,
+                     precondition_failed, shown_url, too_long, translated)
 
 SCHEMES = {"http": 80, "https": 443}
 REDIRECTS = (301, 302, 303, 307, 308)

@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Te
 
 import numpy as np
 
-from .._version import __version__
 from .._api import safe_open, save_file
+from .._version import __version__
 from .inspect import describe, format_table, human_size
 
 DEMO_LAYERS = 4

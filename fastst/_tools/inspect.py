@@ -12,8 +12,8 @@ import struct
 from typing import Any, Dict, List, Optional, Sequence
 
 from .._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
-from .._handles.handle import data_bytes, open_handle
 from .._format.index import is_checkpoint_path
+from .._handles.handle import data_bytes, open_handle
 from .._io.source import as_source
 
 __all__ = ["describe", "describe_checkpoint", "diagnose", "explain", "format_table",

@@ -65,7 +65,7 @@ BUILD_SECONDS = 3600
 # a wheel for 3.13t (NumPy 2.5 has none, 2.4 has; hypothesis' newest need crates for it).
 FREE_THREADED_LEAVES_OUT = {"safetensors", "aiohttp", "mypy"}
 FREE_THREADED_WHEELS_ONLY = ":all:"
-# What `nox -s tsan` installs: what tests/test_threads.py imports, and what building
+# What `nox -s tsan` installs: what tests/handles/test_threads.py imports, and what building
 # fastst without build isolation needs.
 TSAN_NEEDS = ["numpy", "ml_dtypes", "pytest", "cython", "setuptools", "packaging"]
 
@@ -141,7 +141,7 @@ def wheel(session):
 
 @nox.session(python=False)
 def freethreaded(session):
-    """The quick check on CPython 3.13 built without the GIL (tests/test_threads.py
+    """The quick check on CPython 3.13 built without the GIL (tests/handles/test_threads.py
     checks that fastst leaves it off)."""
     python = free_threaded_python(session)
     venv = pathlib.Path(session.create_tmp()).resolve() / "venv"
@@ -202,7 +202,7 @@ def build_free_threaded(session, source, prefix, configure=()):
 
 @nox.session(python=False)
 def tsan(session):
-    """The thread tests (tests/test_threads.py) under ThreadSanitizer: the free-threaded
+    """The thread tests (tests/handles/test_threads.py) under ThreadSanitizer: the free-threaded
     interpreter and fastst's core both built with it (an interpreter so built passes
     its flags to the extensions it builds). A report fails the session unless
     tests/tsan-suppressions.txt suppresses it, with why; NumPy and the other wheels
@@ -219,8 +219,9 @@ def tsan(session):
     options = (f"halt_on_error=0 exitcode=66 second_deadlock_stack=1 log_path={reports}/report "
                f"suppressions={ROOT / 'tests' / 'tsan-suppressions.txt'}")
     with session.chdir(session.create_tmp()):
-        session.run(str(venv / "bin" / "pytest"), str(ROOT / "tests" / "test_threads.py"),
-                    "-p", "no:cacheprovider", *session.posargs, success_codes=[0, 66],
+        threads = ROOT / "tests" / "handles" / "test_threads.py"
+        session.run(str(venv / "bin" / "pytest"), str(threads), "-p", "no:cacheprovider",
+                    *session.posargs, success_codes=[0, 66],
                     env={"FASTST_TEST_INSTALLED": "1", "TSAN_OPTIONS": options,
                          "OPENBLAS_NUM_THREADS": "1"})
     found = sorted(reports.iterdir())

@@ -1,7 +1,7 @@
 """Tests that every kind of Source, and every ranged fetch, passes whatever carries its
 bytes (import it as ``conformance``): a kind's test class subclasses `SourceTests` or
 `RangedFetchTests` and gives the fixture that makes one
-(tests/test_source_conformance.py). A new transport gets every test by writing one
+(tests/io/test_source_conformance.py). A new transport gets every test by writing one
 class; where a kind differs on purpose, its class says so by a flag, with why."""
 import contextlib
 import os

@@ -135,6 +135,14 @@ def cpu_beside(work) -> tuple:
 
 
 @pytest.fixture
+def restore_read_options():
+    """The core's read options as they were before the test, whatever it set."""
+    before = fastst.read_options()
+    yield
+    fastst.read_options(**before._asdict())
+
+
+@pytest.fixture
 def docstring_examples(tmp_path, monkeypatch):
     """A runner of a module's docstring examples, (failures, tried), whose temporary
     folders (``tempfile.mkdtemp()``) go under this test's `tmp_path`. A compiled
@@ -349,7 +357,8 @@ def imports_of_function(function) -> frozenset:
         function = pending.pop()
         function = inspect.unwrap(function) if callable(function) else function
         code = getattr(function, "__code__", None)
-        if code is None or function in seen or TESTS != pathlib.Path(code.co_filename).parent:
+        if (code is None or function in seen
+                or not pathlib.Path(code.co_filename).is_relative_to(TESTS)):
             continue
         seen.add(function)
         nodes = list(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(function)))))

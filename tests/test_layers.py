@@ -105,6 +105,15 @@ def test_the_tree_shows_the_layers():
         "__init__.pyx", "_ring.pyx"]
 
 
+def test_the_tests_are_in_folders_that_mirror_the_layers():
+    """tests/core/ for the compiled core, tests/io/ for fastst/_io/, and so on; what
+    stands on several layers (the capabilities, the faces, the docs) at the top."""
+    tests = PACKAGE.parent / "tests"
+    folders = {path.name for path in tests.iterdir()
+               if path.is_dir() and any(path.glob("test_*.py"))}
+    assert folders == {"core"} | {folder.lstrip("_") for folder in FOLDERS}
+
+
 def test_every_module_has_a_layer():
     assert sorted({place_of(path)[0] for path in sources()}) == sorted(set(LAYERS) - {"_core"})
     for folder, modules in FOLDERS.items():

@@ -224,7 +224,7 @@ print("loaded", file=sys.stderr)
 @pytest.mark.parametrize("scheme", ["memory", "http"])
 def test_a_load_from_a_url_draws_a_bar_on_a_terminal_and_none_in_a_pipe(scheme):
     """The bytes a load brings from a store, on a terminal; nothing in a pipe."""
-    script = REMOTE_LOAD.format(tests=os.path.dirname(__file__), scheme=scheme)
+    script = REMOTE_LOAD.format(tests=os.path.dirname(os.path.dirname(__file__)), scheme=scheme)
     code, drawn = run_command_on_terminal([sys.executable, "-c", script])
     assert code == 0, drawn
     shown = [percent for kind, percent in bars(drawn) if kind == "download"]

@@ -9,7 +9,7 @@ import pytest
 import fastst
 from conftest import WRITABLE_DTYPES
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_the_table_itself():

@@ -13,7 +13,8 @@ import pytest
 
 import fastst
 from fastst._core import read_counters
-from test_read_options import restore_read_options  # noqa: F401 (autouse)
+
+pytestmark = pytest.mark.usefixtures("restore_read_options")
 
 KIB = 1 << 10
 MIB = 1 << 20

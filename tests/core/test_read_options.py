@@ -24,11 +24,7 @@ KIB = 1 << 10
 MIB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def restore_read_options():
-    before = fastst.read_options()
-    yield
-    fastst.read_options(**before._asdict())
+pytestmark = pytest.mark.usefixtures("restore_read_options")
 
 
 def counted(action):

@@ -7,7 +7,7 @@ import inspect
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORE = ROOT / "fastst" / "_core"
 # the ring's stub describes the second extension; every other stub, the first
 MODULE_OF_STUB = {"_ring.pyi": "fastst._core._ring"}

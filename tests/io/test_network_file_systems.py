@@ -16,7 +16,8 @@ from fastst._io.limits import DEFAULT_BACKEND
 from fastst._io.source import NETWORK_READ_THREADS
 from fastst.checkpoint import open_checkpoint
 from fuse_mount import passthrough_mount
-from test_read_options import restore_read_options  # noqa: F401 (autouse)
+
+pytestmark = pytest.mark.usefixtures("restore_read_options")
 
 MIB = 1 << 20
 TENSORS = {"w": np.arange(MIB, dtype=np.float32), "b": np.arange(1000, dtype=np.int16)}

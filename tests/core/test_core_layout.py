@@ -10,7 +10,7 @@ import pytest
 import fastst
 from fastst import _core
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_every_dtype_list_is_the_table():

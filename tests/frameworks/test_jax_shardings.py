@@ -19,7 +19,7 @@ import fastst.flax as ff  # noqa: E402
 from fastst.writer import WriteSpec, serialize  # noqa: E402
 from servers import http_store  # noqa: E402,F401
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # every dtype JAX holds (64-bit ones become 32-bit, as device_put makes them)
 DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.int64,

@@ -443,7 +443,8 @@ class Allocations:
     ([10 * KIB] * 60, 64 * KIB, "take backwards"),           # the caller reads what it takes
     ([10 * KIB] * 60, 64 * KIB, "take rows"),
 ])
-def test_the_loader_never_holds_more_than_its_budget(tmp_path, monkeypatch, sizes, budget, how):
+def test_the_loader_never_holds_more_than_its_budget(tmp_path, monkeypatch, sizes, budget, how,
+                                                    restore_read_options):
     rng = np.random.default_rng(len(sizes))
     tensors = {f"t{k:03d}": rng.integers(0, 255, (size // 64, 64), np.uint8)
                for k, size in enumerate(sizes)}
@@ -452,22 +453,19 @@ def test_the_loader_never_holds_more_than_its_budget(tmp_path, monkeypatch, size
     plan = ({name: slice(1, array.shape[0] - 1) for name, array in tensors.items()}
             if how == "take rows" else None)
     expected = planned(tensors, plan or dict.fromkeys(tensors))
-    previous = fastst.read_options(request_bytes=64 * KIB)
+    fastst.read_options(request_bytes=64 * KIB)
     allocations = Allocations(monkeypatch)
-    try:
-        with fastst.safe_open(path, backend="pread") as f, \
-                f.prefetch(plan, max_bytes_in_flight=budget, threads=3) as loader:
-            order = loader.names()[::-1] if how != "iterate" else None
-            taken = ((name, loader.take(name)) for name in order) if order else loader
-            for name, array in taken:
-                # what the loader holds, with the tensor the caller holds
-                assert allocations.alive <= budget + array.nbytes
-                time.sleep(0.001)     # a slow consumer: the threads read ahead meanwhile
-                assert_same(array, expected[name])
-                del array
-            assert loader.peak_bytes <= budget
-    finally:
-        fastst.read_options(**previous._asdict())
+    with fastst.safe_open(path, backend="pread") as f, \
+            f.prefetch(plan, max_bytes_in_flight=budget, threads=3) as loader:
+        order = loader.names()[::-1] if how != "iterate" else None
+        taken = ((name, loader.take(name)) for name in order) if order else loader
+        for name, array in taken:
+            # what the loader holds, with the tensor the caller holds
+            assert allocations.alive <= budget + array.nbytes
+            time.sleep(0.001)     # a slow consumer: the threads read ahead meanwhile
+            assert_same(array, expected[name])
+            del array
+        assert loader.peak_bytes <= budget
     assert allocations.alive == 0
 
 
@@ -549,21 +547,19 @@ def many_tensors(tmp_path, count=50, size=10 * KIB):
     return path
 
 
-def test_the_threads_are_those_of_read_options_unless_told(tmp_path, no_thread_left):
+def test_the_threads_are_those_of_read_options_unless_told(tmp_path, no_thread_left,
+                                                           restore_read_options):
     path = many_tensors(tmp_path)
-    previous = fastst.read_options(threads=3)
-    try:
-        with fastst.safe_open(path, backend="pread") as f:
-            for threads, expected in ((None, 3), (1, 1), (5, 5)):
-                with f.prefetch(threads=threads, max_bytes_in_flight=10 * KIB) as loader:
-                    assert loader.threads == expected
-                    assert wait_until(lambda: loader._loading.held == 10 * KIB)
-                    assert len(loader_threads()) == expected     # one reads, the others wait
-                assert not loader_threads()
-            with f.prefetch({"t000": None}, threads=8) as loader:   # no more than there is to read
-                assert len(loader._threads) == 1
-    finally:
-        fastst.read_options(**previous._asdict())
+    fastst.read_options(threads=3)
+    with fastst.safe_open(path, backend="pread") as f:
+        for threads, expected in ((None, 3), (1, 1), (5, 5)):
+            with f.prefetch(threads=threads, max_bytes_in_flight=10 * KIB) as loader:
+                assert loader.threads == expected
+                assert wait_until(lambda: loader._loading.held == 10 * KIB)
+                assert len(loader_threads()) == expected     # one reads, the others wait
+            assert not loader_threads()
+        with f.prefetch({"t000": None}, threads=8) as loader:   # no more than there is to read
+            assert len(loader._threads) == 1
 
 
 def test_close_stops_the_threads_and_ends_the_loader(tmp_path, no_thread_left):

@@ -143,22 +143,21 @@ def test_threads_sharing_one_checkpoint_read_every_tensor_right(tmp_path):
         in_threads(work)
 
 
-def test_read_options_changed_by_threads_never_mix_and_reads_stay_right(small_file):
+def test_read_options_changed_by_threads_never_mix_and_reads_stay_right(small_file,
+                                                                       restore_read_options):
     expected = tensors()
     before = fastst.read_options()
-    try:
-        def work(k):
-            for round in range(ROUNDS // 4):
-                options = fastst.read_options(threads=1 + (k + round) % 4,
-                                              request_bytes=(64 << 10) * (1 + k % 2))
-                assert 1 <= options.threads <= 4 or options == before
-                loaded = fastst.load_file(small_file, backend="pread")
-                for name in ("t0", f"t{k}"):
-                    np.testing.assert_array_equal(loaded[name], expected[name])
 
-        in_threads(work)
-    finally:
-        fastst.read_options(**before._asdict())
+    def work(k):
+        for round in range(ROUNDS // 4):
+            options = fastst.read_options(threads=1 + (k + round) % 4,
+                                          request_bytes=(64 << 10) * (1 + k % 2))
+            assert 1 <= options.threads <= 4 or options == before
+            loaded = fastst.load_file(small_file, backend="pread")
+            for name in ("t0", f"t{k}"):
+                np.testing.assert_array_equal(loaded[name], expected[name])
+
+    in_threads(work)
 
 
 def test_read_counters_count_every_request_of_threads_reading_at_once(small_file):

@@ -61,11 +61,8 @@ def imported_places(path: pathlib.Path):
     here = path.relative_to(PACKAGE).parent.parts     # () for fastst/, ("_io",)
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == "fastst":
-                    yield (node.lineno, *(parts[1:3] + [None])[:2]) if len(parts) > 1 else (
-                        node.lineno, "__init__", None)
+            targets = [alias.name.split(".")[1:] or ["__init__"] for alias in node.names
+                       if alias.name.split(".")[0] == "fastst"]
         elif isinstance(node, ast.ImportFrom):
             if node.level == 0:
                 parts = (node.module or "").split(".")
@@ -75,16 +72,13 @@ def imported_places(path: pathlib.Path):
             else:
                 base = list(here[:len(here) - (node.level - 1)]) + (
                     node.module.split(".") if node.module else [])
-            if len(base) > 1:
-                yield node.lineno, base[0], base[1]
-            elif base and base[0] in FOLDERS:   # from ._io import ranged: the modules named
-                for alias in node.names:
-                    yield node.lineno, base[0], alias.name
-            elif base:
-                yield node.lineno, base[0], None
-            else:     # from . import name: the modules named
-                for alias in node.names:
-                    yield node.lineno, alias.name, None
+            # from . import name, from ._io import ranged: the names may be modules
+            names_modules = not base or (len(base) == 1 and base[0] in FOLDERS)
+            targets = [base + [alias.name] for alias in node.names] if names_modules else [base]
+        else:
+            continue
+        for unit, *module in targets:
+            yield node.lineno, unit, module[0] if module else None
 
 
 def sources():

@@ -50,8 +50,8 @@ __all__ = ["CONNECT_TIMEOUT", "MAX_REQUESTS", "MAX_WHOLE_READ", "PART_SIZE", "RE
            "START_REQUESTS", "FileObjectRanges", "Pace", "SpooledUpload", "UrlRanges",
            "open_object", "read_object", "save_plan", "with_default_timeouts"]
 
-KNOBS = ("CONNECT_TIMEOUT", "MAX_REQUESTS", "MAX_WHOLE_READ", "PART_SIZE", "READ_TIMEOUT",
-         "START_REQUESTS")
+# the public names whose home is _io/limits: set here, set there
+KNOBS = frozenset(name for name in __all__ if hasattr(limits, name))
 
 
 class _Face(types.ModuleType):

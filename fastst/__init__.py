@@ -28,7 +28,8 @@ if TYPE_CHECKING:   # what mypy sees; at run time each comes from LAZY on first 
                         TensorInfo, TensorNotFoundError, read_options)
     from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
     from ._handles.edit import update_metadata
-    from ._handles.handle import FrameworkHandle, NumpyHandle, TensorMeta
+    from ._handles.handle import FrameworkHandle, NumpyHandle
+    from ._handles.meta import TensorMeta
     from ._handles.prefetch import PrefetchLoader
     from ._handles.slicing import SafeSlice
     from ._switch import patch_safetensors
@@ -47,7 +48,7 @@ LAZY = {"DEFAULT_MAX_HEADER_SIZE": "_core", "DTYPE_CODES": "_core", "DTYPES": "_
         "safe_open": "_api", "_safe_open_handle": "_api", "load": "_api",
         "load_file": "_api", "load_into": "_api", "save": "_api", "save_file": "_api",
         "NumpyHandle": "_handles.handle", "FrameworkHandle": "_handles.handle",
-        "TensorMeta": "_handles.handle", "PrefetchLoader": "_handles.prefetch",
+        "TensorMeta": "_handles.meta", "PrefetchLoader": "_handles.prefetch",
         "SafeSlice": "_handles.slicing", "update_metadata": "_handles.edit",
         "StreamWriter": "writer", "save_file_from": "writer",
         "TensorSpec": "_format.lowlevel", "serialize": "_format.lowlevel",

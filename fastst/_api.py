@@ -9,11 +9,10 @@ from typing import (TYPE_CHECKING, Any, Dict, Literal, Mapping, Optional, Protoc
 
 from ._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, WritePlan, plan_write,
                     spec_of_array)
-from ._format.index import is_checkpoint
+from ._format.names import is_checkpoint
 from ._frameworks.registry import (NUMPY_FRAMEWORKS, check_numpy_device,
                                    converter as framework_converter)
-from ._handles.handle import (ArrayHandle, Backend, FrameworkHandle, Handle, NumpyHandle, Openable,
-                              open_handle)
+from ._handles.handle import FrameworkHandle, NumpyHandle, open_handle
 from ._io.files import PathLike
 from ._io.limits import DEFAULT_BACKEND
 from ._io.source import NOT_LOCAL, as_source
@@ -23,9 +22,11 @@ if TYPE_CHECKING:   # none of these is imported when fastst is; numpy.typing cos
     import numpy.typing as npt
     import torch  # type: ignore[import-not-found, unused-ignore]
 
-class WritableFile(Protocol):
-    """A binary file object that save_file writes to in order."""
-    def write(self, data: Any, /) -> Optional[int]: ...
+    from ._handles.protocols import ArrayHandle, Backend, Handle, Openable
+
+    class WritableFile(Protocol):
+        """A binary file object that save_file writes to in order."""
+        def write(self, data: Any, /) -> Optional[int]: ...
 
 
 __all__ = ["load", "load_file", "load_into", "safe_open", "save", "save_file"]

@@ -34,13 +34,14 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Hashable, Itera
 from ._core import (DEFAULT_MAX_HEADER_SIZE, SafetensorError, SafetensorTypeError, TensorInfo,
                     TensorNotFoundError, WriteSpec, spec_of_array, usable_cpus)
 from ._format.checksums import plan_with_checksums
-from ._format.index import (DEFAULT_PATTERN, INDEX_SUFFIX, CheckpointIndex, commit_files,
-                            find_checkpoint, index_name, index_text, is_checkpoint,
-                            is_checkpoint_path, is_index_name, read_index, remove_leftovers,
-                            save_place, shard_names, write_files)
+from ._format.index import (CheckpointIndex, commit_files, find_checkpoint, index_name,
+                            index_text, read_index, remove_leftovers, save_place, shard_names,
+                            write_files)
+from ._format.names import (DEFAULT_PATTERN, INDEX_SUFFIX, is_checkpoint, is_checkpoint_path,
+                            is_index_name)
 from ._frameworks.registry import NUMPY_FRAMEWORKS, converter as framework_converter
-from ._handles.handle import (FrameworkHandle, NumpyHandle, T, TensorMeta, data_bytes, meta_of,
-                              open_handle)
+from ._handles.handle import FrameworkHandle, NumpyHandle, T, data_bytes, open_handle
+from ._handles.meta import TensorMeta, meta_of
 from ._io.files import PathLike
 from ._io.limits import DEFAULT_BACKEND, DEFAULT_PREFETCH_BYTES
 from ._io.progress import byte_bar

@@ -36,7 +36,6 @@ import numpy as np
 from ._api import safe_open
 from ._core import SafetensorError
 from ._data.loader import Loader, Names, _common_length, _integer
-from ._handles.handle import Backend
 from ._io.files import PathLike
 from ._io.limits import DEFAULT_BACKEND
 
@@ -44,6 +43,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     import torch  # type: ignore[import-not-found, unused-ignore]
     from torch.utils.data import BatchSampler, DataLoader, Dataset
+
+    from ._handles.protocols import Backend
 
     class RowDataset(Rows, Dataset[Any]):   # what _row_dataset_class makes at run time
         def __init__(self, path: PathLike, names: Names, *, backend: Backend = DEFAULT_BACKEND,

@@ -17,7 +17,7 @@ Examples
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Optional, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Union, cast
 
 import numpy as np
 
@@ -30,8 +30,10 @@ import jax.numpy as jnp  # noqa: E402
 from ._api import safe_open  # noqa: E402
 from ._api import save as save_numpy, save_file as save_numpy_file  # noqa: E402
 from ._core import Reader  # noqa: E402
-from ._handles.handle import Backend  # noqa: E402
 from ._io.limits import DEFAULT_BACKEND  # noqa: E402
+
+if TYPE_CHECKING:
+    from ._handles.protocols import Backend
 
 __all__ = ["save", "save_file", "load", "load_file"]
 

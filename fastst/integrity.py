@@ -26,7 +26,8 @@ from ._format.checksums import (ALGORITHMS, CHECKSUM_KEY, checksum_metadata, che
                                 digest_of, digests_in_file, digests_of, mismatch,
                                 plan_with_checksums, reserved_checksums, with_checksums,
                                 without_checksum)
-from ._format.index import is_index_name, read_index
+from ._format.index import read_index
+from ._format.names import is_index_name
 from ._handles.handle import NumpyHandle, VerifyingHandle, open_handle
 from ._io.progress import byte_bar, is_terminal
 from ._io.source import Source, as_source

@@ -43,7 +43,6 @@ from ._api import safe_open
 from ._core import SafetensorError, SafetensorTypeError, WriteSpec
 from ._format.checksums import plan_with_checksums
 from ._frameworks.specs import is_tensor, spec_of
-from ._handles.handle import Backend
 from ._io.files import PathLike, write_atomically
 from ._io.limits import DEFAULT_BACKEND
 from .checkpoint import ShardEntry, save_checkpoint
@@ -52,6 +51,8 @@ if TYPE_CHECKING:
     import jax  # type: ignore[import-not-found, unused-ignore]
     import numpy.typing as npt
     import torch  # type: ignore[import-not-found, unused-ignore]
+
+    from ._handles.protocols import Backend
 
 __all__ = ["STATE_KEY", "STATE_VERSION", "MAX_DEPTH", "save_state", "load_state",
            "state_to_tensors", "state_from_tensors", "tensor_specs"]

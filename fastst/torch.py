@@ -35,13 +35,14 @@ from ._format.checksums import plan_with_checksums
 from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._format.torch_dtypes import torch_dtypes
 from ._frameworks.torch import bytes_of, converter, spec_of_tensor, target_device
-from ._handles.handle import Backend
 from ._io.files import write_atomically
 from ._io.limits import DEFAULT_BACKEND
 from ._io.source import as_source
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+
+    from ._handles.protocols import Backend
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
            "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES", "safe_open",

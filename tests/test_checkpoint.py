@@ -602,7 +602,7 @@ def test_relative_names_save_in_the_current_directory(tmp_path, monkeypatch):
 
 
 def test_one_file_and_a_checkpoint_give_handles_of_one_protocol(checkpoint):
-    from fastst._handles.handle import ArrayHandle, Handle
+    from fastst._handles.protocols import ArrayHandle, Handle
 
     directory, tensors = checkpoint
     single = directory / "single.safetensors"

@@ -230,7 +230,7 @@ def test_strict_build_fails_on(fault, tmp_path):
 # example in them runs, those needing a package that is not installed left out.
 DOCSTRING_MODULES = ["fastst", "fastst._api", "fastst._core", "fastst._handles.edit",
                      "fastst._format.checksums", "fastst._format.index", "fastst._format.lowlevel",
-                     "fastst._frameworks.jax", "fastst._frameworks.specs",
+                     "fastst._format.names", "fastst._frameworks.jax", "fastst._frameworks.specs",
                      "fastst._frameworks.torch", "fastst._handles.handle", "fastst._io.files",
                      "fastst._io.fsspec", "fastst._io.ranged", "fastst._io.transports",
                      "fastst._io.upload", "fastst._handles.readahead", "fastst._switch",

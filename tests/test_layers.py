@@ -41,9 +41,10 @@ LAYERS = [
 FOLDERS = {
     "_io": ["__init__", "limits", "progress", "files", "ranged", "http", "fileobj", "fsspec",
             "upload", "transports", "source"],
-    "_format": ["__init__", "blocks", "torch_dtypes", "checksums", "lowlevel", "index"],
+    "_format": ["__init__", "blocks", "torch_dtypes", "checksums", "lowlevel", "names", "index"],
     "_frameworks": ["__init__", "cuda", "torch", "jax", "registry", "specs"],
-    "_handles": ["__init__", "readahead", "slicing", "prefetch", "handle", "edit"],
+    "_handles": ["__init__", "readahead", "slicing", "prefetch", "meta", "protocols", "handle",
+                 "edit"],
     "_data": ["__init__", "rowblocks", "order", "pipeline", "loader"],
     "_tools": ["__init__", "inspect", "demo"],
 }

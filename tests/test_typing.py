@@ -72,17 +72,17 @@ def test_numpy_api_types(mypy_report):
         "list[int]",
         ARRAY,
         "list[int]",
-        "fastst._handles.handle.ArrayHandle",
+        "fastst._handles.protocols.ArrayHandle",
         f"dict[str, {ARRAY}]",
         "bytes",
         f"dict[str, {ARRAY}]",
         "fastst._core.SafetensorError",
-        "fastst._handles.handle.ArrayHandle",
+        "fastst._handles.protocols.ArrayHandle",
         ARRAY,
         # a framework held in a str, and the frameworks without types of their own
-        "fastst._handles.handle.Handle[Any]",
+        "fastst._handles.protocols.Handle[Any]",
         "Any",
-        "fastst._handles.handle.Handle[Any]",      # _safe_open_handle
+        "fastst._handles.protocols.Handle[Any]",      # _safe_open_handle
         f"dict[str, {ARRAY}]",            # fastst.numpy.load
         "list[str]",                      # isinstance(opened, fastst.safe_open)
         STATE_OF.format(leaf=ARRAY),       # load_state: a tree of arrays and scalars
@@ -95,7 +95,7 @@ def test_framework_handles_give_framework_types(mypy_report):
     lines = mypy_report.get("frameworks.py", [])
     assert errors(lines) == []
     assert revealed(lines) == [
-        f"fastst._handles.handle.Handle[{TENSOR}]",
+        f"fastst._handles.protocols.Handle[{TENSOR}]",
         TENSOR,
         TENSOR,
         f"dict[str, {TENSOR}]",

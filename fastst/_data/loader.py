@@ -16,9 +16,8 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Option
 import numpy as np
 
 from .._core import Reader, SafetensorError, TensorNotFoundError, read_ahead_limit
-from .._format.index import INDEX_SUFFIX
+from .._format.names import INDEX_SUFFIX
 from .._frameworks.registry import NUMPY_FRAMEWORKS, converter
-from .._handles.handle import Backend
 from .._io.limits import DEFAULT_BACKEND
 from .._io.source import Identity, LocalFile, as_source, identity_of
 from ..checkpoint import open_checkpoint
@@ -28,6 +27,8 @@ from .rowblocks import BlockEdges
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+
+    from .._handles.protocols import Backend
 
 __all__ = ["Loader"]
 

@@ -15,10 +15,12 @@ from importlib import import_module
 from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar
 
-from .._core import SafetensorError, TensorInfo
+from .._core import SafetensorError
 
 if TYPE_CHECKING:   # types only: a first read pays for none of them
     import numpy.typing as npt
+
+    from .._core import TensorInfo
 
     T = TypeVar("T")
     # A framework's converter: (NumPy array, tensor name, the tensor's TensorInfo) -> its

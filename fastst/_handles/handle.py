@@ -8,128 +8,29 @@ opening its Source again, which must hold the same version of the file.
 from __future__ import annotations
 
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, Iterator, List,
-                    Literal, NamedTuple, Optional, Protocol, Set, Tuple, TypeVar, Union,
-                    overload, runtime_checkable)
+                    Optional, Set, Tuple, TypeVar, Union, overload)
 
 from .._core import (DEFAULT_MAX_HEADER_SIZE, Reader, SafetensorError, SafetensorTypeError,
-                     TensorInfo, read_runs)
+                     read_runs)
 from .._frameworks.registry import (NUMPY_FRAMEWORKS, check_numpy_device,
                                     converter as framework_converter)
-from .._io.files import PathLike
 from .._io.limits import DEFAULT_PREFETCH_BYTES
 from .._io.source import Buffer, FileObject, Identity, LocalFile, Source, identity_of
 
 if TYPE_CHECKING:   # none of these is imported when fastst is; each on its first use
     import numpy.typing as npt
 
+    from .._core import TensorInfo
     from .._frameworks.registry import Converter
+    from .meta import TensorMeta
     from .prefetch import Plan, PrefetchLoader
+    from .protocols import FileIdentity
     from .readahead import ReadAhead
     from .slicing import SafeSlice
 
-__all__ = ["ArrayHandle", "Backend", "FrameworkHandle", "Handle", "NumpyHandle", "Openable",
-           "ReadableFile", "TensorMeta", "VerifyingHandle", "data_bytes", "meta_of", "open_handle"]
+__all__ = ["FrameworkHandle", "NumpyHandle", "VerifyingHandle", "data_bytes", "open_handle"]
 
-Backend = Literal["mmap", "pread"]
 T = TypeVar("T")    # a handle's tensors
-
-
-class ReadableFile(Protocol):
-    """A binary file object that safe_open reads by byte ranges."""
-    def seek(self, offset: int, whence: int = ..., /) -> int: ...
-    def read(self, size: int = ..., /) -> bytes: ...
-
-
-Openable = Union[PathLike, ReadableFile]   # a path (or URL string), or a file object
-FileIdentity = Tuple[Union[str, bytes], int, int, int, int]   # path, dev, inode, size, mtime
-
-
-class TensorMeta(NamedTuple):
-    """What the header says of one tensor, as ``get_tensor_meta(name)`` gives it,
-    read without touching its bytes: the reference's ``TensorMeta``.
-
-    Attributes
-    ----------
-    dtype : str
-        The header dtype code, e.g. ``"F32"``.
-    shape : list of int
-        The shape the header gives.
-    data_offsets : tuple of (int, int)
-        The tensor's bytes, ``[begin, end)``, counted from the start of the data
-        that follows the header (of its shard, in a sharded checkpoint).
-
-    Examples
-    --------
-    >>> import numpy as np, fastst, tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
-    >>> fastst.save_file({"w": np.zeros((2, 3), np.float32)}, path)
-    >>> with fastst.safe_open(path) as f:
-    ...     f.get_tensor_meta("w")
-    TensorMeta(dtype='F32', shape=[2, 3], data_offsets=(0, 24))
-    """
-
-    __module__ = "fastst"
-
-    dtype: str
-    shape: List[int]
-    data_offsets: Tuple[int, int]
-
-
-def meta_of(info: TensorInfo) -> TensorMeta:
-    """The TensorMeta of a tensor described by `info`."""
-    return TensorMeta(info.dtype, list(info.shape), info.data_offsets)
-
-
-@runtime_checkable
-class Handle(Protocol[T]):
-    """What ``safe_open`` returns, for one file (a ``FrameworkHandle`` or
-    ``NumpyHandle``) or for a sharded checkpoint (a
-    ``fastst.checkpoint.ShardedHandle``): the reading methods they share, each
-    tensor a `T`. ``metadata()`` is a file's ``__metadata__`` (str to str) or a
-    checkpoint index's ``metadata`` (whose ``total_size`` is an int)."""
-
-    def get_tensor(self, name: str, /) -> T: ...
-    def __getitem__(self, name: str, /) -> T: ...
-    def get_tensors(self) -> Dict[str, T]: ...
-    def get_slice(self, name: str, /) -> SafeSlice[T]: ...
-    def gather(self, name: str, rows: Any, /) -> T: ...
-    def info(self, name: str, /) -> TensorInfo: ...
-    def get_tensor_meta(self, name: str, /) -> TensorMeta: ...
-    def prefetch(self, plan: Optional[Plan] = None, *, device: Any = None,
-                 threads: Optional[int] = None, max_bytes_in_flight: int = ...
-                 ) -> PrefetchLoader[T]: ...
-    def keys(self) -> List[str]: ...
-    def offset_keys(self) -> List[str]: ...
-    def metadata(self) -> Optional[Dict[str, Any]]: ...
-    @property
-    def source(self) -> str: ...
-    @property
-    def backend(self) -> str: ...
-    @property
-    def closed(self) -> bool: ...
-    def close(self) -> None: ...
-    def __len__(self) -> int: ...
-    def __contains__(self, name: object, /) -> bool: ...
-    def __iter__(self) -> Iterator[str]: ...
-    def __enter__(self) -> Handle[T]: ...
-    def __exit__(self, *exc_info: object) -> None: ...
-
-
-@runtime_checkable
-class ArrayHandle(Handle["npt.NDArray[Any]"], Protocol):
-    """What ``safe_open(..., framework="np")`` returns, a ``NumpyHandle`` for one
-    file or a ``fastst.checkpoint.NumpyShardedHandle`` for a sharded checkpoint:
-    the methods of ``Handle`` and the NumPy-only ones."""
-
-    def get_tensor(self, name: str, /, *, out: Optional[npt.NDArray[Any]] = None
-                   ) -> npt.NDArray[Any]: ...
-    def copy_tensors(self) -> Dict[str, npt.NDArray[Any]]: ...
-    def read_into(self, arrays: Dict[str, npt.NDArray[Any]], /) -> None: ...
-    def read_rows(self, name: str, first: int, last: int, /) -> npt.NDArray[Any]: ...
-    def gather_rows(self, name: str, rows: npt.NDArray[Any], /) -> npt.NDArray[Any]: ...
-    def gather(self, name: str, rows: Any, /, out: Optional[npt.NDArray[Any]] = None
-               ) -> npt.NDArray[Any]: ...
-    def __enter__(self) -> ArrayHandle: ...
 
 
 class NumpyHandle(Reader):
@@ -251,6 +152,8 @@ class NumpyHandle(Reader):
         ...     f.get_tensor_meta("x")
         TensorMeta(dtype='I8', shape=[4, 3], data_offsets=(16, 28))
         """
+        from .meta import meta_of
+
         return meta_of(self.info(name))
 
     def read_runs(self, name: str, offsets: Any, length: int, out: npt.NDArray[Any]
@@ -860,6 +763,8 @@ class FrameworkHandle(Generic[T]):
         ...     f.get_tensor_meta("w").shape
         [2, 2]
         """
+        from .meta import meta_of
+
         return meta_of(self._info(name))
 
     @property

@@ -12,7 +12,7 @@ import struct
 from typing import Any, Dict, List, Optional, Sequence
 
 from .._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, foreign_format
-from .._format.index import is_checkpoint_path
+from .._format.names import is_checkpoint_path
 from .._handles.handle import data_bytes, open_handle
 from .._io.source import as_source
 

@@ -30,8 +30,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from .._core import SafetensorError, WriteSpec
-from .._format.index import (CheckpointIndex, commit_files, index_name, index_text, is_index_name,
-                             read_index, remove_leftovers, save_place, shard_names, write_files)
+from .._format.index import (CheckpointIndex, commit_files, index_name, index_text, read_index,
+                             remove_leftovers, save_place, shard_names, write_files)
+from .._format.names import is_index_name
 from .._io.files import AtomicFile
 from .._io.source import LocalFile
 from ..checkpoint import ShardEntry, open_checkpoint, parse_size, split_into_shards

@@ -105,6 +105,7 @@ cdef uint64_t INTP_MAX = <uint64_t>0x7FFFFFFFFFFFFFFF
 # The core, in the order data flows through it.
 include "errors.pxi"     # the SafetensorError family; _fail; values shown in messages
 include "dtypes.pxi"     # THE dtype table and the lists derived from it
+include "records.pxi"    # the named tuples and DTYPES, made on first use
 include "header.pxi"     # prefix, fast scanner, strict parser, coverage rules
 include "sources.pxi"    # mmap and buffer owners; read plans (pread, threads, no GIL)
 include "reader.pxi"     # Reader: views, copies, rows, gathers
@@ -122,6 +123,9 @@ RING_NAMES = frozenset({"BatchRing", "READER_FAILED", "STOPPED", "TAKER_FILLS_BA
 
 
 def __getattr__(name):
+    if name in LAZY_NAMES:
+        value = globals()[name] = _record(name)   # found directly from now on
+        return value
     if name not in RING_NAMES:
         raise AttributeError(f"module 'fastst._core' has no attribute {name!r}")
     from fastst._core import _ring

@@ -1,41 +1,39 @@
 # THE dtype table, and every list derived from it (included by __init__.pyx).
 
-DtypeInfo = namedtuple("DtypeInfo", ["code", "bits", "numpy", "torch"], module="fastst")
-DtypeInfo.__doc__ = """One dtype of the format: a row of `DTYPES`."""
-
 # Rows are in the order of the reference's Dtype enum, which is also the order its
 # writer sorts by (descending), so a row's index is its rank, and the code number
-# every other table of the core is indexed by.
-DTYPES = (
-    DtypeInfo("BOOL", 8, "bool", "bool"),
-    DtypeInfo("F4", 4, "uint8", "float4_e2m1fn_x2"),
-    DtypeInfo("F6_E2M3", 6, "uint8", None),
-    DtypeInfo("F6_E3M2", 6, "uint8", None),
-    DtypeInfo("U8", 8, "uint8", "uint8"),
-    DtypeInfo("I8", 8, "int8", "int8"),
-    DtypeInfo("F8_E5M2", 8, "float8_e5m2", "float8_e5m2"),
-    DtypeInfo("F8_E4M3", 8, "float8_e4m3fn", "float8_e4m3fn"),
-    DtypeInfo("F8_E8M0", 8, "float8_e8m0fnu", "float8_e8m0fnu"),
-    DtypeInfo("F8_E4M3FNUZ", 8, "float8_e4m3fnuz", "float8_e4m3fnuz"),
-    DtypeInfo("F8_E5M2FNUZ", 8, "float8_e5m2fnuz", "float8_e5m2fnuz"),
-    DtypeInfo("I16", 16, "int16", "int16"),
-    DtypeInfo("U16", 16, "uint16", "uint16"),
-    DtypeInfo("F16", 16, "float16", "float16"),
-    DtypeInfo("BF16", 16, "bfloat16", "bfloat16"),
-    DtypeInfo("I32", 32, "int32", "int32"),
-    DtypeInfo("U32", 32, "uint32", "uint32"),
-    DtypeInfo("F32", 32, "float32", "float32"),
-    DtypeInfo("C64", 64, "complex64", "complex64"),
-    DtypeInfo("F64", 64, "float64", "float64"),
-    DtypeInfo("I64", 64, "int64", "int64"),
-    DtypeInfo("U64", 64, "uint64", "uint64"),
+# every other table of the core is indexed by. Each row: (code, bits, NumPy dtype name,
+# torch dtype name); the public DTYPES holds them as DtypeInfo (see records.pxi).
+_DTYPE_ROWS = (
+    ("BOOL", 8, "bool", "bool"),
+    ("F4", 4, "uint8", "float4_e2m1fn_x2"),
+    ("F6_E2M3", 6, "uint8", None),
+    ("F6_E3M2", 6, "uint8", None),
+    ("U8", 8, "uint8", "uint8"),
+    ("I8", 8, "int8", "int8"),
+    ("F8_E5M2", 8, "float8_e5m2", "float8_e5m2"),
+    ("F8_E4M3", 8, "float8_e4m3fn", "float8_e4m3fn"),
+    ("F8_E8M0", 8, "float8_e8m0fnu", "float8_e8m0fnu"),
+    ("F8_E4M3FNUZ", 8, "float8_e4m3fnuz", "float8_e4m3fnuz"),
+    ("F8_E5M2FNUZ", 8, "float8_e5m2fnuz", "float8_e5m2fnuz"),
+    ("I16", 16, "int16", "int16"),
+    ("U16", 16, "uint16", "uint16"),
+    ("F16", 16, "float16", "float16"),
+    ("BF16", 16, "bfloat16", "bfloat16"),
+    ("I32", 32, "int32", "int32"),
+    ("U32", 32, "uint32", "uint32"),
+    ("F32", 32, "float32", "float32"),
+    ("C64", 64, "complex64", "complex64"),
+    ("F64", 64, "float64", "float64"),
+    ("I64", 64, "int64", "int64"),
+    ("U64", 64, "uint64", "uint64"),
 )
 
-DTYPE_CODES = tuple([row.code for row in DTYPES])
-_CODE_OF_NAME = {row.code: rank for rank, row in enumerate(DTYPES)}
+DTYPE_CODES = tuple([row[0] for row in _DTYPE_ROWS])
+_CODE_OF_NAME = {code: rank for rank, code in enumerate(DTYPE_CODES)}
 
 # C copies of the table for code that runs without the GIL (the fast scanner) or
-# per element. Fixed room, filled below from DTYPES; an entry's code is a uint8_t.
+# per element. Fixed room, filled below from _DTYPE_ROWS; an entry's code is a uint8_t.
 cdef enum:
     MAX_CODES = 32
     MAX_CODE_LENGTH = 16
@@ -47,16 +45,16 @@ cdef Py_ssize_t[MAX_CODES] CODE_LENGTH
 
 cdef _fill_code_tables():
     global N_CODES
-    if len(DTYPES) > MAX_CODES:
-        raise ImportError(f"fastst holds at most {MAX_CODES} dtypes, DTYPES has {len(DTYPES)}")
-    for rank, row in enumerate(DTYPES):
-        text = row.code.encode("ascii")
+    if len(_DTYPE_ROWS) > MAX_CODES:
+        raise ImportError(f"fastst holds at most {MAX_CODES} dtypes, DTYPES has {len(_DTYPE_ROWS)}")
+    for rank, (code, bits, _, _) in enumerate(_DTYPE_ROWS):
+        text = code.encode("ascii")
         if len(text) >= MAX_CODE_LENGTH:
-            raise ImportError(f"dtype code {row.code} is longer than {MAX_CODE_LENGTH - 1}")
+            raise ImportError(f"dtype code {code} is longer than {MAX_CODE_LENGTH - 1}")
         memcpy(CODE_TEXT[rank], <const char*>text, len(text))
         CODE_LENGTH[rank] = len(text)
-        BITS[rank] = row.bits
-    N_CODES = len(DTYPES)
+        BITS[rank] = bits
+    N_CODES = len(_DTYPE_ROWS)
 
 
 _fill_code_tables()
@@ -92,19 +90,23 @@ cdef list _BITS_DTYPES = []       # code -> the same, or its bits where ml_dtype
 
 
 cdef _fill_numpy_tables():
-    for code, row in enumerate(DTYPES):
-        FROM_ML_DTYPES[code] = not hasattr(np, row.numpy)
-        native = None if FROM_ML_DTYPES[code] else _little_endian(row.numpy)
+    for code, (_, bits, numpy_name, _) in enumerate(_DTYPE_ROWS):
+        FROM_ML_DTYPES[code] = not hasattr(np, numpy_name)
+        native = None if FROM_ML_DTYPES[code] else _little_endian(numpy_name)
         _NUMPY_DTYPES.append(native)
-        _BITS_DTYPES.append(native if native is not None else
-                            _little_endian(f"uint{row.bits}"))
+        _BITS_DTYPES.append(native if native is not None else _little_endian(f"uint{bits}"))
 
 
 _fill_numpy_tables()
 # NumPy dtype name -> code, for writing. Sub-byte codes have no NumPy dtype of their
 # own (they surface as packed uint8), so they cannot be written from NumPy.
 cdef dict _CODE_OF_NUMPY_NAME = {
-    row.numpy: code for code, row in enumerate(DTYPES) if row.bits >= 8}
+    numpy_name: code for code, (_, bits, numpy_name, _) in enumerate(_DTYPE_ROWS) if bits >= 8}
+
+
+cdef str _numpy_name(int code):
+    """The name of the NumPy dtype (ml_dtypes' for the ones NumPy lacks) of code's tensors."""
+    return _DTYPE_ROWS[code][2]
 
 
 cdef object _numpy_dtype_of(int code):
@@ -119,9 +121,9 @@ cdef object _numpy_dtype_of(int code):
 cdef _load_ml_dtypes():
     global ML_DTYPES_LOADED
     import ml_dtypes
-    for code, row in enumerate(DTYPES):
+    for code, (_, _, numpy_name, _) in enumerate(_DTYPE_ROWS):
         if FROM_ML_DTYPES[code]:
-            _NUMPY_DTYPES[code] = np.dtype(getattr(ml_dtypes, row.numpy))
+            _NUMPY_DTYPES[code] = np.dtype(getattr(ml_dtypes, numpy_name))
     ML_DTYPES_LOADED = True
 
 

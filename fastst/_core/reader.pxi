@@ -1,12 +1,6 @@
 # Reader: an open file or buffer with a validated header; views, copies, rows and
 # gathers (included by __init__.pyx).
 
-TensorInfo = namedtuple("TensorInfo", ["dtype", "shape", "data_offsets", "array_shape"],
-                        module="fastst")
-TensorInfo.__doc__ = """What a file's header says of one tensor, as ``info(name)`` gives
-it."""
-
-
 cdef int BACKEND_MMAP = 0
 cdef int BACKEND_PREAD = 1
 cdef int BACKEND_BUFFER = 2
@@ -1082,8 +1076,8 @@ cdef class Reader:
         """What the header says of tensor `name`, read without touching its bytes."""
         cdef Py_ssize_t i = self._position(name)
         cdef Entry* entry = &self.header.entries[i]
-        return TensorInfo(DTYPE_CODES[entry.code], self.header.shape(i),
-                          (entry.begin, entry.end), self._numpy_shape(i))
+        return _record("TensorInfo")(DTYPE_CODES[entry.code], self.header.shape(i),
+                                     (entry.begin, entry.end), self._numpy_shape(i))
 
     @property
     def data_start(self):

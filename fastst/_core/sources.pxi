@@ -128,11 +128,6 @@ cdef bint READ_HINTS = True             # posix_fadvise for plans read in file o
 cdef uint64_t DIRECT_ALIGN = 4096       # O_DIRECT: offsets, lengths and memory aligned to it
 cdef uint64_t MAX_READ_THREADS = 64
 
-ReadOptions = namedtuple("ReadOptions", ["threads", "request_bytes", "direct", "hints",
-                                         "huge_pages"],
-                         module="fastst")
-ReadOptions.__doc__ = """How local files are read into fresh memory (see `read_options`)."""
-
 # what plans have read, for read_counters(): requests and bytes by path
 cdef dict _COUNTERS = dict.fromkeys(
     ["requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
@@ -155,7 +150,8 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
     that were in force before the call (with no argument, only return them)."""
     global READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES
     with _SETTING_OPTIONS:     # a call's options all at once, and `before` whole
-        before = ReadOptions(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS, HUGE_PAGES)
+        before = _record("ReadOptions")(READ_THREADS, CHUNK, READ_DIRECT, READ_HINTS,
+                                          HUGE_PAGES)
         if threads is not None:
             if type(threads) is not int or not 0 <= threads <= MAX_READ_THREADS:
                 raise SafetensorError(f"threads must be an integer from 0 to {MAX_READ_THREADS}, "

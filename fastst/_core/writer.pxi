@@ -1,11 +1,6 @@
 # Writing: every writer hands over explicit specs; one plan, one output loop
 # (included by __init__.pyx).
 
-WriteSpec = namedtuple("WriteSpec", ["name", "dtype", "shape", "data"], module="fastst.writer")
-WriteSpec.__doc__ = """One tensor to write: its name, header dtype code, header shape,
-and the array of its bytes."""
-
-
 cdef dict _CODE_OF_DTYPE = {}     # dtypes seen, by themselves: dtype.name is slow to make
 
 
@@ -34,7 +29,8 @@ def spec_of_array(name, array):
     elif not isinstance(array, np.ndarray):
         raise TypeError(f"tensor {_shown(name)}: expected a numpy.ndarray, got "
                         f"{type(array).__module__}.{type(array).__qualname__}")
-    return WriteSpec(name, DTYPE_CODES[_code_for_array(name, array)], array.shape, array)
+    return _record("WriteSpec")(name, DTYPE_CODES[_code_for_array(name, array)], array.shape,
+                                  array)
 
 
 cdef class WritePlan:
@@ -119,8 +115,8 @@ cdef class WritePlan:
         cdef _Header h = self._layout()
         cdef Py_ssize_t i = self._position(name, target)
         cdef Entry* entry = &h.entries[i]
-        return TensorInfo(DTYPE_CODES[entry.code], h.shape(i), (entry.begin, entry.end),
-                          _array_shape(h, entry))
+        return _record("TensorInfo")(DTYPE_CODES[entry.code], h.shape(i),
+                                     (entry.begin, entry.end), _array_shape(h, entry))
 
     def write_rows(self, int fd, name, first_row, array, str target="<file>",
                    str bits_of=None):
@@ -198,7 +194,7 @@ cdef object _array_shape(_Header h, Entry* entry):
 
 
 cdef _check_piece_dtype(str target, object name, int code, object dtype):
-    cdef str expected = DTYPES[code].numpy
+    cdef str expected = _numpy_name(code)
     if dtype.name == expected:   # so a piece of ml_dtypes' dtype has imported it already
         wanted = _numpy_dtype_of(code)
         if dtype == wanted or (dtype.byteorder == ">" and dtype.newbyteorder("<") == wanted):
@@ -214,7 +210,7 @@ cdef _check_piece_bits(str target, object name, int code, str bits_of, object dt
     if piece_code != code or dtype.kind not in "ui" or dtype.itemsize * 8 != BITS[code]:
         raise SafetensorTypeError(
             f"{target}: tensor {_shown(name)} is {DTYPE_CODES[code]}: its pieces must be "
-            f"{DTYPES[code].numpy} arrays, got {DTYPES[piece_code].numpy}")
+            f"{_numpy_name(code)} arrays, got {_numpy_name(piece_code)}")
 
 
 cdef tuple _checked_rows(str target, object name, tuple shape, tuple piece, object first_row):

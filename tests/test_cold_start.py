@@ -195,8 +195,9 @@ def test_a_first_torch_load_imports_nothing_beyond_torch_but_fastst(wide_file):
 
 
 def test_inspecting_a_file_imports_neither_the_converter_nor_a_thread_pool(wide_file):
-    """Nor json (a file's report is text), the checkpoint module (a file is not one)
-    and threading, which a first inspect paid for."""
+    """Nor json (a file's report is text), the checkpoint module (a file is not one),
+    threading, which a first inspect paid for, and shutil, which argparse imports to
+    find the terminal's width (and shutil three compressors)."""
     out = run_python(f"""
         import contextlib, io, sys
         from fastst.cli import main
@@ -204,7 +205,8 @@ def test_inspecting_a_file_imports_neither_the_converter_nor_a_thread_pool(wide_
             status = main(["inspect", {str(wide_file)!r}])
         print(status, sorted(name for name in ("fastst.convert", "zipfile", "concurrent.futures",
                                                "logging", "json", "fastst.checkpoint",
-                                               "threading", "shlex") if name in sys.modules))
+                                               "threading", "shlex", "shutil")
+                                   if name in sys.modules))
     """)
     assert out.strip() == "0 []"
 

@@ -31,8 +31,6 @@ import numpy as np
 
 from ._api import safe_open
 from ._core import DTYPES, Reader, WritePlan
-from ._format.checksums import plan_with_checksums
-from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 from ._format.torch_dtypes import torch_dtypes
 from ._frameworks.torch import bytes_of, converter, spec_of_tensor, target_device
 from ._io.files import write_atomically
@@ -42,13 +40,32 @@ from ._io.source import as_source
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
     from ._handles.protocols import Backend
+
+    PathLike = Union[str, os.PathLike[str]]
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model", "converter",
            "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES", "safe_open",
            "serialize", "serialize_file", "deserialize", "TensorSpec"]
 
-PathLike = Union[str, os.PathLike[str]]
+# The reference's low-level functions, which safetensors.torch re-exports: imported on
+# their first use, off a first load's path.
+LOWLEVEL = ("TensorSpec", "deserialize", "serialize", "serialize_file")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in LOWLEVEL:
+        raise AttributeError(f"module 'fastst.torch' has no attribute {name!r}")
+    from ._format import lowlevel
+
+    value = globals()[name] = getattr(lowlevel, name)   # found directly from now on
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(LOWLEVEL))
+
 
 TORCH_DTYPES: Dict[str, Optional[torch.dtype]] = torch_dtypes()
 """Header dtype code -> torch dtype, for every code of ``fastst.DTYPES``: None where
@@ -310,6 +327,8 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
 
 def _plan(tensors: Dict[str, torch.Tensor], metadata: Optional[Mapping[str, str]],
           checksum: Optional[str] = None, align: Optional[int] = None) -> WritePlan:
+    from ._format.checksums import plan_with_checksums   # a save's, not a load's
+
     _check_for_save(tensors)
     specs = [spec_of_tensor(name, tensor) for name, tensor in tensors.items()]
     return plan_with_checksums(specs, metadata, checksum, align=align)

@@ -194,6 +194,28 @@ def test_a_first_torch_load_imports_nothing_beyond_torch_but_fastst(wide_file):
     assert out.strip() == "[]"
 
 
+@pytest.mark.needs("torch")
+def test_a_first_torch_load_imports_no_writer_and_makes_only_the_records_it_uses(wide_file):
+    """The low-level functions and checksums are a save's; a load makes DtypeInfo for
+    DTYPES (the torch dtypes are read from it) and TensorInfo (a converter is given
+    each tensor's), and no other named tuple type."""
+    out = run_python(f"""
+        import collections, sys, torch
+        made, namedtuple = [], collections.namedtuple
+        def counted(name, *args, **kwargs):
+            made.append(name)
+            return namedtuple(name, *args, **kwargs)
+        collections.namedtuple = counted
+        import fastst.torch
+        fastst.torch.load_file({str(wide_file)!r})
+        print(made, sorted(name for name in ("fastst._format.lowlevel", "fastst._format.checksums")
+                           if name in sys.modules))
+        from fastst.torch import serialize
+        print(serialize is sys.modules["fastst._format.lowlevel"].serialize)
+    """)
+    assert out.splitlines() == ["['DtypeInfo', 'TensorInfo'] []", "True"]
+
+
 def test_inspecting_a_file_imports_neither_the_converter_nor_a_thread_pool(wide_file):
     """Nor json (a file's report is text), the checkpoint module (a file is not one),
     threading, which a first inspect paid for, and shutil, which argparse imports to

@@ -16,10 +16,12 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping,
 
 import numpy as np
 
-from .._core import SafetensorError, WritePlan, WriteSpec, plan_write, usable_cpus
+from .._core import SafetensorError, WritePlan, plan_write, usable_cpus
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+
+    from .._core import WriteSpec
 
 __all__ = ["ALGORITHMS", "CHECKSUM_KEY", "checksum_metadata", "checksums_of", "digest_of",
            "digests_in_file", "digests_of", "mismatch", "plan_with_checksums",

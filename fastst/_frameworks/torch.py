@@ -16,13 +16,15 @@ import numpy as np
 import torch
 
 from .._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
-                     TensorInfo, WriteSpec, numpy_dtype)
+                     numpy_dtype)
 from .._format.torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS,
                                     SAME_WIDTH_INTEGER, codes_of_torch, same_width_torch,
                                     torch_dtype)
 
 if TYPE_CHECKING:   # numpy.typing costs milliseconds to import
     import numpy.typing as npt
+
+    from .._core import TensorInfo, WriteSpec
 
 __all__ = ["TorchCpuConverter", "TorchCudaConverter", "TorchDeviceConverter", "converter",
            "is_tensor", "piece_of_tensor", "spec_of_tensor", "target_device", "tensor_of"]
@@ -253,6 +255,8 @@ def spec_of_tensor(name: Any, tensor: torch.Tensor) -> WriteSpec:
             raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
                              f"last dim to hold its two values")
         shape[-1] *= 2
+    from .._core import WriteSpec   # a named tuple made on its first use: by a save, not a load
+
     return WriteSpec(name, code, shape, bytes_of(tensor))
 
 

@@ -2,16 +2,22 @@
 ``fastst convert SRC [DST]`` and ``fastst demo``."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TextIO, Union
 
 from ._core import DEFAULT_MAX_HEADER_SIZE, SafetensorError, plan_write
 from ._io.limits import DEFAULT_MAX_EXPANSION
 from ._tools.inspect import (explain, format_table, human_size, inspect_file, json_lines, printable,
                              render_checkpoint, render_inspect)
 from ._version import __version__
+
+if TYPE_CHECKING:   # argparse is imported where a command line needs it (see _parse)
+    import argparse
+
+    # what a command runs with: argparse's, or the one a plain `fastst inspect FILE...` makes
+    Namespace = Union[argparse.Namespace, SimpleNamespace]
 
 PROG = "fastst"
 
@@ -20,7 +26,7 @@ PROG = "fastst"
 # inspect
 # ---------------------------------------------------------------------------
 
-def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_inspect(args: Namespace, out: TextIO) -> int:
     reports = [inspect_file(path, args.max_header_size) for path in args.files]
     if args.json:
         lines = json_lines(reports[0]) if len(reports) == 1 else _json_list(reports)
@@ -56,13 +62,21 @@ def _write_text_reports(reports: Sequence[Dict[str, Any]], out: TextIO) -> None:
 # Entry point
 # ---------------------------------------------------------------------------
 
+def _invalid(message: str) -> Exception:
+    """The error a converter of an argument raises: argparse prints `message` as
+    the argument's."""
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
 def _positive_size(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise _invalid(f"not a number: {text!r}") from None
     if not (0 < value <= 16384):
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 16384, got {text}")
+        raise _invalid(f"must be above 0 and at most 16384, got {text}")
     return value
 
 
@@ -70,9 +84,9 @@ def _header_limit(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        raise _invalid(f"not an integer: {text!r}") from None
     if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64-1, got {text}")
+        raise _invalid(f"must be from 0 to 2**64-1, got {text}")
     return value
 
 
@@ -83,13 +97,13 @@ def _add_max_header_size(command: argparse.ArgumentParser) -> None:
                               f"(default: {DEFAULT_MAX_HEADER_SIZE:,})")
 
 
-class _HelpFormatter(argparse.HelpFormatter):
+def _formatter(prog: str) -> argparse.HelpFormatter:
     """argparse's formatter, given the terminal's width: left to find it, argparse
     imports shutil, and shutil zlib, bz2 and lzma, 2.8 ms of every run (each
     ``add_argument`` makes a formatter, to check its metavar)."""
+    import argparse
 
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=_terminal_columns() - 2)
+    return argparse.HelpFormatter(prog, width=_terminal_columns() - 2)
 
 
 def _terminal_columns() -> int:
@@ -101,32 +115,39 @@ def _terminal_columns() -> int:
         columns = 0
     if columns > 0:
         return columns
+    stdout = sys.__stdout__
+    if stdout is None:
+        return 80
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
-    except (AttributeError, ValueError, OSError):
+        return os.get_terminal_size(stdout.fileno()).columns or 80
+    except (ValueError, OSError):   # closed, or not a terminal
         return 80
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line's parser, every command's arguments included."""
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog=PROG, description="Fast, strict, zero-copy safetensors for NumPy.",
-        formatter_class=_HelpFormatter)
+        formatter_class=_formatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in COMMANDS.items():
         command.add_arguments(commands.add_parser(name, help=command.summary,
                                                   description=command.description,
-                                                  formatter_class=_HelpFormatter))
+                                                  formatter_class=_formatter))
     return parser
 
 
 def _command_parser(name: str) -> argparse.ArgumentParser:
     """The parser of one command, as `build_parser` makes it (``fastst NAME``): a run
     builds only the parser of the command it runs, a millisecond each saved."""
+    import argparse
+
     command = COMMANDS[name]
     parser = argparse.ArgumentParser(prog=f"{PROG} {name}", description=command.description,
-                                     formatter_class=_HelpFormatter)
+                                     formatter_class=_formatter)
     command.add_arguments(parser)
     return parser
 
@@ -162,7 +183,7 @@ def _add_demo_arguments(demo: argparse.ArgumentParser) -> None:
                            "(default: a temporary folder, removed afterwards)")
 
 
-def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_demo(args: Namespace, out: TextIO) -> int:
     if args.dir is not None and not os.path.isdir(args.dir):
         return _print_error(f"--dir {args.dir}: not a directory")
     from ._tools.demo import run_demo     # imported on use: it imports what inspect does not need
@@ -170,7 +191,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     return run_demo(args.size_mb, args.dir, out)
 
 
-def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_verify(args: Namespace, out: TextIO) -> int:
     from .integrity import report_lines, verify_path   # imported on use
 
     progress = not (args.json or args.no_progress)
@@ -237,7 +258,7 @@ def _expansion(text: str) -> Optional[float]:
     except ValueError:
         ratio = float("nan")
     if not 0 < ratio < float("inf"):
-        raise argparse.ArgumentTypeError(f"a positive number or 'none', not {text!r}")
+        raise _invalid(f"a positive number or 'none', not {text!r}")
     return ratio
 
 
@@ -245,11 +266,11 @@ def _alignment(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"an integer, not {text!r}") from None
+        raise _invalid(f"an integer, not {text!r}") from None
     try:
         plan_write([], None, align=value)     # the writers' own rule for alignments
     except SafetensorError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        raise _invalid(str(error)) from None
     return value
 
 
@@ -259,10 +280,10 @@ def _shard_size(text: str) -> int:
     try:
         return parse_size(int(text) if text.isdigit() else text)
     except SafetensorError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        raise _invalid(str(error)) from None
 
 
-def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_convert(args: Namespace, out: TextIO) -> int:
     from . import convert as converter   # imported on use
 
     options: Dict[str, Any] = {"key": args.key, "verify_torch": args.verify,
@@ -314,7 +335,7 @@ class Command:
 
     def __init__(self, summary: str, description: str,
                  add_arguments: Callable[[argparse.ArgumentParser], None],
-                 run: Callable[[argparse.Namespace, TextIO], int]) -> None:
+                 run: Callable[[Namespace, TextIO], int]) -> None:
         self.summary = summary
         self.description = description
         self.add_arguments = add_arguments
@@ -390,15 +411,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _print_error(str(error))
 
 
-def _parse(argv: List[str]) -> argparse.Namespace:
+def _parse(argv: List[str]) -> Namespace:
     """`argv` parsed by its command's parser alone where that is enough; by the whole
-    command line's (the same parsers, the same messages) otherwise."""
+    command line's (the same parsers, the same messages) otherwise. A plain
+    ``fastst inspect FILE...`` needs no parser: argparse, with the gettext and locale
+    it imports, would take 4 ms, more than inspecting a small file."""
+    if len(argv) > 1 and argv[0] == "inspect" and not any(arg.startswith("-") for arg in argv):
+        return _plain_inspect(argv[1:])
     if argv and argv[0] in COMMANDS:
         args, unknown = _command_parser(argv[0]).parse_known_args(argv[1:])
         if not unknown:
             args.command = argv[0]
             return args
     return build_parser().parse_args(argv)
+
+
+def _plain_inspect(files: List[str]) -> SimpleNamespace:
+    """What inspect's parser makes of ``fastst inspect FILE...`` (a test holds them
+    equal)."""
+    return SimpleNamespace(command="inspect", files=files, json=False,
+                           max_header_size=DEFAULT_MAX_HEADER_SIZE)
 
 
 def _print_error(message: str) -> int:

@@ -218,8 +218,9 @@ def test_a_first_torch_load_imports_no_writer_and_makes_only_the_records_it_uses
 
 def test_inspecting_a_file_imports_neither_the_converter_nor_a_thread_pool(wide_file):
     """Nor json (a file's report is text), the checkpoint module (a file is not one),
-    threading, which a first inspect paid for, and shutil, which argparse imports to
-    find the terminal's width (and shutil three compressors)."""
+    threading, which a first inspect paid for, and argparse, which a plain ``inspect
+    FILE`` needs not, nor shutil, which argparse imports to find the terminal's width
+    (and shutil three compressors)."""
     out = run_python(f"""
         import contextlib, io, sys
         from fastst.cli import main
@@ -227,7 +228,7 @@ def test_inspecting_a_file_imports_neither_the_converter_nor_a_thread_pool(wide_
             status = main(["inspect", {str(wide_file)!r}])
         print(status, sorted(name for name in ("fastst.convert", "zipfile", "concurrent.futures",
                                                "logging", "json", "fastst.checkpoint",
-                                               "threading", "shlex", "shutil")
+                                               "threading", "shlex", "shutil", "argparse")
                                    if name in sys.modules))
     """)
     assert out.strip() == "0 []"
@@ -399,8 +400,9 @@ def test_a_first_torch_load_imports_what_slices_reads_ahead_or_opens_checkpoints
 
 
 def test_a_command_builds_its_own_arguments_alone(wide_file):
-    """A run builds the parser of its command alone: the whole command line's, every
-    command's arguments in it, only for ``fastst --help`` or a usage error."""
+    """A run with options builds the parser of its command alone: the whole command
+    line's, every command's arguments in it, only for ``fastst --help`` or a usage
+    error."""
     out = run_python(f"""
         import argparse, contextlib, io
         added, add_argument = set(), argparse.ArgumentParser.add_argument
@@ -411,7 +413,7 @@ def test_a_command_builds_its_own_arguments_alone(wide_file):
         argparse.ArgumentParser.add_argument = counted
         from fastst.cli import main
         with contextlib.redirect_stdout(io.StringIO()):
-            main(["inspect", {str(wide_file)!r}])
+            main(["inspect", "--json", {str(wide_file)!r}])
         print(sorted(added))
     """)
     assert out.strip() == "['files', 'help', 'json', 'max_header_size']"

@@ -447,6 +447,14 @@ def test_usage_errors_exit_2(capsys):
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("files", [["a.safetensors"], ["a.safetensors", "shards/", "s3://b/c"]])
+def test_a_plain_inspect_is_taken_as_its_parser_takes_it(files):
+    """``fastst inspect FILE...`` runs without argparse (4 ms); the arguments it runs
+    with are the ones inspect's parser makes."""
+    parsed = cli._command_parser("inspect").parse_args(files)
+    assert vars(cli._parse(["inspect", *files])) == {**vars(parsed), "command": "inspect"}
+
+
 def test_help_exits_0(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out

@@ -40,6 +40,20 @@ def run_python(code: str) -> str:
     return done.stdout
 
 
+def run_counting_named_tuples(code: str, imports: str) -> str:
+    """Run `code` in a fresh interpreter after `imports`, with the name of every named
+    tuple type made from then on in the list `made`; its stdout."""
+    return run_python(f"""
+import collections, sys
+{imports}
+made, namedtuple = [], collections.namedtuple
+def counted(name, *args, **kwargs):
+    made.append(name)
+    return namedtuple(name, *args, **kwargs)
+collections.namedtuple = counted
+{textwrap.dedent(code)}""")
+
+
 def test_a_first_load_of_an_f32_file_imports_no_ml_dtypes(f32_file):
     assert modules_loaded_by(f"import fastst; fastst.load_file({str(f32_file)!r})",
                              ["ml_dtypes"]) == []
@@ -49,14 +63,7 @@ def test_a_first_load_makes_no_named_tuple_type_and_imports_no_type_only_module(
     """A named tuple type costs 0.1-0.3 ms to make, a protocol as much: the records
     (TensorInfo, DtypeInfo, TensorMeta, CheckpointIndex) are made on their first
     use, and the protocols handles satisfy are for type checkers."""
-    out = run_python(f"""
-        import collections, sys
-        import numpy    # which makes named tuples of its own
-        made, namedtuple = [], collections.namedtuple
-        def counted(name, *args, **kwargs):
-            made.append(name)
-            return namedtuple(name, *args, **kwargs)
-        collections.namedtuple = counted
+    out = run_counting_named_tuples(f"""
         import fastst
         f = fastst.safe_open({str(f32_file)!r})
         f.get_tensor("x")
@@ -65,7 +72,7 @@ def test_a_first_load_makes_no_named_tuple_type_and_imports_no_type_only_module(
                                              "fastst._format.index") if name in sys.modules))
         f.info("x"), f.get_tensor_meta("x"), fastst.DTYPES, fastst.read_options()
         print(sorted(made))
-    """)
+    """, imports="import numpy   # which makes named tuples of its own")
     assert out.splitlines() == ["[] []", "['DtypeInfo', 'ReadOptions', 'TensorInfo', 'TensorMeta']"]
 
 
@@ -199,20 +206,14 @@ def test_a_first_torch_load_imports_no_writer_and_makes_only_the_records_it_uses
     """The low-level functions and checksums are a save's; a load makes DtypeInfo for
     DTYPES (the torch dtypes are read from it) and TensorInfo (a converter is given
     each tensor's), and no other named tuple type."""
-    out = run_python(f"""
-        import collections, sys, torch
-        made, namedtuple = [], collections.namedtuple
-        def counted(name, *args, **kwargs):
-            made.append(name)
-            return namedtuple(name, *args, **kwargs)
-        collections.namedtuple = counted
+    out = run_counting_named_tuples(f"""
         import fastst.torch
         fastst.torch.load_file({str(wide_file)!r})
         print(made, sorted(name for name in ("fastst._format.lowlevel", "fastst._format.checksums")
                            if name in sys.modules))
         from fastst.torch import serialize
         print(serialize is sys.modules["fastst._format.lowlevel"].serialize)
-    """)
+    """, imports="import torch")
     assert out.splitlines() == ["['DtypeInfo', 'TensorInfo'] []", "True"]
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Tupl
 import numpy as np
 import torch
 
+from .. import _core
 from .._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
                      numpy_dtype)
 from .._format.torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS,
@@ -255,9 +256,8 @@ def spec_of_tensor(name: Any, tensor: torch.Tensor) -> WriteSpec:
             raise ValueError(f"tensor {name!r}: a 0-d torch.float4_e2m1fn_x2 tensor has no "
                              f"last dim to hold its two values")
         shape[-1] *= 2
-    from .._core import WriteSpec   # a named tuple made on its first use: by a save, not a load
-
-    return WriteSpec(name, code, shape, bytes_of(tensor))
+    # the core's attribute: a named tuple made on its first use, by a save, not a load
+    return _core.WriteSpec(name, code, shape, bytes_of(tensor))
 
 
 def bytes_of(tensor: torch.Tensor) -> npt.NDArray[Any]:

@@ -597,3 +597,20 @@ def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *,
     if hasattr(f, "fileno") and isinstance(name, (str, bytes, os.PathLike)):
         return safe_open(name, framework, device, backend=backend)
     return safe_open(f, framework, device, backend=backend)
+
+
+# The reference's low-level names, which safetensors.numpy and safetensors.torch
+# re-export: fastst.numpy and fastst.torch take them from ``lowlevel`` on their first
+# use, off a first load's path (``lowlevel`` imports the checksums and torch's dtypes).
+LOWLEVEL = ("TensorSpec", "deserialize", "serialize", "serialize_file")
+
+
+def lowlevel_name(face: str, name: str, namespace: Dict[str, Any]) -> Any:
+    """The module ``__getattr__`` of the face `face`: `name` from ``lowlevel``, kept in
+    the face's `namespace`, where it is found directly from then on."""
+    if name not in LOWLEVEL:
+        raise AttributeError(f"module {face!r} has no attribute {name!r}")
+    from ._format import lowlevel
+
+    value = namespace[name] = getattr(lowlevel, name)
+    return value

@@ -14,17 +14,28 @@ Examples
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, List
 
-from ._api import load as _load_viewing, load_file, safe_open, save, save_file
+from ._api import (LOWLEVEL, load as _load_viewing, load_file, lowlevel_name, safe_open, save,
+                   save_file)
 from ._core import DEFAULT_MAX_HEADER_SIZE
-from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ._format.lowlevel import TensorSpec, deserialize, serialize, serialize_file
+
 __all__ = ["save", "save_file", "load", "load_file", "safe_open", "serialize", "serialize_file",
            "deserialize", "TensorSpec"]
+
+
+# serialize, deserialize... (fastst._api.LOWLEVEL): imported on first use
+def __getattr__(name: str) -> Any:
+    return lowlevel_name(__name__, name, globals())
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(LOWLEVEL))
 
 
 def load(data: Any, *, max_header_size: int = DEFAULT_MAX_HEADER_SIZE

@@ -29,7 +29,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import numpy as np
 
-from ._api import safe_open
+from ._api import LOWLEVEL, lowlevel_name, safe_open
 from ._core import DTYPES, Reader, WritePlan
 from ._format.torch_dtypes import torch_dtypes
 from ._frameworks.torch import bytes_of, converter, spec_of_tensor, target_device
@@ -49,18 +49,10 @@ __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model",
            "spec_of_tensor", "storage_ptr", "storage_size", "TORCH_DTYPES", "safe_open",
            "serialize", "serialize_file", "deserialize", "TensorSpec"]
 
-# The reference's low-level functions, which safetensors.torch re-exports: imported on
-# their first use, off a first load's path.
-LOWLEVEL = ("TensorSpec", "deserialize", "serialize", "serialize_file")
 
-
+# serialize, deserialize... (fastst._api.LOWLEVEL): imported on first use
 def __getattr__(name: str) -> Any:
-    if name not in LOWLEVEL:
-        raise AttributeError(f"module 'fastst.torch' has no attribute {name!r}")
-    from ._format import lowlevel
-
-    value = globals()[name] = getattr(lowlevel, name)   # found directly from now on
-    return value
+    return lowlevel_name(__name__, name, globals())
 
 
 def __dir__() -> List[str]:

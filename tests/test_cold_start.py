@@ -360,6 +360,21 @@ def test_a_first_load_imports_what_slices_reads_ahead_or_opens_checkpoints_on_th
          "fastst._handles.readahead", "fastst.checkpoint"]) == []
 
 
+def test_the_numpy_face_loads_without_the_low_level_functions_it_re_exports(f32_file):
+    """``safetensors.numpy`` re-exports serialize, deserialize...: through the switch,
+    libraries import them from fastst.numpy, which imports them on their first use."""
+    out = run_python(f"""
+        import sys
+        from fastst.numpy import load_file
+        load_file({str(f32_file)!r})
+        print(sorted(name for name in ("fastst._format.lowlevel", "fastst._format.checksums",
+                                       "fastst._format.torch_dtypes") if name in sys.modules))
+        from fastst.numpy import serialize
+        print(serialize is sys.modules["fastst._format.lowlevel"].serialize)
+    """)
+    assert out.splitlines() == ["[]", "True"]
+
+
 def test_reads_and_writes_load_the_format_core_alone(f32_file, tmp_path):
     """The loader's ring is the core's second extension: loaded by a Loader (or the
     first of its names used), never by opening, reading, slicing or writing a file."""

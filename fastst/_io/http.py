@@ -174,6 +174,8 @@ class CallReader(io.RawIOBase):
                  timeout: float) -> None:
         super().__init__()
         self.raw, self.sock, self.call, self.timeout = raw, sock, call, timeout
+        # TLS has no scattering read, nor has Windows
+        self.scatters = hasattr(sock, "recvmsg_into") and not isinstance(sock, ssl.SSLSocket)
 
     def readable(self) -> bool:
         return True
@@ -183,6 +185,16 @@ class CallReader(io.RawIOBase):
         try:
             self.call.wait_on(self.sock, self.timeout)
             return self.raw.readinto(buffer)
+        finally:
+            self.call.unwatch(self.sock)
+
+    def readinto_each(self, buffers: List[memoryview]) -> int:
+        """As `readinto`, the bytes read going into `buffers` in turn (one
+        ``recvmsg_into``; only where `scatters`)."""
+        self.call.watch(self.sock)
+        try:
+            self.call.wait_on(self.sock, self.timeout)
+            return self.sock.recvmsg_into(buffers)[0]
         finally:
             self.call.unwatch(self.sock)
 
@@ -681,17 +693,43 @@ def _refuse_encoding(label: str, answer: http.client.HTTPResponse, asked: str) -
 def _read_declared(answer: http.client.HTTPResponse, into: Scatter, count: int,
                    progress: Callable[[int], None]) -> int:
     """The first `count` bytes of a body of declared length, read into `into` one
-    socket read at a time (straight from the socket: ``readinto1`` of the answer's
-    buffered reader), none across two of its buffers; fewer where the body ends early."""
+    socket read at a time, straight from the socket (``readinto1`` of the answer's
+    buffered reader); fewer where the body ends early. Where the buffers are smaller
+    than a read (the arrays of small tensors), a read fills several of them, once the
+    buffered reader has handed over what it holds: a read a buffer cost each small
+    tensor a wait on the socket and a pass of the GIL between the request threads."""
     stream = answer.fp
+    reader = stream.raw
+    scatters = isinstance(reader, CallReader) and reader.scatters
+    direct = False      # the buffered reader holds none of the body: read the socket
     done = 0
     while done < count:
-        got = stream.readinto1(into.window(done, min(READ_PIECE, count - done)))
+        most = min(READ_PIECE, count - done)
+        if direct:
+            got = reader.readinto_each(into.windows(done, most))
+        else:
+            window = into.window(done, most)
+            if scatters and window.nbytes < most:
+                got, direct = _take_buffered(stream, into, done, most)
+            else:
+                got = stream.readinto1(window)
         if not got:
             break
         done += got
         progress(got)
     return done
+
+
+def _take_buffered(stream: io.BufferedReader, into: Scatter, at: int, most: int
+                   ) -> Tuple[int, bool]:
+    """What `stream` holds (reading the socket once where it holds nothing), `most`
+    bytes at most, put into `into` from `at` on: how many, and whether that was all it
+    held."""
+    held = stream.peek()        # all it holds
+    taken = held[:most]
+    into.put(at, taken)
+    stream.read(len(taken))     # from what it holds: no read of the socket
+    return len(taken), len(held) <= most
 
 
 def _read_undeclared(answer: http.client.HTTPResponse, into: Scatter, count: int,

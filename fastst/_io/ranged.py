@@ -269,6 +269,17 @@ class Scatter:
         k = bisect.bisect_right(self.starts, at) - 1
         return self.views[k][at - self.starts[k]:at - self.starts[k] + most]
 
+    def windows(self, at: int, most: int, count: int = 64) -> List[memoryview]:
+        """The bytes from `at` on, `most` at most, in the buffers that hold them, the
+        first `count` of those at most: for a read that scatters into several."""
+        k = bisect.bisect_right(self.starts, at) - 1
+        out = []
+        while most > 0 and k < len(self.views) and len(out) < count:
+            view = self.views[k][at - self.starts[k]:at - self.starts[k] + most]
+            out.append(view)
+            at, most, k = at + view.nbytes, most - view.nbytes, k + 1
+        return out
+
     def put(self, at: int, data: Any) -> None:
         """Copy `data` in, from `at` on."""
         data = memoryview(data).cast("B")

@@ -504,7 +504,7 @@ def test_bodies_are_read_from_the_socket_straight_into_the_arrays(served, monkey
     tensors = {f"big{k}": np.full(2 * MiB, k, np.float32) for k in range(6)}   # 48 MiB
     url = put("straight.safetensors", fastst.save(tensors))
     into = {"the arrays": 0, "the buffer": 0}
-    read = CallReader.readinto
+    read, read_each = CallReader.readinto, CallReader.readinto_each
 
     def counted(reader, buffer):
         got = read(reader, buffer)
@@ -512,10 +512,81 @@ def test_bodies_are_read_from_the_socket_straight_into_the_arrays(served, monkey
              else "the buffer"] += got or 0
         return got
 
+    def counted_each(reader, buffers):     # views of the arrays, by their ends
+        got = read_each(reader, buffers)
+        into["the arrays"] += got
+        return got
+
     monkeypatch.setattr(CallReader, "readinto", counted)
+    monkeypatch.setattr(CallReader, "readinto_each", counted_each)
     loaded = fastst.load_file(url)
     assert all((loaded[name] == array).all() for name, array in tensors.items())
     assert into["the arrays"] >= 48 * MiB - (128 << 10) and into["the buffer"] < 256 << 10
+
+
+def answer_on(sock, head_and_body):
+    """The answer `head_and_body` sent to `sock`'s peer, read as the client reads one,
+    its head parsed."""
+    from fastst._io.http import Call, CallResponse
+
+    peer_sends, sock_reads = sock
+    peer_sends.sendall(head_and_body)
+    answer = CallResponse(sock_reads, call=Call(threading.Lock(), 30), timeout=30,
+                          object_url="http://127.0.0.1/x")
+    answer.begin()
+    return answer
+
+
+def test_a_read_of_the_socket_fills_each_array_its_bytes_reach(monkeypatch):
+    """Arrays smaller than a read (1 MiB) that follow one another in the body are
+    filled by one read of the socket, not one read each (a wait on the socket and
+    a pass of the GIL between the request threads an array); the bytes the answer's
+    buffered reader took in with the head go first."""
+    from fastst._io.http import _read_declared
+    from fastst._io.ranged import Scatter
+
+    body = np.random.default_rng(0).integers(0, 256, 40 * 3001, np.uint8).tobytes()
+    arrays = [np.zeros(3001, np.uint8) for _ in range(40)]
+    reads = []
+    monkeypatch.setattr(CallReader, "readinto", lambda reader, buffer, read=CallReader.readinto:
+                        reads.append(read(reader, buffer)) or reads[-1])
+    monkeypatch.setattr(CallReader, "readinto_each",
+                        lambda reader, buffers, read=CallReader.readinto_each:
+                        reads.append(read(reader, buffers)) or reads[-1])
+    pair = socket.socketpair()
+    with pair[0], pair[1]:
+        answer = answer_on(pair, b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\n"
+                           % len(body) + body)
+        got = _read_declared(answer, Scatter([memoryview(a) for a in arrays]), len(body),
+                             lambda count: None)
+    assert got == len(body) and b"".join(a.tobytes() for a in arrays) == body
+    # the head's read (which brought the buffer's first bytes), then one or two
+    assert len(reads) <= 3, reads
+
+
+def test_a_tls_socket_is_read_one_buffer_at_a_time():
+    """TLS has no scattering read (``SSLSocket.recvmsg_into`` raises)."""
+    import ssl
+
+    from fastst._io.http import Call
+
+    with socket.socket() as plain, ssl.create_default_context().wrap_socket(
+            socket.socket(), server_hostname="localhost", do_handshake_on_connect=False) as tls:
+        call = Call(threading.Lock(), 30)
+        assert CallReader(plain.makefile("rb", buffering=0), plain, call, 30).scatters
+        assert not CallReader(tls.makefile("rb", buffering=0), tls, call, 30).scatters
+
+
+def test_arrays_of_odd_sizes_loaded_from_a_url_get_their_bytes(served):
+    """Arrays of 64 KiB and more (read into place) of sizes that are not a multiple
+    of any read, between small ones (staged), in shared requests."""
+    server, put = served
+    rng = np.random.default_rng(1)
+    tensors = {f"t{k:03d}": rng.integers(0, 1 << 30, size, np.int32).view(np.uint8)[:size * 4 - k]
+               for k, size in enumerate([16_411, 1_000, 70_001, 250_000, 17, 65_537] * 12)}
+    url = put("odd.safetensors", fastst.save(tensors))
+    loaded = fastst.load_file(url)
+    assert all((loaded[name] == array).all() for name, array in tensors.items())
 
 
 def test_a_handle_on_a_url_names_its_version_and_its_transport_keeps_it(served):

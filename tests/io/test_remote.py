@@ -260,6 +260,20 @@ def test_a_store_that_answers_with_the_wrong_length_is_an_error(served, mode):
         assert "ignored the range request" in str(error.value)
 
 
+@pytest.mark.parametrize("mode", ["short", "short-length"])
+def test_a_body_cut_short_while_it_fills_many_arrays_is_an_error(served, mode):
+    """Arrays smaller than a read of the socket, each read filling several of them."""
+    server, put = served
+    tensors = {f"t{k:02d}": np.full(30_000, k, np.float32) for k in range(24)}   # 2.8 MB
+    url = put(f"many-{mode}.safetensors", fastst.save(tensors))
+    with fastst.safe_open(url) as f:
+        server.mode = mode
+        with pytest.raises(SafetensorError, match=url) as error:
+            f.get_tensors()
+    if mode == "short-length":
+        assert "short read" in str(error.value) and "tensor 't" in str(error.value)
+
+
 def test_a_header_length_past_the_object_is_an_error(served):
     server, put = served
     url = put("past.safetensors", struct.pack("<Q", 1 << 20) + b"{}")

@@ -20,7 +20,7 @@ round), the median of `repeats`:
   (fsspec's HTTP file system on aiohttp, with the same ``Pace``): what fastst did
   before it had a client of its own;
 * raw fs.cat: fsspec's ``fs.cat(url)``, the whole object in one request (no tensors);
-* obstore get_ranges: obstore's ``get_ranges`` of the 64 tensors' byte ranges (its own
+* obstore get_ranges: obstore's ``get_ranges`` of the tensors' byte ranges (its own
   coalescing and concurrency; no tensors made);
 * aiohttp / obstore / http.client threads, 16 x 8 MiB parts: three transports on the
   same plan, 8 MiB ranged GETs, 16 in flight, each into its place in one buffer (no
@@ -77,9 +77,9 @@ SHAPE_NAMES = {"unshaped": "unshaped", "40": "40 MB/s a connection, 30 ms to fir
                "20": "20 MB/s a connection, 30 ms to first byte"}
 
 
-def build(mib: int) -> bytes:
-    each = mib * MiB // TENSORS // 4
-    return fastst.save({f"t{k:04d}": np.full(each, k, np.float32) for k in range(TENSORS)})
+def build(mib: int, tensors: int = TENSORS) -> bytes:
+    each = mib * MiB // tensors // 4
+    return fastst.save({f"t{k:04d}": np.full(each, k, np.float32) for k in range(tensors)})
 
 
 def single_get(url):
@@ -249,7 +249,8 @@ def http_ways(url, data):
             ("fastst load_file, fsspec transport", lambda: fastst.load_file(
                 url, storage_options={"transport": "fsspec"})),
             ("raw fs.cat(url)", lambda: fs.cat(url)),
-            ("obstore get_ranges (64 tensors)", lambda: obstore_ranges(store, name, ranges)),
+            ("obstore get_ranges (a range a tensor)",
+             lambda: obstore_ranges(store, name, ranges)),
             ("aiohttp, 16 x 8 MiB parts", lambda: parts_in_parallel(
                 aiohttp_transport(url), len(data))),
             ("obstore, 16 x 8 MiB parts", lambda: parts_in_parallel(
@@ -498,6 +499,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shapes", default="unshaped,40,20")
     parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--tensors", type=int, default=TENSORS,
+                        help="how many tensors the file of the HTTP tables holds")
     parser.add_argument("--checkpoint-mib", type=int, default=0,
                         help="also a sharded checkpoint of about this size (0: none)")
     parser.add_argument("--servers", default="rangeserver,nginx",
@@ -507,13 +510,15 @@ def main() -> None:
                         if args.checkpoint_mib else "")
     print(f"Produced by `python bench/remote.py --mib {args.mib} --repeats {args.repeats}"
           f"{' --shapes ' + args.shapes if args.shapes != 'unshaped,40,20' else ''}"
-          f"{' --no-s3' if args.no_s3 else ''}{checkpoint_flags}` on "
+          f"{' --no-s3' if args.no_s3 else ''}"
+          f"{f' --tensors {args.tensors}' if args.tensors != TENSORS else ''}"
+          f"{checkpoint_flags}` on "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
-          f"{os.getloadavg()[0]:.2f}: {TENSORS} tensors, median of {args.repeats} after a "
+          f"{os.getloadavg()[0]:.2f}: {args.tensors} tensors, median of {args.repeats} after a "
           f"warm-up, interleaved, the order rotated each round.")
     for shape in filter(None, args.shapes.split(",")):    # --shapes "": S3 alone
         rate, delay, divide = SHAPES[shape]
-        data = build(args.mib // divide)
+        data = build(args.mib // divide, args.tensors)
         url, stop, process = http_server_process(data, rate, delay)
         try:
             times = timed(http_ways(url, data), args.repeats)

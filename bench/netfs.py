@@ -453,7 +453,7 @@ def main() -> None:
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--delays-ms", default="1,10",
                         help="the round trips added, in ms, comma-separated")
-    parser.add_argument("--threads", default="32", help="fastst read_options(threads=) rows")
+    parser.add_argument("--threads", default="16,64", help="fastst read_options(threads=) rows")
     parser.add_argument("--only", help="the ways to run, comma-separated")
     parser.add_argument("--folder", help="where the checkpoint is kept (default: a temp one)")
     parser.add_argument("--timeout", type=int, default=1800, help="the bound on the whole run")

@@ -50,7 +50,7 @@ NETWORK_FILE_SYSTEMS = {
 }
 # the threads a read plan of a file there is shared by, unless read_options sets them:
 # they wait on round trips, not on the CPU (bench/netfs.py)
-NETWORK_READ_THREADS = 16
+NETWORK_READ_THREADS = 32
 
 
 # A plain class: a named tuple costs a first open about 0.2 ms to make.

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastst
-import fastst._handles.handle
 import fastst._data.loader
 import fastst._data.order
 import fastst._data.pipeline

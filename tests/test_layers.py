@@ -109,6 +109,62 @@ def test_the_tests_are_in_folders_that_mirror_the_layers():
     assert folders == {"core"} | {folder.lstrip("_") for folder in FOLDERS}
 
 
+TESTS = PACKAGE.parent / "tests"
+# The private units each test folder's tests reach: the layer they test, and the
+# compiled core under every layer (its records, counters and read options).
+TESTED_BY_FOLDER = {"core": {"_core", "_json"}, "io": {"_io"}, "format": {"_format"},
+                    "frameworks": {"_frameworks"}, "handles": {"_handles", "_api"},
+                    "data": {"_data"}, "tools": {"_tools"}}
+# The tests that reach private units beyond those, and why.
+REACHING = {
+    "conftest.py": ({"_io", "_json"}, "resets the stores' paces; runs each JSON codec"),
+    "conformance.py": ({"_io"}, "the suites every source and transport passes"),
+    "ranks.py": ({"_frameworks", "_handles", "_json"},
+                 "imports a rank's modules before its bytes are counted"),
+    "core/test_shuffle.py": ({"_data"}, "the core's shuffle against the loader's order"),
+    "frameworks/test_gpu.py": ({"_handles", "_io"}, "opens a source with a converter alone"),
+    "frameworks/test_torch.py": ({"_handles"}, "counts the calls torch's loads make"),
+    "handles/test_metadata_edit.py": ({"_io"}, "a crash in the middle of a file's write"),
+    "test_checkpoint.py": ({"_handles"}, "a sharded handle satisfies the handle protocols"),
+    "test_typing.py": ({"_handles"}, "the protocols, for the type checker"),
+    "test_cold_start.py": ({"_data", "_format", "_frameworks", "_handles", "_io"},
+                           "names the modules a first call imports"),
+    "test_docs.py": ({"_api", "_format", "_frameworks", "_handles", "_io", "_switch"},
+                     "runs the examples of the modules that define public names"),
+    "test_public_names.py": ({"_api"}, "where the public names are defined"),
+    "test_hardening.py": ({"_api"}, "loaded before the memory limit of a hostile read"),
+    "test_integrity.py": ({"_format", "_io"}, "the checksum format; the progress bar"),
+    "test_convert_cli.py": ({"_io"}, "the progress bar"),
+    "test_stream.py": ({"_json"}, "loaded before the memory limit of a write"),
+    "test_switch.py": ({"_switch"}, "the switch's own module"),
+    "test_reference_suite.py": ({"_switch"}, "the switch's own module"),
+}
+
+
+def private_units_reached(path):
+    """The private units of fastst that a test file names (imports, monkeypatch targets)."""
+    units = {place_of(module)[0] for module in sources()}
+    text = path.read_text()
+    named = re.findall(r"fastst\.(_[a-z][a-z_]*)", text) + re.findall(
+        r"from fastst import (_[a-z][a-z_]*)", text)
+    return {unit for unit in named if unit in units | {"_core"}}
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.rglob("*.py")),
+                         ids=lambda path: str(path.relative_to(TESTS)))
+def test_tests_reach_private_modules_only_of_the_layer_they_test(path):
+    """A test folder's tests reach the private modules of the layer it mirrors (and the
+    core's); any other reach is listed in REACHING with its reason, and each listed
+    reach is one the test still makes."""
+    name = str(path.relative_to(TESTS))
+    folder = path.relative_to(TESTS).parts[0] if len(path.relative_to(TESTS).parts) > 1 else ""
+    allowed = {"_core"} | TESTED_BY_FOLDER.get(folder, set())
+    listed = REACHING.get(name, (set(), ""))[0]
+    reached = private_units_reached(path)
+    assert sorted(reached - allowed - listed) == []
+    assert sorted(listed - reached) == [], "REACHING lists what the test no longer reaches"
+
+
 def test_every_module_has_a_layer():
     assert sorted({place_of(path)[0] for path in sources()}) == sorted(set(LAYERS) - {"_core"})
     for folder, modules in FOLDERS.items():

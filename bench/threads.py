@@ -38,7 +38,8 @@ path, tensors, reads, order = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), s
 names = [f"t{k}" for k in range(tensors)]
 results = {}
 for backend, handles, threads in json.loads(order):
-    shared = fastst.safe_open(path, backend=backend if backend != "python" else "mmap")
+    shared = fastst.safe_open(path, backend="mmap" if backend in ("python", "numpy") else backend)
+    shared_array = np.zeros(64, np.float32)
     start, spans = threading.Barrier(threads), []
     def work(k):
         if backend == "python":                # the machine's share of cores meanwhile
@@ -46,6 +47,14 @@ for backend, handles, threads in json.loads(order):
             began, total = time.perf_counter(), 0
             for i in range(reads):
                 total += i & 7
+            spans.append((began, time.perf_counter()))
+            return
+        if backend == "numpy":                 # views, NumPy's own: what any view costs
+            array = shared_array if handles == "one" else np.zeros(64, np.float32)
+            start.wait()
+            began = time.perf_counter()
+            for i in range(reads):
+                array[1:]
             spans.append((began, time.perf_counter()))
             return
         handle = shared if handles == "one" else fastst.safe_open(path, backend=backend)
@@ -131,9 +140,11 @@ def make_file(path: str, tensors: int, argv: list, env: dict) -> None:
 
 def rows(args: argparse.Namespace) -> list:
     """(backend, handles) of each row: a pure Python loop first, the machine's
-    parallelism at the time (what the other rows can reach), then each backend with
-    one shared handle and with one a thread."""
-    return [("python", "-")] + [(backend, handles) for backend in args.backends.split(",")
+    parallelism at the time (what the other rows can reach); NumPy's views of one
+    array shared by the threads and of an array a thread (what handing out a view
+    can reach); then each backend with one shared handle and with one a thread."""
+    backends = ["numpy", *args.backends.split(",")]
+    return [("python", "-")] + [(backend, handles) for backend in backends
                                 for handles in HANDLES]
 
 
@@ -150,6 +161,8 @@ def render(runs: dict, seen: dict, args: argparse.Namespace) -> str:
             cells = [f"`{spec}` ({seen[spec]['version']})",
                      "on" if seen[spec]["gil"] else "off", backend,
                      {"one": "one, shared", "each": "one a thread"}.get(handles, "")]
+            if backend == "numpy":
+                cells[-1] = {"one": "an array, shared", "each": "an array a thread"}[handles]
             cells += [f"{rate / 1e3:.0f}k/s" for rate in rates]
             cells += [f"{rate / rates[0]:.2f}x" for rate in rates[1:]]
             lines.append("| " + " | ".join(cells) + " |")

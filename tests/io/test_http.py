@@ -431,6 +431,21 @@ def one_second_deadline(monkeypatch):
     monkeypatch.setattr(fastst.remote, "READ_TIMEOUT", 0.5)
 
 
+def test_a_trickling_body_read_into_many_arrays_times_out_within_the_deadline(
+        one_second_deadline):
+    """As a trickled body into one array does, where each read of the socket would
+    fill several arrays (1 s + 640 KB at 256 KiB/s)."""
+    tensors = {f"t{k}": np.full(20_000, k, np.float32) for k in range(8)}
+    with RangeServer({"/many.safetensors": fastst.save(tensors)}) as server:
+        with fastst.safe_open(f"{server.url}/many.safetensors") as f:
+            server.mode, before = "trickle", server.bytes_sent
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="no answer in time while reading"):
+                f.get_tensors()
+            assert time.monotonic() - started < 10
+        assert server.bytes_sent - before < 1_000    # a byte each 50 ms a request
+
+
 @pytest.mark.parametrize("trickled", ["HEAD", "GET of byte 0", "ranged GET"])
 def test_a_server_that_trickles_its_head_times_out_within_the_deadline(
         one_second_deadline, trickled):

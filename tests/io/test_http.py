@@ -539,17 +539,25 @@ def test_bodies_are_read_from_the_socket_straight_into_the_arrays(served, monkey
     assert into["the arrays"] >= 48 * MiB - (128 << 10) and into["the buffer"] < 256 << 10
 
 
-def answer_on(sock, head_and_body):
-    """The answer `head_and_body` sent to `sock`'s peer, read as the client reads one,
-    its head parsed."""
+def answer_on(pair, head_and_body):
+    """The answer `head_and_body`, sent by the first socket of `pair` and read from the
+    second as the client reads one, its head parsed."""
     from fastst._io.http import Call, CallResponse
 
-    peer_sends, sock_reads = sock
-    peer_sends.sendall(head_and_body)
-    answer = CallResponse(sock_reads, call=Call(threading.Lock(), 30), timeout=30,
+    sending, reading = pair
+    sending.sendall(head_and_body)
+    answer = CallResponse(reading, call=Call(threading.Lock(), 30), timeout=30,
                           object_url="http://127.0.0.1/x")
     answer.begin()
     return answer
+
+
+def counted_in(reads, read):
+    """`read`, a reader's method, noting in `reads` what each call read."""
+    def counted(reader, into):
+        reads.append(read(reader, into))
+        return reads[-1]
+    return counted
 
 
 def test_a_read_of_the_socket_fills_each_array_its_bytes_reach(monkeypatch):
@@ -563,11 +571,8 @@ def test_a_read_of_the_socket_fills_each_array_its_bytes_reach(monkeypatch):
     body = np.random.default_rng(0).integers(0, 256, 40 * 3001, np.uint8).tobytes()
     arrays = [np.zeros(3001, np.uint8) for _ in range(40)]
     reads = []
-    monkeypatch.setattr(CallReader, "readinto", lambda reader, buffer, read=CallReader.readinto:
-                        reads.append(read(reader, buffer)) or reads[-1])
-    monkeypatch.setattr(CallReader, "readinto_each",
-                        lambda reader, buffers, read=CallReader.readinto_each:
-                        reads.append(read(reader, buffers)) or reads[-1])
+    monkeypatch.setattr(CallReader, "readinto", counted_in(reads, CallReader.readinto))
+    monkeypatch.setattr(CallReader, "readinto_each", counted_in(reads, CallReader.readinto_each))
     pair = socket.socketpair()
     with pair[0], pair[1]:
         answer = answer_on(pair, b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\n"

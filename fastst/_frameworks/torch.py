@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Tupl
 import numpy as np
 import torch
 
-from .. import _core
+import fastst._core as _core
 from .._core import (SafetensorError, SafetensorNotImplementedError, SafetensorTypeError,
                      numpy_dtype)
 from .._format.torch_dtypes import (FROM_ML_DTYPES, NUMPY_VIEWS_TORCH, PACKED_PAIRS,

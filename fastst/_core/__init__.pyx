@@ -31,7 +31,6 @@ from libc.errno cimport EFAULT, EINTR, EIO, EINVAL, ENOSYS, EOPNOTSUPP, errno
 from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
-from posix.fcntl cimport POSIX_FADV_NORMAL, POSIX_FADV_SEQUENTIAL, posix_fadvise
 from posix.mman cimport (MADV_NORMAL, MADV_RANDOM, MAP_FAILED, MAP_PRIVATE, PROT_READ,
                          PROT_WRITE, madvise, mmap, munmap)
 from posix.stdlib cimport posix_memalign
@@ -89,9 +88,15 @@ cdef extern from "kernels.h":
     int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
     int fastst_pieces_cached(char* map, uint64_t begin, uint64_t end, uint64_t size) noexcept nogil
     void fastst_drop_partial_first_piece(int fd, uint64_t size) noexcept nogil
-    int64_t fastst_file_system_type(const char* path) noexcept nogil
     size_t FASTST_HUGE_PAGE
     size_t FASTST_PAGE
+
+cdef extern from "platform.h":
+    enum:
+        FASTST_ADVISE_NORMAL
+        FASTST_ADVISE_SEQUENTIAL
+    int fastst_advise_file(int fd, int64_t offset, int64_t length, int advice) noexcept nogil
+    int64_t fastst_file_system_type(const char* path) noexcept nogil
 
 cdef extern from "faults.h":
     int fastst_faults_catch() noexcept nogil

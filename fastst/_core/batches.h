@@ -16,14 +16,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include "kernels.h"           /* fastst_prefetch */
-#ifdef __linux__
 #include <stdio.h>
-#include <sys/inotify.h>
-#include <sys/vfs.h>
-#include <unistd.h>
-#define FASTST_CAN_WATCH 1
-#endif
+#include "kernels.h"           /* fastst_prefetch */
+#include "platform.h"          /* FASTST_CAN_WATCH, fastst_watchable */
 
 /* The format core's guarded copy (faults.h: compiled there, once, with the one SIGBUS
    handler): the ring's module sets it as it starts (fastst_batches_use_guard). */
@@ -233,25 +228,6 @@ static int fastst_batches_long_enough(fastst_batches *ring, int part) {
     return fstat(ring->fds[part], &info) == 0 && (uint64_t)info.st_size >= ring->sizes[part];
 }
 
-/* Local file systems, whose changes inotify reports whoever makes them (a network
-   file system's made elsewhere go unreported): ext2-4, XFS, Btrfs, tmpfs, F2FS,
-   overlayfs, ZFS, bcachefs, SquashFS, EROFS. */
-static int fastst_batches_local(int fd) {
-#ifdef FASTST_CAN_WATCH
-    static const unsigned long local[] = {
-        0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010, 0x794C7630,
-        0x2FC12FC1, 0xCA451A4E, 0x73717368, 0xE0F5E1E2};
-    struct statfs about;
-    size_t k;
-    if (fstatfs(fd, &about) != 0) return 0;
-    for (k = 0; k < sizeof local / sizeof local[0]; k++)
-        if ((unsigned long)about.f_type == local[k]) return 1;
-#else
-    (void)fd;
-#endif
-    return 0;
-}
-
 /* A descriptor to watch files with (inotify), or -1 where there is none. */
 static int fastst_batches_watcher(void) {
 #ifdef FASTST_CAN_WATCH
@@ -276,7 +252,7 @@ static int fastst_batches_watch(fastst_batches *ring, int watch_fd, int *watches
         watches[part] = -1;
         ring->file_states[part] = FASTST_FILE_UNWATCHED;
 #ifdef FASTST_CAN_WATCH
-        if (watch_fd >= 0 && fastst_batches_local(ring->fds[part])) {
+        if (watch_fd >= 0 && fastst_watchable(ring->fds[part])) {
             char path[64];
             snprintf(path, sizeof path, "/proc/self/fd/%d", ring->fds[part]);
             watches[part] = inotify_add_watch(watch_fd, path, IN_MODIFY);

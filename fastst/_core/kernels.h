@@ -5,8 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/mman.h>
+#include "platform.h"
 #include <Python.h>
 #include <numpy/ndarraytypes.h>
 
@@ -142,7 +141,7 @@ static void *fastst_block_with(char *data, size_t mapped, size_t size) {
 }
 
 static void *fastst_huge_alloc(size_t size, int zeroed) {
-#ifdef MADV_HUGEPAGE
+#ifdef FASTST_CAN_HUGE_PAGES
     if (size >= FASTST_HUGE_PAGE && size <= SIZE_MAX / 2) {
         size_t span = (size + FASTST_PAGE - 1) & ~(FASTST_PAGE - 1);
         size_t asked = FASTST_PAGE + span + FASTST_HUGE_PAGE;   /* room to align */
@@ -205,12 +204,6 @@ static void *fastst_huge_realloc(void *ctx, void *data, size_t size) {
    started the primer does other work. A thread of the C library's own, not Python's:
    it needs no interpreter state or lock and takes nothing from the heap, so starting
    it leaves the memory the caller allocates meanwhile where it would be without it. */
-#include <errno.h>
-#include <pthread.h>
-#include <unistd.h>
-#ifdef __linux__
-#include <sys/vfs.h>
-#endif
 
 #define FASTST_PRIMER_BYTES ((size_t)256 << 10)
 #define FASTST_THREAD_STACK ((size_t)64 << 10)   /* the primers' and map readers' */
@@ -226,15 +219,6 @@ typedef struct {
                                       such thread to join */
     pthread_t thread;
 } fastst_primer;
-
-/* Name the calling thread (from itself: naming another thread goes through /proc). */
-static void fastst_name_thread(const char *name) {
-#ifdef __linux__
-    pthread_setname_np(pthread_self(), name);
-#else
-    (void)name;
-#endif
-}
 
 static void *fastst_primer_run(void *arg) {
     fastst_primer *primer = (fastst_primer *)arg;
@@ -316,13 +300,13 @@ typedef struct {
     pthread_t thread;
 } fastst_map_reader;
 
-#ifdef MADV_POPULATE_READ
+#ifdef FASTST_CAN_POPULATE
 /* Whether the page cache holds every page of [start, start + length) (start on a page
    boundary, length at most FASTST_MAP_READER_BYTES). */
 static int fastst_cached_whole(char *start, size_t length) {
     unsigned char resident[FASTST_MAP_READER_BYTES / FASTST_PAGE];
     size_t pages = (length + FASTST_PAGE - 1) / FASTST_PAGE, k;
-    if (pages > sizeof(resident) || mincore(start, length, resident) != 0) return 0;
+    if (pages > sizeof(resident) || fastst_mincore(start, length, resident) != 0) return 0;
     for (k = 0; k < pages; k++)
         if (!(resident[k] & 1)) return 0;
     return 1;
@@ -330,7 +314,7 @@ static int fastst_cached_whole(char *start, size_t length) {
 #endif
 
 static void *fastst_map_reader_run(void *arg) {
-#ifdef MADV_POPULATE_READ
+#ifdef FASTST_CAN_POPULATE
     fastst_map_reader *reader = (fastst_map_reader *)arg;
     char *at = reader->at;
     fastst_name_thread("fastst-map-read");
@@ -363,7 +347,7 @@ static void *fastst_map_reader_run(void *arg) {
    than starting the thread. */
 static int fastst_map_reader_start(fastst_map_reader *reader, char *begin, char *end,
                                    uint64_t limit) {
-#ifdef MADV_POPULATE_READ
+#ifdef FASTST_CAN_POPULATE
     pthread_attr_t attributes;
     int error;
     uint64_t span = (uint64_t)(end - begin);
@@ -399,6 +383,7 @@ static int fastst_map_reader_start(fastst_map_reader *reader, char *begin, char 
     return 0;
 #else
     (void)reader; (void)begin; (void)end; (void)limit;
+    (void)fastst_map_reader_run;
     return ENOSYS;
 #endif
 }
@@ -424,7 +409,7 @@ static void fastst_map_reader_stop(fastst_map_reader *reader) {
 /* Whether the page cache holds the page at `page` (a page boundary of a map). */
 static int fastst_cached_page(char *page) {
     unsigned char resident = 0;
-    return mincore(page, 1, &resident) == 0 && (resident & 1);
+    return fastst_mincore(page, 1, &resident) == 0 && (resident & 1);
 }
 
 /* Whether the page cache holds the first and the last page of [start, start + length)
@@ -461,7 +446,7 @@ static int fastst_pieces_cached(char *map, uint64_t begin, uint64_t end, uint64_
    read as faults read them. 0, or an errno: ENOSYS where there is no
    MADV_POPULATE_READ, EFAULT where the file is shorter than asked. */
 static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size) {
-#ifdef MADV_POPULATE_READ
+#ifdef FASTST_CAN_POPULATE
     uint64_t first = begin & ~(uint64_t)(FASTST_HUGE_PAGE - 1);
     uint64_t last = (end + FASTST_HUGE_PAGE - 1) & ~(uint64_t)(FASTST_HUGE_PAGE - 1);
     uint64_t size_pages = (size + FASTST_PAGE - 1) & ~(uint64_t)(FASTST_PAGE - 1);
@@ -473,7 +458,7 @@ static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size
     span = (size_t)(last - first);
     map = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, (off_t)first);
     if (map == MAP_FAILED) return errno;
-#ifdef MADV_HUGEPAGE
+#ifdef FASTST_CAN_HUGE_PAGES
     if (madvise(map, span, MADV_HUGEPAGE) == 0) madvise(map, span, MADV_RANDOM);
 #endif
     for (at = 0; at < span && error == 0; at += FASTST_HUGE_PAGE) {
@@ -496,31 +481,17 @@ static int fastst_cache_span(int fd, uint64_t begin, uint64_t end, uint64_t size
    mapped, dirty or being read stay; the rest is read again, 2 MiB at most). Nothing
    where the piece is held whole or not at all, or where it cannot be mapped. */
 static void fastst_drop_partial_first_piece(int fd, uint64_t size) {
-#ifdef POSIX_FADV_DONTNEED
+#ifdef FASTST_CAN_DROP_CACHE
     size_t span = size < FASTST_HUGE_PAGE ? (size_t)size : FASTST_HUGE_PAGE;
     char *map;
     if (span == 0) return;
     map = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) return;
     if (fastst_cached_page(map) && !fastst_cached_ends(map, span))
-        posix_fadvise(fd, 0, (off_t)span, POSIX_FADV_DONTNEED);
+        fastst_advise_file(fd, 0, (int64_t)span, FASTST_ADVISE_DONTNEED);
     munmap(map, span);
 #else
     (void)fd; (void)size;
-#endif
-}
-
-/* The magic number of the file system holding `path` (statfs's f_type, which fits 32
-   bits); 0 where the platform has no such number, -1 with errno set where the path
-   cannot be looked up. */
-static int64_t fastst_file_system_type(const char *path) {
-#ifdef __linux__
-    struct statfs info;
-    if (statfs(path, &info) != 0) return -1;
-    return (int64_t)(uint32_t)info.f_type;
-#else
-    (void)path;
-    return 0;
 #endif
 }
 

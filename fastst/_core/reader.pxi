@@ -737,8 +737,10 @@ cdef class Reader:
     cdef _will_need(self, list spans):
         """posix_fadvise(WILLNEED) over byte spans [begin, end) of a local file, in
         pieces that the kernel reads whole: it reads no more than the device's
-        read-ahead limit of one call (_readahead_bytes) and drops the rest."""
-        if self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES or not spans:
+        read-ahead limit of one call (_readahead_bytes) and drops the rest. The
+        bytes asked for: none where the system takes no such advice (macOS)."""
+        if (self.kind == BACKEND_BUFFER or self.kind == BACKEND_RANGES or not spans
+                or not hasattr(os, "posix_fadvise")):
             return 0
         piece = _readahead_bytes(self.file_dev)
         fd = self._reopen()     # the page cache is the file's, whichever descriptor asks
@@ -938,7 +940,7 @@ cdef class Reader:
                 plan.direct_fd = -1
             if hinted and plan.fd == self.fd:
                 # the pread backend's descriptor serves later reads, rows at random too
-                posix_fadvise(plan.fd, 0, 0, POSIX_FADV_NORMAL)
+                fastst_advise_file(plan.fd, 0, 0, FASTST_ADVISE_NORMAL)
 
     cdef int _open_direct(self) except -2:
         """The opened file again with O_DIRECT, checked to be that file; -1 where the

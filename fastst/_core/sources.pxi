@@ -124,7 +124,7 @@ cdef Py_ssize_t READ_THREADS = 0        # 0: the usable CPUs, at most AUTO_THREA
 cdef Py_ssize_t AUTO_THREADS = 4
 cdef uint64_t CHUNK = 4 << 20           # bytes one request reads at most
 cdef bint READ_DIRECT = False           # O_DIRECT, where the file system takes it
-cdef bint READ_HINTS = True             # posix_fadvise for plans read in file order
+cdef bint READ_HINTS = True             # advice for plans read in file order
 cdef uint64_t DIRECT_ALIGN = 4096       # O_DIRECT: offsets, lengths and memory aligned to it
 cdef uint64_t MAX_READ_THREADS = 64
 
@@ -187,8 +187,9 @@ def read_counters():
 def hint_sequential(int fd, uint64_t offset, uint64_t length):
     """Tell the kernel that bytes ``[offset, offset + length)`` of the file open as
     `fd` will be read once, in order (``posix_fadvise(POSIX_FADV_SEQUENTIAL)``),
-    unless `read_options` turned hints off: True when it was told."""
-    if not _hints_option() or posix_fadvise(fd, offset, length, POSIX_FADV_SEQUENTIAL) != 0:
+    unless `read_options` turned hints off: True when it was told (never where the
+    system takes no such advice)."""
+    if not _hints_option() or fastst_advise_file(fd, offset, length, FASTST_ADVISE_SEQUENTIAL) != 0:
         return False
     _count("hinted_plans", 1)
     return True

@@ -135,7 +135,8 @@ def read_ahead_limit() -> int:
 def hint_sequential(fd: int, offset: int, length: int, /) -> bool:
     """Tell the kernel that bytes ``[offset, offset + length)`` of the file open as
     `fd` will be read once, in order (``posix_fadvise(POSIX_FADV_SEQUENTIAL)``),
-    unless `read_options` turned hints off: True when it was told.
+    unless `read_options` turned hints off: True when it was told (never where the
+    system takes no such advice).
 
     For readers of their own (the CUDA ring): what read plans do themselves.
     """

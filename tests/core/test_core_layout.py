@@ -64,3 +64,74 @@ def test_copies_work_without_sched_getaffinity(tmp_path, monkeypatch):
     loaded = fastst.load_file(path, copy=True)
     for name, expected in tensors.items():
         np.testing.assert_array_equal(loaded[name], expected)
+
+
+CORE = ROOT / "fastst" / "_core"
+# What only some systems have, each allowed outside platform.h only under the feature
+# platform.h defines where the system has it.
+GUARDED = {r"\bMADV_POPULATE_READ\b": "FASTST_CAN_POPULATE",
+           r"\bMADV_HUGEPAGE\b": "FASTST_CAN_HUGE_PAGES",
+           r"\binotify_\w+|\bIN_[A-Z_]+\b": "FASTST_CAN_WATCH"}
+# What goes through platform.h's own functions alone, and the tests of a system.
+PLATFORM_ONLY = re.compile(r"\b(posix_fadvise|f?statfs|pthread_setname_np|mincore)\s*\(|"
+                           r"__linux__|__APPLE__|_WIN32|<sys/(inotify|vfs|mount)\.h>")
+
+
+def active_features(lines):
+    """For each line of a C file, the FASTST_CAN_* features whose #ifdef it is in."""
+    stack, active = [], []
+    for line in lines:
+        directive = line.strip()
+        if directive.startswith("#if"):
+            found = re.match(r"#ifdef\s+(FASTST_CAN_\w+)", directive)
+            stack.append(found.group(1) if found else None)
+        elif directive.startswith(("#else", "#elif")):
+            stack[-1] = None
+        elif directive.startswith("#endif"):
+            stack.pop()
+        active.append({feature for feature in stack if feature})
+    return active
+
+
+def code_lines(path):
+    """The lines of a C file, its comments blanked."""
+    text = re.sub(r"/\*.*?\*/", lambda comment: "\n" * comment.group().count("\n"),
+                  path.read_text(), flags=re.S)
+    return re.sub(r"//[^\n]*", "", text).splitlines()
+
+
+def test_what_only_some_systems_have_is_guarded_in_one_place():
+    """Outside platform.h, the core's C tests no system and calls what only some have
+    through platform.h, or under the feature platform.h defines where it is there:
+    what keeps it compiling for macOS (`nox -s macos` compiles it)."""
+    offenders = []
+    for path in sorted(CORE.glob("*.h")):
+        if path.name == "platform.h":
+            continue
+        lines = code_lines(path)
+        for number, (line, features) in enumerate(zip(lines, active_features(lines)), 1):
+            if PLATFORM_ONLY.search(line):
+                offenders.append(f"{path.name}:{number}: {line.strip()}")
+            offenders += [f"{path.name}:{number}: {line.strip()} (not under {feature})"
+                          for pattern, feature in GUARDED.items()
+                          if re.search(pattern, line) and feature not in features]
+    assert offenders == []
+
+
+def test_no_compiled_code_cimports_what_only_linux_declares():
+    cimports = [f"{path.name}: {line}" for path in CORE.glob("*.p[yx][xi]")
+                for line in path.read_text().splitlines()
+                if re.match(r"\s*from posix\.fcntl cimport", line)]
+    assert cimports == []
+
+
+def test_files_read_ahead_without_posix_fadvise(tmp_path, monkeypatch):
+    """Where Python has no posix_fadvise (macOS), asking for a tensor ahead asks the
+    kernel for nothing, and reads go on."""
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"x": np.arange(1 << 20, dtype=np.float32)}, path)
+    with fastst.safe_open(path) as f:
+        assert f.will_need(["x"]) == 4 << 20
+        monkeypatch.delattr(os, "posix_fadvise")
+        assert f.will_need(["x"]) == 0
+        np.testing.assert_array_equal(f.get_tensor("x"), np.arange(1 << 20, dtype=np.float32))

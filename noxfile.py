@@ -16,6 +16,7 @@ suite, frameworks included, runs on one Python: the README's second command.
     nox -s freethreaded   # the quick check on CPython 3.13 built without the GIL
     nox -s tsan           # the thread tests under ThreadSanitizer (its own interpreter)
     nox -s reference      # the reference's own tests through the switch
+    nox -s macos          # the core compiled for macOS (x86-64, arm64), not run
 
 `nox -s freethreaded` builds the free-threaded interpreter once, from Debian's source
 package of CPython 3.13 (pyenv has no free-threaded build here), into
@@ -25,6 +26,7 @@ fetches huggingface safetensors' Python tests at the tag of the release whose AP
 fastst offers, installs that release beside fastst, and runs them with it and through
 the switch (tests/test_reference_suite.py).
 """
+import json
 import os
 import pathlib
 import shutil
@@ -68,6 +70,15 @@ FREE_THREADED_WHEELS_ONLY = ":all:"
 # What `nox -s tsan` installs: what tests/handles/test_threads.py imports, and what building
 # fastst without build isolation needs.
 TSAN_NEEDS = ["numpy", "ml_dtypes", "pytest", "cython", "setuptools", "packaging"]
+
+# What `nox -s macos` compiles with: Zig's C compiler (clang), which carries the headers
+# of macOS's C library, for the oldest macOS the wheels are built for (pyproject.toml's
+# MACOSX_DEPLOYMENT_TARGET: preadv is there from macOS 11).
+ZIG = "ziglang==0.17.0"
+MACOS_TARGETS = ["x86_64-macos.11.0", "aarch64-macos.11.0"]
+# Warnings that fail it: implicit declarations are errors already (a function macOS
+# lacks), and a call to a function newer than the target is one too.
+MACOS_STRICT = ["-Wall", "-Werror", "-Werror=unguarded-availability-new"]
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
@@ -257,6 +268,62 @@ def fetch_reference_tests(session, tag):
                 REFERENCE_REPOSITORY, f"refs/tags/{tag}", external=True)
     session.run("git", "-C", str(clone), "checkout", "--quiet", "FETCH_HEAD", external=True)
     return clone / "bindings" / "python" / "tests"
+
+
+@nox.session(python=PYTHONS[-1])
+def macos(session):
+    """Compile the core for macOS, x86-64 and arm64, with Zig's C compiler: the C that
+    Cython generates from the checkout (setup.py imported, not run), each extension
+    with the flags setup.py gives it, warnings as errors. Python's headers are this
+    interpreter's, NumPy's the installed NumPy's with its Linux-only <endian.h> taken
+    out. Nothing is linked or run: what only macOS runs (fastst/_core/platform.h's
+    macOS branches) is compiled here, and tested nowhere yet."""
+    session.install(ZIG, "cython>=3.0.10", "numpy>=2.0", "setuptools>=77")
+    work = pathlib.Path(session.create_tmp()).resolve()
+    # The C is generated in a copy: it depends on the NumPy installed (its .pxd), and the
+    # checkout's own build would take it as up to date.
+    source = work / "source"
+    shutil.rmtree(source, ignore_errors=True)
+    shutil.copytree(ROOT / "fastst" / "_core", source / "fastst" / "_core",
+                    ignore=shutil.ignore_patterns("*.c", "*.so", "__pycache__"))
+    shutil.copy(ROOT / "fastst" / "__init__.py", source / "fastst")
+    shutil.copy(ROOT / "setup.py", source)
+    with session.chdir(source):
+        found = session.run("python", "-c", CORE_EXTENSIONS, silent=True)
+    extensions = json.loads(found.strip().splitlines()[-1])
+    numpy_headers = macos_numpy_headers(work, extensions[0]["numpy"])
+    for target in MACOS_TARGETS:
+        for extension in extensions:
+            session.log(f"{extension['name']} for {target}")
+            session.run("python", "-m", "ziglang", "cc", "-target", target, "-c",
+                        *MACOS_STRICT, *extension["flags"],
+                        *(f"-D{name}={value}" for name, value in extension["macros"]),
+                        f"-I{source / 'fastst' / '_core'}", f"-I{numpy_headers}",
+                        f"-I{extension['python']}", str(source / extension["source"]),
+                        "-o", str(work / f"{extension['name']}-{target}.o"))
+
+
+# What `nox -s macos` compiles: each extension of setup.py (imported, which generates
+# the C), as JSON on the last line.
+CORE_EXTENSIONS = """
+import json, sysconfig, numpy, setup
+print(json.dumps([{"name": built.name, "source": built.sources[0],
+                   "flags": built.extra_compile_args, "macros": built.define_macros,
+                   "numpy": numpy.get_include(),
+                   "python": sysconfig.get_paths()["include"]} for built in setup.extensions]))
+"""
+
+
+def macos_numpy_headers(work, numpy_include):
+    """A copy of NumPy's headers in `work`, its configuration without the <endian.h>
+    that NumPy's Linux build found and macOS lacks (NumPy's macOS build leaves it out);
+    the folder to include."""
+    copy = work / "numpy-include"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(numpy_include, copy)
+    config = copy / "numpy" / "_numpyconfig.h"
+    config.write_text(config.read_text().replace("#define NPY_HAVE_ENDIAN_H 1", ""))
+    return copy
 
 
 def check_contents(session, sdist, wheel):

@@ -86,5 +86,7 @@ class build_py_with_switch(build_py):
         return outputs if self.editable_mode else [*outputs, self.switch_target()]
 
 
-setup(ext_modules=extensions, install_requires=DEPENDENCIES,
-      cmdclass={"build_py": build_py_with_switch})
+# Imported rather than run (`nox -s macos`), it generates the core's C and stops there.
+if __name__ == "__main__":
+    setup(ext_modules=extensions, install_requires=DEPENDENCIES,
+          cmdclass={"build_py": build_py_with_switch})

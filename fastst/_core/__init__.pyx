@@ -60,6 +60,7 @@ cdef extern from "kernels.h":
     void fastst_store_int(int* p, int value) noexcept nogil
     uint64_t fastst_load_u64(const uint64_t* p) noexcept nogil
     void fastst_store_u64(uint64_t* p, uint64_t value) noexcept nogil
+    void fastst_add_u64(uint64_t* p, uint64_t amount) noexcept nogil
     Py_ssize_t fastst_load_ssize(const Py_ssize_t* p) noexcept nogil
     void fastst_store_ssize(Py_ssize_t* p, Py_ssize_t value) noexcept nogil
     PyObject* fastst_load_object(PyObject** p) noexcept nogil

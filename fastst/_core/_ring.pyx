@@ -13,7 +13,7 @@ from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from posix.unistd cimport close
 
-from fastst._core cimport _catch_faults, _count, _fault_guard, _shown
+from fastst._core cimport COUNT_FILES_CHECKED, _catch_faults, _count, _fault_guard, _shown
 
 from fastst._core import Reader, SafetensorError
 

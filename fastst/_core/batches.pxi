@@ -347,7 +347,7 @@ cdef class BatchRing:
         the maps and the buffers (a map goes once nothing else holds it)."""
         self.stop()
         if self.ready_to_run:
-            _count("files_checked", self.ring.checks)
+            _count(COUNT_FILES_CHECKED, self.ring.checks)
         self.ready_to_run = False
         self._close_fds()
         self.handles, self.owners, self.arrays = [], [], []

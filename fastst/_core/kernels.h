@@ -24,6 +24,9 @@ static inline uint64_t fastst_load_u64(const uint64_t *p) {
 static inline void fastst_store_u64(uint64_t *p, uint64_t value) {
     __atomic_store_n(p, value, __ATOMIC_RELEASE);
 }
+static inline void fastst_add_u64(uint64_t *p, uint64_t amount) {
+    __atomic_add_fetch(p, amount, __ATOMIC_RELAXED);
+}
 static inline Py_ssize_t fastst_load_ssize(const Py_ssize_t *p) {
     return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }

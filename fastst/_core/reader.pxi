@@ -656,7 +656,7 @@ cdef class Reader:
         if error != 0:
             raise OSError(error, f"{os.strerror(error)}: reading rows of "
                                  f"{_shown(name)} into the page cache", self.source)
-        _count("rows_cached", 1)
+        _count(COUNT_ROWS_CACHED, 1)
         return end - begin
 
     def rows_cached(self, name, Py_ssize_t first, Py_ssize_t stop):
@@ -954,7 +954,7 @@ cdef class Reader:
         except OSError as error:
             if error.errno not in (EINVAL, EOPNOTSUPP):
                 raise
-            _count("direct_refused", 1)
+            _count(COUNT_DIRECT_REFUSED, 1)
             return -1
         info = os.fstat(fd)
         if <uint64_t>info.st_dev != self.file_dev or <uint64_t>info.st_ino != self.file_ino:

@@ -22,7 +22,7 @@ cdef class _Mapping:
         memory: True when it started."""
         if fastst_map_reader_start(&self.ahead, begin, end, read_ahead_limit()) != 0:
             return False
-        _count("maps_read_ahead", 1)
+        _count(COUNT_MAPS_READ_AHEAD, 1)
         return True
 
     cdef bint read_ahead_on_faults(self, bint on):
@@ -128,20 +128,20 @@ cdef bint READ_HINTS = True             # advice for plans read in file order
 cdef uint64_t DIRECT_ALIGN = 4096       # O_DIRECT: offsets, lengths and memory aligned to it
 cdef uint64_t MAX_READ_THREADS = 64
 
-# what plans have read, for read_counters(): requests and bytes by path
-cdef dict _COUNTERS = dict.fromkeys(
-    ["requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
-     "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes",
-     "maps_read_ahead", "rows_cached", "files_checked"], 0)
-# Held for each change of _COUNTERS, and by read_options(): without the GIL, threads
-# counting at once would lose counts, and threads setting options would mix them.
-cdef object _COUNTING = _thread.allocate_lock()
+# what plans have read, for read_counters(): requests and bytes by path, in the order
+# of the Counter enum (__init__.pxd)
+cdef tuple COUNTER_NAMES = (
+    "requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
+    "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes",
+    "maps_read_ahead", "rows_cached", "files_checked")
+cdef uint64_t _COUNTS[<int>COUNTERS]
+# Held by read_options(): threads setting options at once would mix them.
 cdef object _SETTING_OPTIONS = _thread.allocate_lock()
 
 
-cdef _count(str key, object amount):
-    with _COUNTING:
-        _COUNTERS[key] += amount
+cdef void _count(Counter counter, uint64_t amount) noexcept nogil:
+    if amount:
+        fastst_add_u64(&_COUNTS[<int>counter], amount)
 
 
 def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
@@ -180,8 +180,7 @@ def read_options(*, threads=None, request_bytes=None, direct=None, hints=None,
 def read_counters():
     """What read plans on local files have done since the process started, a count
     by name: for tests and benchmarks, which compare two snapshots."""
-    with _COUNTING:
-        return dict(_COUNTERS)
+    return {name: fastst_load_u64(&_COUNTS[k]) for k, name in enumerate(COUNTER_NAMES)}
 
 
 def hint_sequential(int fd, uint64_t offset, uint64_t length):
@@ -191,7 +190,7 @@ def hint_sequential(int fd, uint64_t offset, uint64_t length):
     system takes no such advice)."""
     if not _hints_option() or fastst_advise_file(fd, offset, length, FASTST_ADVISE_SEQUENTIAL) != 0:
         return False
-    _count("hinted_plans", 1)
+    _count(COUNT_HINTED_PLANS, 1)
     return True
 
 
@@ -465,17 +464,17 @@ cdef class _ReadPlan:
         else:
             self.run(0, 1)
         self.stop_priming()
-        _count("requests", self.requests)
-        _count("bytes", self.total - self.short_by)
-        _count("direct_requests", self.direct_requests)
-        _count("direct_bytes", self.direct_bytes)
-        _count("bounced_bytes", self.bounced_bytes)
+        _count(COUNT_REQUESTS, self.requests)
+        _count(COUNT_BYTES, self.total - self.short_by)
+        _count(COUNT_DIRECT_REQUESTS, self.direct_requests)
+        _count(COUNT_DIRECT_BYTES, self.direct_bytes)
+        _count(COUNT_BOUNCED_BYTES, self.bounced_bytes)
 
     cdef _run_on(self, Py_ssize_t threads):
         import threading
         helpers = [threading.Thread(target=self.run, args=(k, threads), daemon=True)
                    for k in range(1, threads)]
-        _count("threads_started", len(helpers))
+        _count(COUNT_THREADS_STARTED, len(helpers))
         for helper in helpers:
             helper.start()
         try:
@@ -517,11 +516,11 @@ cdef class _ReadPlan:
             return
         self.hinted = hint_sequential(self.fd, begin, end - begin)
         if fastst_primer_start(&self.primer, self.fd, begin, end) == 0:
-            _count("primed_plans", 1)
+            _count(COUNT_PRIMED_PLANS, 1)
 
     cdef stop_priming(self):
         """Stop the primer, if one runs, and wait for it (one request at most)."""
-        _count("primed_bytes", fastst_primer_stop(&self.primer))
+        _count(COUNT_PRIMED_BYTES, fastst_primer_stop(&self.primer))
 
     cdef raise_if_failed(self, str source, object what):
         if self.error:

@@ -58,6 +58,10 @@ cdef extern from "numpy/arrayobject.h":
 cdef extern from "kernels.h":
     int fastst_load_int(const int* p) noexcept nogil
     void fastst_store_int(int* p, int value) noexcept nogil
+    int fastst_add_int_ordered(int* p, int amount) noexcept nogil
+    int fastst_load_int_ordered(const int* p) noexcept nogil
+    void fastst_store_int_ordered(int* p, int value) noexcept nogil
+    int fastst_exchange_int(int* p, int value) noexcept nogil
     uint64_t fastst_load_u64(const uint64_t* p) noexcept nogil
     void fastst_store_u64(uint64_t* p, uint64_t value) noexcept nogil
     void fastst_add_u64(uint64_t* p, uint64_t amount) noexcept nogil

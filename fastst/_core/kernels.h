@@ -24,6 +24,22 @@ static inline uint64_t fastst_load_u64(const uint64_t *p) {
 static inline void fastst_store_u64(uint64_t *p, uint64_t value) {
     __atomic_store_n(p, value, __ATOMIC_RELEASE);
 }
+/* The pread backend's reads in flight against close() (Reader._begin_file_plan): each
+   side writes its own field, then reads the other's, all in one order, so that one at
+   least sees the other: a read that sees the handle closed gives up, and close() that
+   sees reads in flight leaves the descriptor to the last of them. */
+static inline int fastst_add_int_ordered(int *p, int amount) {
+    return __atomic_add_fetch(p, amount, __ATOMIC_SEQ_CST);
+}
+static inline int fastst_load_int_ordered(const int *p) {
+    return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
+static inline void fastst_store_int_ordered(int *p, int value) {
+    __atomic_store_n(p, value, __ATOMIC_SEQ_CST);
+}
+static inline int fastst_exchange_int(int *p, int value) {
+    return __atomic_exchange_n(p, value, __ATOMIC_SEQ_CST);
+}
 static inline void fastst_add_u64(uint64_t *p, uint64_t amount) {
     __atomic_add_fetch(p, amount, __ATOMIC_RELAXED);
 }

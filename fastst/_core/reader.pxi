@@ -482,10 +482,12 @@ cdef class Reader:
         file objects) or ``"buffer"``."""
         return ("mmap", "pread", "buffer", "ranges")[self.kind]
 
-    cdef _release_fd_if_closed(self):
-        if self.is_closed and self.busy == 0 and self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+    cdef _release_fd(self):
+        """Close the pread backend's descriptor, once: close() and the last read in
+        flight may both come here."""
+        cdef int fd = fastst_exchange_int(&self.fd, -1)
+        if fd >= 0:
+            os.close(fd)
 
     def get_tensor(self, name, *, out=None):
         """Tensor `name` as a NumPy array."""
@@ -911,19 +913,24 @@ cdef class Reader:
             self._check_open()
             plan.fd = self._reopen()
             return
-        with cython.critical_section(self):     # the count, the check and close() as one
+        # No lock: threads sharing a handle would take turns at it (see kernels.h)
+        fastst_add_int_ordered(&self.busy, 1)
+        if fastst_load_int_ordered(<int*>&self.is_closed):
+            self._end_busy()
             self._check_open()
-            self.busy += 1
-            plan.fd = self.fd
+        plan.fd = self.fd
 
     cdef _end_file_plan(self, _ReadPlan plan):
         plan.stop_priming()     # before the descriptor it reads goes
         if self.kind == BACKEND_MMAP:
             os.close(plan.fd)
             return
-        with cython.critical_section(self):
-            self.busy -= 1
-            self._release_fd_if_closed()
+        self._end_busy()
+
+    cdef _end_busy(self):
+        if (fastst_add_int_ordered(&self.busy, -1) == 0
+                and fastst_load_int_ordered(<int*>&self.is_closed)):
+            self._release_fd()
 
     cdef _read_file(self, _ReadPlan plan):
         """pread the plan from plan.fd: hinted, shared by threads, and with O_DIRECT
@@ -1106,11 +1113,12 @@ cdef class Reader:
     def close(self):
         """Let go of the file: the handle reads nothing more, and arrays it gave
         stay valid (a view keeps the map alive). Closing again does nothing."""
-        with cython.critical_section(self):     # see _held_owner and _begin_file_plan
-            fastst_store_int(<int*>&self.is_closed, True)
+        with cython.critical_section(self):     # see _held_owner
+            fastst_store_int_ordered(<int*>&self.is_closed, True)
             self.owner = None   # `data` stays set: in-flight reads hold the owner themselves
             self.fetch = self.head = None
-            self._release_fd_if_closed()
+        if fastst_load_int_ordered(&self.busy) == 0:   # else the last read in flight closes it
+            self._release_fd()
 
     def __dealloc__(self):
         if self.fd >= 0:

@@ -3,6 +3,7 @@ read is right, however the threads interleave, on a build with the GIL and on a
 free-threaded one (where fastst must also leave the GIL off)."""
 import sysconfig
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import fastst
 from fastst.checkpoint import open_checkpoint, save_array_checkpoint
 from fastst.data import Loader
 from helpers import bounded_ending
+from pages import descriptors_on
 
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 THREADS = 8
@@ -94,9 +96,10 @@ def test_threads_sharing_one_handle_read_every_tensor_right(small_file, backend)
 
 def test_reads_racing_a_close_are_right_or_refused_and_never_crash(small_file):
     """In a child: a crash (a use of unmapped memory, a descriptor closed under a
-    read) would end it by a signal."""
+    read) would end it by a signal. Once the reads end, the handle holds no descriptor
+    on the file, whoever of close() and the last read let it go."""
     ended = bounded_ending(f"""
-        import threading
+        import os, threading
         import numpy as np, fastst
         from fastst import SafetensorError
         for backend in ("mmap", "pread"):
@@ -123,10 +126,48 @@ def test_reads_racing_a_close_are_right_or_refused_and_never_crash(small_file):
                 for thread in threads:
                     thread.join()
                 assert len(outcomes) == 200 and handle.closed
+                held = []
+                for fd in os.listdir("/proc/self/fd"):
+                    try:
+                        held.append(os.readlink(f"/proc/self/fd/{{fd}}"))
+                    except OSError:      # the listing's own descriptor, gone
+                        pass
+                assert {str(small_file)!r} not in held, backend
         print("ok")
     """, timeout=120)
     assert ended.returncode == 0, ended.stderr[-3000:]
     assert ended.stdout.strip() == "ok"
+
+
+def test_a_pread_handle_closed_during_a_read_lets_its_file_go_when_the_read_ends(tmp_path):
+    """close() while a read is in flight leaves the descriptor to that read, which
+    ends whole and then lets it go (or, where close() came first, is refused)."""
+    path = tmp_path / "large.safetensors"
+    expected = np.arange(16 << 20, dtype=np.float32)
+    fastst.save_file({"x": expected}, path)
+    read_whole = 0
+    for attempt in range(8):
+        handle = fastst.safe_open(path, backend="pread")
+        outcomes = []
+
+        def read():
+            try:
+                outcomes.append(handle.get_tensor("x"))
+            except fastst.SafetensorError as error:
+                outcomes.append(error)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.002 * attempt)     # close() lands before, during or after the read
+        handle.close()
+        reader.join()
+        assert descriptors_on(path) == 0
+        if isinstance(outcomes[0], np.ndarray):
+            np.testing.assert_array_equal(outcomes[0], expected)
+            read_whole += 1
+        else:
+            assert "closed" in str(outcomes[0])
+    assert read_whole
 
 
 def test_threads_sharing_one_checkpoint_read_every_tensor_right(tmp_path):

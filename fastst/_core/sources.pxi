@@ -419,13 +419,13 @@ cdef class _ReadPlan:
                         short_by += self.jobs[k].length - got
                 g += step
             free(bounce)
-        # back under the GIL: threads report one at a time
-        self.error = self.error or error
-        self.short_by += short_by
-        self.requests += tally.requests
-        self.direct_requests += tally.direct_requests
-        self.direct_bytes += tally.direct_bytes
-        self.bounced_bytes += tally.bounced_bytes
+        with cython.critical_section(self):     # the plan's threads report one at a time
+            self.error = self.error or error
+            self.short_by += short_by
+            self.requests += tally.requests
+            self.direct_requests += tally.direct_requests
+            self.direct_bytes += tally.direct_bytes
+            self.bounced_bytes += tally.bounced_bytes
 
     cdef group(self):
         """Cut the jobs into groups that threads take whole: runs of small jobs each

@@ -181,20 +181,21 @@ class CallReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> Optional[int]:
-        self.call.watch(self.sock)     # before wait_on looks at whether it was cancelled
-        try:
-            self.call.wait_on(self.sock, self.timeout)
-            return self.raw.readinto(buffer)
-        finally:
-            self.call.unwatch(self.sock)
+        got: Optional[int] = self._when_ready(self.raw.readinto, buffer)
+        return got
 
     def readinto_each(self, buffers: List[memoryview]) -> int:
         """As `readinto`, the bytes read going into `buffers` in turn (one
         ``recvmsg_into``; only where `scatters`)."""
-        self.call.watch(self.sock)
+        got: int = self._when_ready(self.sock.recvmsg_into, buffers)[0]
+        return got
+
+    def _when_ready(self, read: Callable[[Any], Any], into: Any) -> Any:
+        """``read(into)`` once the socket has bytes to read (see the class)."""
+        self.call.watch(self.sock)     # before wait_on looks at whether it was cancelled
         try:
             self.call.wait_on(self.sock, self.timeout)
-            return self.sock.recvmsg_into(buffers)[0]
+            return read(into)
         finally:
             self.call.unwatch(self.sock)
 

@@ -231,20 +231,8 @@ class ShardedHandle(Generic[T]):
     # -- reading ---------------------------------------------------------------
 
     def get_tensor(self, name: str, *, sharding: Any = None) -> T:
-        """Tensor `name`, from its shard (opened, and checked, on first use).
-
-        Parameters
-        ----------
-        name : str
-            The tensor's name.
-        sharding : jax.sharding.Sharding, optional
-            For JAX: the array laid out by `sharding`, each device reading only
-            its shard's bytes (see ``FrameworkHandle.get_tensor``).
-
-        Returns
-        -------
-        numpy.ndarray or torch.Tensor or jax.Array
-            As the shard's handle gives it.
+        """Tensor `name` as its shard's handle gives it (see ``NumpyHandle.get_tensor``
+        and ``FrameworkHandle.get_tensor``), the shard opened, and checked, on first use.
 
         Raises
         ------
@@ -293,22 +281,10 @@ class ShardedHandle(Generic[T]):
     def iter_tensors(self, names: Optional[Iterable[str]] = None, *,
                      prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> ChainedReadAhead[T]:
         """The tensors, one by one, read ahead in the background within a budget
-        of bytes (see ``NumpyHandle.iter_tensors``): by default shard by shard in
-        index order, each shard's in the order of its bytes. Each run of names
-        from one shard is read ahead by that shard's handle, one run after
-        another.
-
-        Parameters
-        ----------
-        names : iterable of str, optional
-            The tensors, in the order to read them.
-        prefetch_bytes : int, default 256 MiB
-            The budget of bytes read ahead.
-
-        Returns
-        -------
-        ChainedReadAhead
-            An iterator of ``(name, tensor)``, and a context manager.
+        of bytes (see ``NumpyHandle.iter_tensors``, whose parameters it takes): by
+        default shard by shard in index order, each shard's in the order of its
+        bytes. Each run of names from one shard is read ahead by that shard's
+        handle, one run after another.
 
         Raises
         ------
@@ -382,16 +358,6 @@ class ShardedHandle(Generic[T]):
         """Ask the kernel to start reading tensors into the page cache, each from
         its shard (see ``NumpyHandle.will_need``).
 
-        Parameters
-        ----------
-        names : iterable of str
-            The tensors to read ahead.
-
-        Returns
-        -------
-        int
-            The bytes asked for.
-
         Examples
         --------
         >>> import numpy as np, fastst, tempfile, os
@@ -448,15 +414,6 @@ class ShardedHandle(Generic[T]):
         """What the header of its shard says of tensor `name`: its dtype code,
         shape and data offsets in that shard (opens the shard, reads none of its
         tensors; see ``NumpyHandle.get_tensor_meta``).
-
-        Parameters
-        ----------
-        name : str
-            The tensor's name.
-
-        Returns
-        -------
-        TensorMeta
 
         Raises
         ------
@@ -554,7 +511,7 @@ class ShardedHandle(Generic[T]):
 
     @property
     def closed(self) -> bool:
-        """Whether ``close()`` was called."""
+        """Whether ``close()`` was called; its shards are closed with it."""
         return self._closed
 
     def close(self) -> None:
@@ -633,12 +590,10 @@ class NumpyShardedHandle(ShardedHandle[Any]):
 
     def get_tensor(self, name: str, *, out: Any = None, sharding: None = None) -> Any:
         """Tensor `name`, from its shard, into `out` when given (see
-        ``NumpyHandle.get_tensor``); `sharding` is for JAX handles.
+        ``ShardedHandle.get_tensor``); `sharding` is for JAX handles.
 
         Raises
         ------
-        TensorNotFoundError
-            When the index names no tensor `name`.
         ValueError
             When `out` is not of the tensor's dtype and shape.
         SafetensorError

@@ -389,12 +389,10 @@ class FrameworkHandle(Generic[T]):
                                                                      None)
 
     def get_tensor(self, name: str, *, out: None = None, sharding: Any = None) -> T:
-        """Tensor `name`, as the framework's tensor.
+        """Tensor `name` as the framework's tensor (see ``NumpyHandle.get_tensor``).
 
         Parameters
         ----------
-        name : str
-            The tensor's name.
         out : None
             Not for framework tensors (only a `NumpyHandle` reads into arrays).
         sharding : jax.sharding.Sharding, optional
@@ -410,11 +408,8 @@ class FrameworkHandle(Generic[T]):
 
         Raises
         ------
-        TensorNotFoundError
-            When the file has no tensor `name`.
         SafetensorError
-            When the framework has no dtype for the tensor's, or the handle
-            is closed.
+            When the framework has no dtype for the tensor's.
         TypeError
             When `out` is given.
 
@@ -441,29 +436,16 @@ class FrameworkHandle(Generic[T]):
         return self.get_tensor(name)
 
     def gather(self, name: str, rows: Any, *, out: None = None) -> T:
-        """Rows `rows` of tensor `name`'s first axis, as one framework tensor.
+        """Rows `rows` of tensor `name`'s first axis, as one framework tensor in
+        fresh memory (see ``NumpyHandle.gather``).
 
         Parameters
         ----------
-        name : str
-            The tensor's name; it must have at least one axis.
-        rows : sequence or array of int
-            Row numbers, in any order, repeats allowed, negatives counted
-            from the end (see ``NumpyHandle.gather``).
         out : None
             Not for framework tensors.
 
-        Returns
-        -------
-        torch.Tensor or jax.Array
-            The rows, in fresh memory.
-
         Raises
         ------
-        TensorNotFoundError
-            When the file has no tensor `name`.
-        SafetensorIndexError
-            When a row is out of range, or the tensor has no axis.
         TypeError
             When `out` is given.
 
@@ -536,22 +518,8 @@ class FrameworkHandle(Generic[T]):
         return info
 
     def get_slice(self, name: str) -> SafeSlice[T]:
-        """A lazy handle on tensor `name`: indexing reads the part it selects, and
-        gives it as the framework's tensor.
-
-        Parameters
-        ----------
-        name : str
-            The tensor's name.
-
-        Returns
-        -------
-        SafeSlice
-
-        Raises
-        ------
-        TensorNotFoundError
-            When the file has no tensor `name`.
+        """A lazy handle on tensor `name` (see ``NumpyHandle.get_slice``):
+        indexing reads the part it selects, and gives it as the framework's tensor.
 
         Examples
         --------
@@ -570,21 +538,8 @@ class FrameworkHandle(Generic[T]):
     def iter_tensors(self, names: Optional[Iterable[str]] = None, *,
                      prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> ReadAhead[T]:
         """The tensors, one by one, read ahead in the background within a budget
-        of bytes (see ``NumpyHandle.iter_tensors``), each converted to the
-        framework's tensor when its turn comes.
-
-        Parameters
-        ----------
-        names : iterable of str, optional
-            The tensors, in the order to read them; by default every tensor in
-            the order of its bytes in the file.
-        prefetch_bytes : int, default 256 MiB
-            The budget of bytes read ahead.
-
-        Returns
-        -------
-        ReadAhead
-            An iterator of ``(name, tensor)``, and a context manager.
+        of bytes (see ``NumpyHandle.iter_tensors``, whose parameters it takes),
+        each converted to the framework's tensor when its turn comes.
 
         Examples
         --------
@@ -650,16 +605,6 @@ class FrameworkHandle(Generic[T]):
         """Ask the kernel to start reading tensors into the page cache (see
         ``NumpyHandle.will_need``).
 
-        Parameters
-        ----------
-        names : iterable of str
-            The tensors to read ahead.
-
-        Returns
-        -------
-        int
-            The bytes asked for (0 for URLs, file objects and buffers).
-
         Examples
         --------
         >>> import numpy as np, fastst, tempfile, os, torch
@@ -675,10 +620,6 @@ class FrameworkHandle(Generic[T]):
     def keys(self) -> List[str]:
         """The names of the file's tensors, sorted (see ``NumpyHandle.keys``).
 
-        Returns
-        -------
-        list of str
-
         Examples
         --------
         >>> import numpy as np, fastst, tempfile, os, torch
@@ -691,20 +632,12 @@ class FrameworkHandle(Generic[T]):
         return self._reader.keys()
 
     def offset_keys(self) -> List[str]:
-        """The names of the file's tensors, in the order of their bytes in the file.
-
-        Returns
-        -------
-        list of str
-        """
+        """The names of the file's tensors in the order of their bytes (see
+        ``NumpyHandle.offset_keys``)."""
         return self._reader.offset_keys()
 
     def metadata(self) -> Optional[Dict[str, str]]:
-        """The file's ``__metadata__``: a dict of str to str, or None when it has none.
-
-        Returns
-        -------
-        dict of str to str or None
+        """The file's ``__metadata__`` (see ``NumpyHandle.metadata``).
 
         Examples
         --------
@@ -718,41 +651,12 @@ class FrameworkHandle(Generic[T]):
         return self._reader.metadata()
 
     def info(self, name: str) -> TensorInfo:
-        """What the header says of tensor `name`, read without touching its bytes.
-
-        Parameters
-        ----------
-        name : str
-            The tensor's name.
-
-        Returns
-        -------
-        TensorInfo
-
-        Raises
-        ------
-        TensorNotFoundError
-            When the file has no tensor `name`.
-        """
+        """What the header says of tensor `name` (see ``NumpyHandle.info``)."""
         return self._info(name)
 
     def get_tensor_meta(self, name: str) -> TensorMeta:
         """What the header says of tensor `name`, read without touching its bytes
         (see ``NumpyHandle.get_tensor_meta``).
-
-        Parameters
-        ----------
-        name : str
-            The tensor's name.
-
-        Returns
-        -------
-        TensorMeta
-
-        Raises
-        ------
-        TensorNotFoundError
-            When the file has no tensor `name`.
 
         Examples
         --------
@@ -785,7 +689,7 @@ class FrameworkHandle(Generic[T]):
 
     @property
     def closed(self) -> bool:
-        """Whether ``close()`` was called."""
+        """Whether ``close()`` was called (see ``NumpyHandle.closed``)."""
         return self._reader.closed
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ cdef enum Counter:
     COUNT_MAPS_READ_AHEAD
     COUNT_ROWS_CACHED
     COUNT_FILES_CHECKED
+    COUNT_CACHED_REQUESTS
     COUNTERS                    # how many there are
 cdef void _count(Counter counter, uint64_t amount) noexcept nogil
 cdef _catch_faults()

@@ -102,6 +102,8 @@ cdef extern from "platform.h":
         FASTST_ADVISE_SEQUENTIAL
     int fastst_advise_file(int fd, int64_t offset, int64_t length, int advice) noexcept nogil
     int64_t fastst_file_system_type(const char* path) noexcept nogil
+    Py_ssize_t fastst_pread_cached(int fd, const iovec* parts, int count,
+                                   int64_t offset) noexcept nogil
 
 cdef extern from "faults.h":
     int fastst_faults_catch() noexcept nogil

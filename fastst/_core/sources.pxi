@@ -127,13 +127,27 @@ cdef bint READ_DIRECT = False           # O_DIRECT, where the file system takes 
 cdef bint READ_HINTS = True             # advice for plans read in file order
 cdef uint64_t DIRECT_ALIGN = 4096       # O_DIRECT: offsets, lengths and memory aligned to it
 cdef uint64_t MAX_READ_THREADS = 64
+# A plan this small is read from the page cache first with the GIL held, where there
+# is one: two threads reading small tensors would otherwise hand the GIL to each other
+# at every read, each waiting for the other's turn (bench/RESULTS.md, threads).
+cdef uint64_t CACHED_FIRST_BYTES = 64 << 10
+
+cdef extern from *:
+    """
+    #ifdef Py_GIL_DISABLED
+    #define FASTST_GIL_BUILD 0
+    #else
+    #define FASTST_GIL_BUILD 1
+    #endif
+    """
+    bint FASTST_GIL_BUILD
 
 # what plans have read, for read_counters(): requests and bytes by path, in the order
 # of the Counter enum (__init__.pxd)
 cdef tuple COUNTER_NAMES = (
     "requests", "bytes", "direct_requests", "direct_bytes", "bounced_bytes",
     "direct_refused", "hinted_plans", "threads_started", "primed_plans", "primed_bytes",
-    "maps_read_ahead", "rows_cached", "files_checked")
+    "maps_read_ahead", "rows_cached", "files_checked", "cached_requests")
 cdef uint64_t _COUNTS[<int>COUNTERS]
 # Held by read_options(): threads setting options at once would mix them.
 cdef object _SETTING_OPTIONS = _thread.allocate_lock()
@@ -384,9 +398,9 @@ cdef class _ReadPlan:
     def run(self, Py_ssize_t first, Py_ssize_t step):
         """Read groups first, first + step, ... (one thread's share): a group of one
         job with pread into its memory (or with O_DIRECT), a group of several small
-        jobs adjacent in the file with preadv, straight into each one's memory."""
-        cdef Py_ssize_t g, k
-        cdef Py_ssize_t got
+        jobs adjacent in the file with preadv, straight into each one's memory; a
+        small plan read by one thread where there is a GIL, from the page cache
+        first, the GIL held."""
         cdef int error = 0
         cdef uint64_t short_by = 0
         cdef _ReadTally tally
@@ -395,30 +409,13 @@ cdef class _ReadPlan:
         if self.direct_fd >= 0 and posix_memalign(<void**>&bounce, DIRECT_ALIGN,
                                                   self.chunk + DIRECT_ALIGN) != 0:
             bounce = NULL      # no aligned buffer: this thread reads through the cache
-        with nogil:
-            g = first
-            while g < self.ngroups:
-                if bounce == NULL and self.groups[g + 1] - self.groups[g] > 1:
-                    got = _read_group(self.fd, self.jobs, self.groups[g], self.groups[g + 1],
-                                      &short_by, &tally.requests)
-                    if got < 0:
-                        error = -got
-                    g += step
-                    continue
-                for k in range(self.groups[g], self.groups[g + 1]):
-                    if bounce != NULL:
-                        got = _read_direct(self.direct_fd, self.fd, &self.jobs[k], bounce,
-                                           self.chunk + DIRECT_ALIGN, &tally)
-                    else:
-                        got = _pread_all(self.fd, self.jobs[k].dest, self.jobs[k].length,
-                                         self.jobs[k].offset)
-                        tally.requests += 1
-                    if got < 0:
-                        error = -got
-                    elif <uint64_t>got < self.jobs[k].length:
-                        short_by += self.jobs[k].length - got
-                g += step
-            free(bounce)
+        if (FASTST_GIL_BUILD and step == 1 and self.direct_fd < 0
+                and self.total <= CACHED_FIRST_BYTES):
+            first = self._read_cached(first, &tally.requests)
+        if first < self.ngroups:     # (letting go of the GIL hands it to a waiting thread)
+            with nogil:
+                self._read_groups(first, step, bounce, &error, &short_by, &tally)
+        free(bounce)
         with cython.critical_section(self):     # the plan's threads report one at a time
             self.error = self.error or error
             self.short_by += short_by
@@ -426,6 +423,54 @@ cdef class _ReadPlan:
             self.direct_requests += tally.direct_requests
             self.direct_bytes += tally.direct_bytes
             self.bounced_bytes += tally.bounced_bytes
+
+    cdef void _read_groups(self, Py_ssize_t first, Py_ssize_t step, char* bounce,
+                           int* error, uint64_t* short_by, _ReadTally* tally) noexcept nogil:
+        cdef Py_ssize_t g = first, k
+        cdef Py_ssize_t got
+        while g < self.ngroups:
+            if bounce == NULL and self.groups[g + 1] - self.groups[g] > 1:
+                got = _read_group(self.fd, self.jobs, self.groups[g], self.groups[g + 1],
+                                  short_by, &tally.requests)
+                if got < 0:
+                    error[0] = -got
+                g += step
+                continue
+            for k in range(self.groups[g], self.groups[g + 1]):
+                if bounce != NULL:
+                    got = _read_direct(self.direct_fd, self.fd, &self.jobs[k], bounce,
+                                       self.chunk + DIRECT_ALIGN, tally)
+                else:
+                    got = _pread_all(self.fd, self.jobs[k].dest, self.jobs[k].length,
+                                     self.jobs[k].offset)
+                    tally.requests += 1
+                if got < 0:
+                    error[0] = -got
+                elif <uint64_t>got < self.jobs[k].length:
+                    short_by[0] += self.jobs[k].length - got
+            g += step
+
+    cdef Py_ssize_t _read_cached(self, Py_ssize_t first, uint64_t* requests) noexcept:
+        """Read groups first, first + 1, ... whole from the page cache, the GIL held,
+        until one is not all there: the first group left to read."""
+        cdef iovec[GROUP_IOVECS] parts
+        cdef Py_ssize_t g, k, count
+        cdef uint64_t asked
+        for g in range(first, self.ngroups):
+            count = self.groups[g + 1] - self.groups[g]
+            if count > GROUP_IOVECS:
+                return g
+            asked = 0
+            for k in range(count):
+                parts[k].iov_base = self.jobs[self.groups[g] + k].dest
+                parts[k].iov_len = self.jobs[self.groups[g] + k].length
+                asked += parts[k].iov_len
+            if <uint64_t>fastst_pread_cached(self.fd, parts, <int>count,
+                                             self.jobs[self.groups[g]].offset) != asked:
+                return g     # not all cached, the end of the file, or no such read here
+            requests[0] += 1
+            _count(COUNT_CACHED_REQUESTS, 1)
+        return self.ngroups
 
     cdef group(self):
         """Cut the jobs into groups that threads take whole: runs of small jobs each

@@ -29,7 +29,11 @@ def read_options(*, threads: int | None = None, request_bytes: int | None = None
     requests of `request_bytes` that `threads` threads share, the GIL released:
     on a cold disk several requests in flight keep its queue full where one
     thread would wait for each in turn. With the page cache hot the threads
-    share the copy. The defaults (one thread per usable CPU, at most 4, and
+    share the copy. A plan of 64 KiB or less, on a Python with a GIL, is read
+    from the page cache first without letting go of the GIL (``preadv2`` with
+    ``RWF_NOWAIT``, on Linux), and what is not there with the GIL released:
+    threads reading small tensors then do not hand the GIL to one another at
+    every read. The defaults (one thread per usable CPU, at most 4, and
     4 MiB requests) came from a sweep on a cold local disk
     (``bench/cold.py --sweep``). They are settings of the process, shared by
     its threads.
@@ -104,7 +108,9 @@ def read_counters() -> dict[str, int]:
     page cache); ``maps_read_ahead``: the maps read ahead in the background;
     ``rows_cached``: the calls of ``Reader.cache_rows`` that read rows into the
     page cache; ``files_checked``: the checks of a file's length (``fstat``) by
-    the thread Loader's gathers, of the rings closed.
+    the thread Loader's gathers, of the rings closed; ``cached_requests``: the
+    requests of small plans read from the page cache without letting go of the
+    GIL (a Python with a GIL only: see ``read_options``).
     """
 def use_huge_page_settings(folder: str = "/sys/kernel/mm/transparent_hugepage",
                            buddyinfo: str = "/proc/buddyinfo") -> str:

@@ -73,7 +73,7 @@ GUARDED = {r"\bMADV_POPULATE_READ\b": "FASTST_CAN_POPULATE",
            r"\bMADV_HUGEPAGE\b": "FASTST_CAN_HUGE_PAGES",
            r"\binotify_\w+|\bIN_[A-Z_]+\b": "FASTST_CAN_WATCH"}
 # What goes through platform.h's own functions alone, and the tests of a system.
-PLATFORM_ONLY = re.compile(r"\b(posix_fadvise|f?statfs|pthread_setname_np|mincore)\s*\(|"
+PLATFORM_ONLY = re.compile(r"\b(posix_fadvise|f?statfs|pthread_setname_np|mincore|preadv2)\s*\(|"
                            r"__linux__|__APPLE__|_WIN32|<sys/(inotify|vfs|mount)\.h>")
 
 

@@ -9,6 +9,7 @@ import pathlib
 import resource
 import struct
 import sys
+import sysconfig
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from pages import (cached_pages, drop_or_skip, dropped_from_page_cache, flags_of
 
 KIB = 1 << 10
 MIB = 1 << 20
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 
 pytestmark = pytest.mark.usefixtures("restore_read_options")
@@ -130,6 +132,59 @@ def test_a_small_plan_is_read_by_the_calling_thread(tmp_path):
     fastst.read_options(threads=8, request_bytes=64 * KIB)
     done = counted(lambda: fastst.load_file(path, copy=True))
     assert done["requests"] == 2 and done["threads_started"] == 0 and done["hinted_plans"] == 0
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="a free-threaded build has no GIL to keep")
+def test_a_small_plan_in_the_page_cache_is_read_keeping_the_gil(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.arange(1000, dtype=np.int64)}, path)
+    with fastst.safe_open(path, backend="pread") as f:
+        f.get_tensor("a")
+        done = counted(lambda: np.testing.assert_array_equal(f.get_tensor("a"), np.arange(1000)))
+    assert done["requests"] == done["cached_requests"] == 1 and done["bytes"] == 8000
+
+
+def test_a_small_plan_not_in_the_page_cache_is_read_letting_go_of_the_gil(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.arange(1000, dtype=np.int64)}, path)
+    with fastst.safe_open(path, backend="pread") as f:
+        drop_or_skip(path)
+        done = counted(lambda: np.testing.assert_array_equal(f.get_tensor("a"), np.arange(1000)))
+    assert done["requests"] == 1 and done["cached_requests"] == 0 and done["bytes"] == 8000
+
+
+def test_a_small_plan_reads_what_is_cached_keeping_the_gil_and_the_rest_without(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({"a": np.full(20 * KIB, 1, np.uint8), "b": np.full(20 * KIB, 2, np.uint8)},
+                     path, align=4096)      # b's pages hold nothing of a's
+    fastst.read_options(request_bytes=64 * KIB)     # 20 KiB each: a request each
+    with fastst.safe_open(path, backend="pread") as f:
+        b_starts = f.data_start + f.info("b").data_offsets[0]
+        drop_or_skip(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:                # a's pages back in the page cache, and no page of b's
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            os.pread(fd, b_starts, 0)
+        finally:
+            os.close(fd)
+        if cached_pages(path, b_starts):
+            pytest.skip("the kernel read b's pages ahead")
+        tensors = {}
+        done = counted(lambda: tensors.update(f.copy_tensors()))
+    assert (tensors["a"] == 1).all() and (tensors["b"] == 2).all()
+    expect_cached = 0 if FREE_THREADED else 1
+    assert done["requests"] == 2 and done["cached_requests"] == expect_cached
+
+
+def test_a_small_plan_read_from_the_page_cache_finds_its_file_truncated(tmp_path):
+    path = tmp_path / "x.safetensors"
+    fastst.save_file({f"t{k:02d}": np.full(100, k, np.uint8) for k in range(20)}, path)
+    with fastst.safe_open(path, backend="pread") as f:
+        f.copy_tensors()
+        os.truncate(path, f.data_start + 1950)
+        with pytest.raises(fastst.SafetensorError, match=r"20 tensors: file was truncated "
+                                                         r"under the reader \(50 bytes"):
+            f.copy_tensors()
 
 
 def test_small_tensors_adjacent_in_the_file_share_requests(tmp_path):

@@ -1,6 +1,7 @@
 """Many threads sharing one handle, checkpoint, Loader and the read options: every
 read is right, however the threads interleave, on a build with the GIL and on a
 free-threaded one (where fastst must also leave the GIL off)."""
+import resource
 import sysconfig
 import threading
 import time
@@ -215,6 +216,22 @@ def test_read_counters_count_every_request_of_threads_reading_at_once(small_file
         after = fastst._core.read_counters()
     for key, each in per_read.items():
         assert after[key] - counted[key] == each * 4 * COUNTED_READS, key
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="a free-threaded build has no GIL to hand over")
+def test_threads_reading_small_cached_tensors_with_pread_keep_the_gil_between_turns(
+        small_file):
+    """Each small read from the page cache keeps the GIL: had it let go, the other
+    thread would take it at every read, and each handover is a sleep and a wake."""
+    reads = 40_000
+    with fastst.safe_open(small_file, backend="pread") as handle:
+        handle.get_tensors()                    # in the page cache
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+        in_threads(lambda k: [handle.get_tensor(f"t{n % 64}") for n in range(reads)],
+                   threads=2)
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before
+    # tens here; 8,408 when each read let go of it
+    assert switches < 1_000
 
 
 def test_threads_each_iterating_a_loader_over_one_file_get_every_row(small_file):

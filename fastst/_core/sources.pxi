@@ -454,17 +454,13 @@ cdef class _ReadPlan:
         """Read groups first, first + 1, ... whole from the page cache, the GIL held,
         until one is not all there: the first group left to read."""
         cdef iovec[GROUP_IOVECS] parts
-        cdef Py_ssize_t g, k, count
+        cdef Py_ssize_t g, count
         cdef uint64_t asked
         for g in range(first, self.ngroups):
             count = self.groups[g + 1] - self.groups[g]
             if count > GROUP_IOVECS:
                 return g
-            asked = 0
-            for k in range(count):
-                parts[k].iov_base = self.jobs[self.groups[g] + k].dest
-                parts[k].iov_len = self.jobs[self.groups[g] + k].length
-                asked += parts[k].iov_len
+            asked = _job_parts(self.jobs, self.groups[g], count, parts)
             if <uint64_t>fastst_pread_cached(self.fd, parts, <int>count,
                                              self.jobs[self.groups[g]].offset) != asked:
                 return g     # not all cached, the end of the file, or no such read here
@@ -621,6 +617,19 @@ cdef enum:
     GROUP_IOVECS = 1024         # IOV_MAX on Linux and macOS: buffers one preadv fills at most
 
 
+cdef uint64_t _job_parts(ReadJob* jobs, Py_ssize_t first, Py_ssize_t count,
+                         iovec* parts) noexcept nogil:
+    """Point parts[0:count] at the memory of jobs [first, first + count), for one
+    preadv: the bytes they ask for."""
+    cdef Py_ssize_t k
+    cdef uint64_t asked = 0
+    for k in range(count):
+        parts[k].iov_base = jobs[first + k].dest
+        parts[k].iov_len = jobs[first + k].length
+        asked += jobs[first + k].length
+    return asked
+
+
 cdef Py_ssize_t _read_group(int fd, ReadJob* jobs, Py_ssize_t first, Py_ssize_t last,
                             uint64_t* short_by, uint64_t* requests) noexcept nogil:
     """Jobs [first, last), one after another in the file, read straight into their
@@ -628,16 +637,12 @@ cdef Py_ssize_t _read_group(int fd, ReadJob* jobs, Py_ssize_t first, Py_ssize_t 
     end of the file) leaves the rest to pread, job by job. The bytes a short read
     left out are added to `short_by`. The bytes read, or -errno."""
     cdef iovec[GROUP_IOVECS] buffers
-    cdef Py_ssize_t k, count, done = 0
+    cdef Py_ssize_t count, done = 0
     cdef Py_ssize_t got
     cdef uint64_t asked
     while first < last:
         count = min(last - first, <Py_ssize_t>GROUP_IOVECS)
-        asked = 0
-        for k in range(count):
-            buffers[k].iov_base = jobs[first + k].dest
-            buffers[k].iov_len = jobs[first + k].length
-            asked += jobs[first + k].length
+        asked = _job_parts(jobs, first, count, buffers)
         got = preadv(fd, buffers, <int>count, <off_t>jobs[first].offset)
         requests[0] += 1
         if got < 0 and errno == EINTR:

@@ -1,6 +1,7 @@
 """Many threads sharing one handle, checkpoint, Loader and the read options: every
 read is right, however the threads interleave, on a build with the GIL and on a
 free-threaded one (where fastst must also leave the GIL off)."""
+import pathlib
 import resource
 import sysconfig
 import threading
@@ -100,9 +101,11 @@ def test_reads_racing_a_close_are_right_or_refused_and_never_crash(small_file):
     read) would end it by a signal. Once the reads end, the handle holds no descriptor
     on the file, whoever of close() and the last read let it go."""
     ended = bounded_ending(f"""
-        import os, threading
+        import sys, threading
         import numpy as np, fastst
         from fastst import SafetensorError
+        sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parents[1])!r})
+        from pages import descriptors_on
         for backend in ("mmap", "pread"):
             for round in range(60):
                 handle = fastst.safe_open({str(small_file)!r}, backend=backend)
@@ -127,13 +130,7 @@ def test_reads_racing_a_close_are_right_or_refused_and_never_crash(small_file):
                 for thread in threads:
                     thread.join()
                 assert len(outcomes) == 200 and handle.closed
-                held = []
-                for fd in os.listdir("/proc/self/fd"):
-                    try:
-                        held.append(os.readlink(f"/proc/self/fd/{{fd}}"))
-                    except OSError:      # the listing's own descriptor, gone
-                        pass
-                assert {str(small_file)!r} not in held, backend
+                assert descriptors_on({str(small_file)!r}) == 0, backend
         print("ok")
     """, timeout=120)
     assert ended.returncode == 0, ended.stderr[-3000:]
